@@ -1,0 +1,192 @@
+"""Every error Concord raises, grouped by area.
+
+Each subclasses the standard exception a caller would already catch (``ValueError`` for bad
+input, ``FileNotFoundError`` / ``KeyError`` for things that are not there, ``ConnectionError``
+for an endpoint that does not answer), carries its context as attributes, and says in its
+message what to do next.
+"""
+
+from __future__ import annotations
+
+
+class ConcordError(Exception):
+    """Base of every error raised by Concord."""
+
+
+# --------------------------------------------------------------------------- input files
+
+
+class SafetensorsError(ConcordError, ValueError):
+    """A file that claims to be safetensors is not a valid one."""
+
+    def __init__(self, path: str, problem: str) -> None:
+        self.path = path
+        self.problem = problem
+        super().__init__(
+            f"{path}: not a valid safetensors file: {problem}. "
+            "Re-export it with safetensors.torch.save_file, or rename it to another "
+            "extension to snapshot it as an opaque file."
+        )
+
+
+class SourceNotFoundError(ConcordError, FileNotFoundError):
+    """The checkpoint folder or file to snapshot does not exist."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        super().__init__(f"{path}: no such file or folder to snapshot; check the path.")
+
+
+class UnsafePathError(ConcordError, ValueError):
+    """A path from a manifest or a name would escape the folder it belongs in."""
+
+    def __init__(self, path: str, reason: str) -> None:
+        self.path = path
+        super().__init__(
+            f"refusing path {path!r}: {reason}. Manifest paths must be relative, use '/', "
+            "and stay inside the restore folder."
+        )
+
+
+class InvalidNameError(ConcordError, ValueError):
+    """A ref, namespace or tenant name is not allowed."""
+
+    def __init__(self, name: str, what: str = "ref name") -> None:
+        self.name = name
+        super().__init__(
+            f"invalid {what} {name!r}: use 'namespace/name' or 'name', each part made of "
+            "letters, digits, '.', '_' or '-', not starting with '.', at most 128 characters."
+        )
+
+
+# --------------------------------------------------------------------------- manifests
+
+
+class ManifestError(ConcordError, ValueError):
+    """A manifest is malformed or does not hash to the root it claims."""
+
+    def __init__(self, where: str, problem: str) -> None:
+        self.where = where
+        self.problem = problem
+        super().__init__(
+            f"manifest {where}: {problem}. The manifest is damaged: restore it from another "
+            "store with `concord sync`, or take the snapshot again."
+        )
+
+
+# --------------------------------------------------------------------------- stores
+
+
+class StoreError(ConcordError):
+    """Something went wrong inside a store."""
+
+
+class InvalidStoreURIError(StoreError, ValueError):
+    def __init__(self, spec: str, reason: str) -> None:
+        self.spec = spec
+        super().__init__(
+            f"cannot use {spec!r} as a store: {reason}. A store is a folder path, "
+            "file:///path, s3://bucket/prefix, or block:NAME (a saved Prefect block)."
+        )
+
+
+class StoreUnreachableError(StoreError, ConnectionError):
+    """The store's endpoint did not answer (network, DNS, refused connection)."""
+
+    def __init__(self, store: str, cause: str) -> None:
+        self.store = store
+        super().__init__(
+            f"store {store} is unreachable: {cause}. Check the endpoint URL "
+            "(AWS_ENDPOINT_URL or the block's endpoint_url) and that the service is running."
+        )
+
+
+class StoreAccessError(StoreError, PermissionError):
+    """The store refused the request (credentials, permissions, missing bucket)."""
+
+    def __init__(self, store: str, cause: str) -> None:
+        self.store = store
+        super().__init__(
+            f"store {store} refused the request: {cause}. Check the bucket name and the "
+            "credentials (AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY or the block's fields)."
+        )
+
+
+class ChunkNotFoundError(StoreError, KeyError):
+    def __init__(self, store: str, chunk: str) -> None:
+        self.store = store
+        self.chunk = chunk
+        super().__init__(
+            f"chunk {chunk} is missing from {store}; run `concord verify {store} "
+            "--repair-from OTHER_STORE` to fetch it from a store that holds it."
+        )
+
+    def __str__(self) -> str:  # KeyError quotes its message otherwise
+        return str(self.args[0])
+
+
+class ManifestNotFoundError(StoreError, KeyError):
+    def __init__(self, store: str, root: str) -> None:
+        self.store = store
+        self.root = root
+        super().__init__(
+            f"no snapshot {root} in {store}; list what it holds with `concord refs {store}`, "
+            "or sync the snapshot there first."
+        )
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+class RefNotFoundError(StoreError, KeyError):
+    def __init__(self, store: str, ref: str) -> None:
+        self.store = store
+        self.ref = ref
+        super().__init__(
+            f"no ref {ref!r} in {store}; list refs with `concord refs {store}`, or pass a "
+            "64-hex snapshot root instead."
+        )
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+class RefConflictError(StoreError):
+    """A compare-and-swap on a ref lost a race: someone else moved it first."""
+
+    def __init__(self, store: str, ref: str, expected: str | None, actual: str | None) -> None:
+        self.store = store
+        self.ref = ref
+        self.expected = expected
+        self.actual = actual
+        super().__init__(
+            f"ref {ref!r} in {store} moved concurrently: expected {expected or '(none)'}, "
+            f"found {actual or '(none)'}. Nothing was overwritten; inspect with "
+            f"`concord log {store} {ref}` and re-run if the new state is what you want."
+        )
+
+
+class IntegrityError(StoreError, ValueError):
+    """Bytes did not hash to the name they were stored or sent under."""
+
+    def __init__(self, where: str, expected: str, actual: str) -> None:
+        self.where = where
+        self.expected = expected
+        self.actual = actual
+        super().__init__(
+            f"{where}: content hashes to {actual}, expected {expected}. The copy is corrupt: "
+            "run `concord verify STORE --repair-from OTHER_STORE`."
+        )
+
+
+class HistoryError(ConcordError, ValueError):
+    """A rollback target is not in the ref's history."""
+
+
+class RestoreTargetError(ConcordError, FileExistsError):
+    def __init__(self, path: str) -> None:
+        self.path = path
+        super().__init__(
+            f"{path} already exists and is not empty; restore into a new folder "
+            "(Concord never overwrites files)."
+        )
