@@ -190,3 +190,17 @@ class RestoreTargetError(ConcordError, FileExistsError):
             f"{path} already exists and is not empty; restore into a new folder "
             "(Concord never overwrites files)."
         )
+
+
+class ReplicationError(ConcordError):
+    """One or more targets of a replication failed; the others completed."""
+
+    def __init__(self, results: list, failures: dict[str, BaseException]) -> None:
+        self.results = results
+        self.failures = failures
+        lines = "; ".join(f"{store}: {exc}" for store, exc in failures.items())
+        done = ", ".join(r.store for r in results) or "none"
+        super().__init__(
+            f"replication failed for {len(failures)} target(s) ({lines}). Completed: {done}. "
+            "Re-run the same sync: it sends only what is still missing."
+        )

@@ -1,0 +1,36 @@
+# Concord: `make demo` and `make test` work on a fresh machine with only Python 3.10+ installed.
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+PIP    := $(VENV)/bin/pip
+STAMP  := $(VENV)/.installed
+# pytest workers and per-test timeout can be tuned from the environment
+PYTEST_ARGS ?=
+
+.PHONY: install demo test test-unit test-integration bench clean stop
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install --quiet --upgrade pip
+	$(PIP) install --quiet -e '.[dev,demo,bench]'
+	@touch $(STAMP)
+
+demo: install
+	CONCORD_HOME=$${CONCORD_HOME:-$(CURDIR)/data/demo} PREFECT_SERVER_ANALYTICS_ENABLED=false $(PY) -m flows.demo
+
+test: install
+	$(VENV)/bin/pytest -q $(PYTEST_ARGS)
+
+test-unit: install
+	$(VENV)/bin/pytest -q tests/unit $(PYTEST_ARGS)
+
+test-integration: install
+	$(VENV)/bin/pytest -q tests/integration $(PYTEST_ARGS)
+
+bench: install
+	$(PY) -m bench
+
+clean:
+	rm -rf data bench/out .pytest_cache .hypothesis
