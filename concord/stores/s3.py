@@ -1,0 +1,387 @@
+"""A store in an S3 bucket (AWS or any S3-compatible endpoint: MinIO, Ceph, moto...).
+
+Atomicity comes from S3 itself: a PutObject is visible whole or not at all, so there are no
+temporary names. Objects that must never be replaced are written with ``If-None-Match: *``, and
+ref updates are compare-and-swap through ``If-Match: <etag>``, both evaluated by the server.
+
+boto3 is imported on first use, so importing this module (or the CLI) stays fast. Every botocore
+exception is translated at one boundary (:meth:`S3ObjectStore._translate`) into a
+:mod:`concord.errors` class; none escapes.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import re
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from typing import Any, Iterator
+
+from concord.errors import (
+    InvalidStoreURIError,
+    StoreAccessError,
+    StoreError,
+    StoreUnreachableError,
+)
+from concord.stores.base import Store
+
+_BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
+_RESERVED_BUCKET_PREFIXES = ("xn--", "sthree-", "amzn-s3-demo-")
+_RESERVED_BUCKET_SUFFIXES = ("-s3alias", "--ol-s3", ".mrap", "--table-s3")
+
+_ACCESS_CODES = frozenset(
+    {
+        "AccessDenied",
+        "AllAccessDisabled",
+        "InvalidAccessKeyId",
+        "SignatureDoesNotMatch",
+        "ExpiredToken",
+        "InvalidToken",
+        "TokenRefreshRequired",
+        "AccountProblem",
+        "403",
+        "Forbidden",
+    }
+)
+_NOT_FOUND_CODES = frozenset({"NoSuchKey", "NotFound", "404"})
+_CONDITION_FAILED_CODES = frozenset({"PreconditionFailed", "412", "ConditionalRequestConflict", "409"})
+
+READ_TIMEOUT = 60.0
+MAX_POOL_CONNECTIONS = 32
+
+
+def validate_bucket_name(bucket: str) -> str:
+    """Check ``bucket`` against the S3 bucket naming rules; return it unchanged."""
+    reason = None
+    if not isinstance(bucket, str) or not bucket:
+        reason = "the bucket name is empty"
+    elif not _BUCKET.match(bucket):
+        reason = (
+            "bucket names are 3 to 63 characters of lowercase letters, digits, '.' and '-', "
+            "starting and ending with a letter or digit"
+        )
+    elif ".." in bucket or ".-" in bucket or "-." in bucket:
+        reason = "bucket names may not contain '..', '.-' or '-.'"
+    elif bucket.startswith(_RESERVED_BUCKET_PREFIXES) or bucket.endswith(_RESERVED_BUCKET_SUFFIXES):
+        reason = "the bucket name uses a prefix or suffix that S3 reserves"
+    else:
+        try:
+            ipaddress.IPv4Address(bucket)
+            reason = "bucket names may not look like an IP address"
+        except ValueError:
+            pass
+    if reason:
+        raise InvalidStoreURIError(f"s3://{bucket}", reason)
+    return bucket
+
+
+def validate_prefix(bucket: str, prefix: str) -> str:
+    """``prefix`` without surrounding '/', refusing empty, '.' and '..' segments."""
+    if prefix is None:
+        return ""
+    if not isinstance(prefix, str):
+        raise InvalidStoreURIError(f"s3://{bucket}/{prefix}", "the prefix must be a string")
+    cleaned = prefix.strip("/")
+    if cleaned and any(p in ("", ".", "..") for p in cleaned.split("/")):
+        raise InvalidStoreURIError(f"s3://{bucket}/{prefix}", "the prefix has an empty, '.' or '..' segment")
+    if any(ord(ch) < 32 or ch == "\\" for ch in cleaned):
+        raise InvalidStoreURIError(f"s3://{bucket}/{prefix}", "the prefix has a control character or '\\'")
+    return cleaned
+
+
+class S3ObjectStore(Store):
+    """A :class:`Store` at ``s3://bucket/prefix``.
+
+    The endpoint is ``endpoint_url`` if given, else ``AWS_ENDPOINT_URL_S3`` / ``AWS_ENDPOINT_URL``
+    from the environment, else AWS. Credentials not passed explicitly come from boto3's usual chain
+    (environment, config files, instance roles). Nothing touches the network until the first call.
+    """
+
+    parallelism = 16
+
+    def __init__(
+        self,
+        bucket: str,
+        prefix: str = "",
+        *,
+        endpoint_url: str | None = None,
+        region_name: str | None = None,
+        aws_access_key_id: str | None = None,
+        aws_secret_access_key: str | None = None,
+        aws_session_token: str | None = None,
+        storage_class: str | None = None,
+        create_bucket: bool = False,
+        connect_timeout: float = 5.0,
+        max_attempts: int = 3,
+    ) -> None:
+        self.bucket = validate_bucket_name(bucket)
+        self.prefix = validate_prefix(bucket, prefix)
+        self.uri = f"s3://{self.bucket}/{self.prefix}" if self.prefix else f"s3://{self.bucket}"
+        self.endpoint_url = (
+            endpoint_url or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL") or None
+        )
+        self.region_name = region_name
+        self.storage_class = storage_class
+        self.create_bucket = create_bucket
+        if connect_timeout <= 0:
+            raise ValueError(f"connect_timeout must be positive, got {connect_timeout!r}")
+        if max_attempts < 1:
+            raise ValueError(f"max_attempts must be at least 1, got {max_attempts!r}")
+        self.connect_timeout = float(connect_timeout)
+        self.max_attempts = int(max_attempts)
+        self._credentials = {
+            "aws_access_key_id": aws_access_key_id,
+            "aws_secret_access_key": aws_secret_access_key,
+            "aws_session_token": aws_session_token,
+        }
+        self._lock = threading.Lock()
+        self._cached_client: Any = None
+
+    def __repr__(self) -> str:
+        where = f", endpoint_url={self.endpoint_url!r}" if self.endpoint_url else ""
+        return f"{type(self).__name__}({self.uri!r}{where})"
+
+    # A store travels between processes (task runners) as its settings, never as a live client.
+    def __getstate__(self) -> dict:
+        state = self.__dict__.copy()
+        state["_lock"] = None
+        state["_cached_client"] = None
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+
+    # ------------------------------------------------------------------ client and errors
+
+    def _client(self) -> Any:
+        """The boto3 S3 client, built once (and the bucket checked or created) on first use."""
+        client = self._cached_client
+        if client is not None:
+            return client
+        with self._lock:
+            if self._cached_client is None:
+                import boto3
+                from botocore.config import Config
+
+                config = Config(
+                    retries={"max_attempts": self.max_attempts, "mode": "standard"},
+                    connect_timeout=self.connect_timeout,
+                    read_timeout=READ_TIMEOUT,
+                    max_pool_connections=MAX_POOL_CONNECTIONS,
+                    # S3-compatible servers reached by address rarely resolve bucket subdomains
+                    s3={"addressing_style": "path" if self.endpoint_url else "auto"},
+                )
+                session = boto3.session.Session(region_name=self.region_name, **self._credentials)
+                client = session.client("s3", endpoint_url=self.endpoint_url, config=config)
+                try:
+                    self._ensure_bucket(client)
+                except BaseException:
+                    client.close()
+                    raise
+                self._cached_client = client
+            return self._cached_client
+
+    def _ensure_bucket(self, client: Any) -> None:
+        from botocore.exceptions import ClientError
+
+        try:
+            client.head_bucket(Bucket=self.bucket)
+            return
+        except ClientError as exc:
+            code = _error_code(exc)
+            if code in _ACCESS_CODES:
+                return  # allowed to use objects but not to look at the bucket: let each call say
+            if code not in ("404", "NoSuchBucket", "NotFound"):
+                raise
+            if not self.create_bucket:
+                raise StoreAccessError(
+                    self.uri,
+                    f"bucket {self.bucket!r} does not exist at {self._endpoint_name()}; create it "
+                    "or pass create_bucket=True",
+                ) from exc
+        args: dict[str, Any] = {"Bucket": self.bucket}
+        region = client.meta.region_name
+        if region and region != "us-east-1":
+            args["CreateBucketConfiguration"] = {"LocationConstraint": region}
+        try:
+            client.create_bucket(**args)
+        except ClientError as exc:
+            if _error_code(exc) != "BucketAlreadyOwnedByYou":
+                if _error_code(exc) == "BucketAlreadyExists":
+                    raise StoreAccessError(
+                        self.uri, f"bucket {self.bucket!r} belongs to another account; choose another name"
+                    ) from exc
+                raise
+
+    def _endpoint_name(self) -> str:
+        return self.endpoint_url or "AWS"
+
+    @contextmanager
+    def _translate(self, action: str, key: str | None = None) -> Iterator[None]:
+        """Turn any botocore exception raised inside into the matching :mod:`concord.errors` class."""
+        from botocore import exceptions as bce
+
+        what = f"{action} {key}" if key is not None else action
+        try:
+            yield
+        except (bce.ConnectionError, bce.HTTPClientError) as exc:
+            raise StoreUnreachableError(self.uri, f"{what} at {self._endpoint_name()} failed ({exc})") from exc
+        except (bce.NoCredentialsError, bce.PartialCredentialsError) as exc:
+            raise StoreAccessError(self.uri, f"{what}: no usable credentials ({exc})") from exc
+        except bce.ClientError as exc:
+            code = _error_code(exc)
+            message = exc.response.get("Error", {}).get("Message") or str(exc)
+            if code == "NoSuchBucket":
+                raise StoreAccessError(
+                    self.uri,
+                    f"bucket {self.bucket!r} does not exist at {self._endpoint_name()}; create it "
+                    "or pass create_bucket=True",
+                ) from exc
+            if code in _ACCESS_CODES:
+                raise StoreAccessError(self.uri, f"{what}: {code}: {message}") from exc
+            raise StoreError(f"store {self.uri}: {what} failed: {code}: {message}") from exc
+        except bce.BotoCoreError as exc:
+            raise StoreError(f"store {self.uri}: {what} failed: {exc}") from exc
+
+    def _key(self, key: str) -> str:
+        return f"{self.prefix}/{key}" if self.prefix else key
+
+    def close(self) -> None:
+        with self._lock:
+            client, self._cached_client = self._cached_client, None
+        if client is not None:
+            client.close()
+
+    # ------------------------------------------------------------------ raw primitives
+
+    def _head(self, key: str) -> dict | None:
+        """HEAD ``key`` (relative to the prefix); None if absent. Call inside :meth:`_translate`."""
+        from botocore.exceptions import ClientError
+
+        try:
+            return self._client().head_object(Bucket=self.bucket, Key=self._key(key))
+        except ClientError as exc:
+            if _error_code(exc) in _NOT_FOUND_CODES:
+                return None
+            raise
+
+    def _put_object(self, key: str, data: bytes | memoryview, *, overwrite: bool) -> bool:
+        from botocore.exceptions import ClientError
+
+        body = data if isinstance(data, bytes) else bytes(data)
+        args: dict[str, Any] = {"Bucket": self.bucket, "Key": self._key(key), "Body": body}
+        if self.storage_class:
+            args["StorageClass"] = self.storage_class
+        with self._translate("write", key):
+            if not overwrite:
+                if self._head(key) is not None:
+                    return False  # already there: don't send the bytes at all
+                args["IfNoneMatch"] = "*"
+            try:
+                response = self._client().put_object(**args)
+            except ClientError as exc:
+                if not overwrite and _error_code(exc) in _CONDITION_FAILED_CODES:
+                    return False
+                raise
+            self._check_arrival(key, len(body), response.get("ETag"))
+        return True
+
+    def _check_arrival(self, key: str, size: int, etag: str | None) -> None:
+        """After a put, make sure the object the store holds has the length that was sent."""
+        head = self._head(key)
+        if head is None:
+            raise StoreError(
+                f"store {self.uri}: {key} was written but is not there afterwards; "
+                "check the bucket's lifecycle rules and retry"
+            )
+        if etag is not None and head.get("ETag") != etag:
+            return  # someone wrote the key again since: their write, not ours, is there now
+        if head.get("ContentLength") != size:
+            raise StoreError(
+                f"store {self.uri}: {key} arrived with {head.get('ContentLength')} bytes, "
+                f"{size} were sent. The upload was truncated: re-send it (for chunks, "
+                "`concord verify STORE --repair-from OTHER_STORE`)."
+            )
+
+    def _get_object(self, key: str) -> bytes | None:
+        return self._read_with_token(key)[0]
+
+    def _exists_many(self, keys: list[str]) -> list[bool]:
+        if not keys:
+            return []
+        with self._translate("check", keys[0] if len(keys) == 1 else f"{len(keys)} keys"):
+            self._client()  # build (and check the bucket) once, not in every worker
+            if len(keys) == 1:
+                return [self._head(keys[0]) is not None]
+
+        def exists(key: str) -> bool:
+            with self._translate("check", key):
+                return self._head(key) is not None
+
+        with ThreadPoolExecutor(max_workers=min(self.parallelism, len(keys))) as pool:
+            futures = [pool.submit(exists, k) for k in keys]
+            try:
+                return [f.result() for f in futures]
+            except BaseException:
+                for f in futures:
+                    f.cancel()
+                raise
+
+    def _delete_object(self, key: str) -> None:
+        with self._translate("delete", key):
+            self._client().delete_object(Bucket=self.bucket, Key=self._key(key))
+
+    def _list_keys(self, prefix: str) -> Iterator[str]:
+        full = self._key(prefix)
+        strip = len(self.prefix) + 1 if self.prefix else 0
+        with self._translate("list", prefix):
+            paginator = self._client().get_paginator("list_objects_v2")
+            for page in paginator.paginate(Bucket=self.bucket, Prefix=full):
+                for obj in page.get("Contents", ()):
+                    name = obj["Key"]
+                    if not name.endswith("/"):
+                        yield name[strip:]
+
+    def _read_with_token(self, key: str) -> tuple[bytes | None, str | None]:
+        from botocore.exceptions import ClientError
+
+        with self._translate("read", key):
+            try:
+                response = self._client().get_object(Bucket=self.bucket, Key=self._key(key))
+            except ClientError as exc:
+                if _error_code(exc) in _NOT_FOUND_CODES:
+                    return None, None
+                raise
+            with response["Body"] as body:
+                data = body.read()
+        return data, response.get("ETag")
+
+    def _write_if(self, key: str, data: bytes, token: str | None) -> bool:
+        from botocore.exceptions import ClientError
+
+        args: dict[str, Any] = {"Bucket": self.bucket, "Key": self._key(key), "Body": bytes(data)}
+        if token is None:
+            args["IfNoneMatch"] = "*"
+        else:
+            args["IfMatch"] = token
+        with self._translate("write", key):
+            try:
+                self._client().put_object(**args)
+            except ClientError as exc:
+                code = _error_code(exc)
+                # NoSuchKey: the object we expected was deleted meanwhile, so the swap lost too
+                if code in _CONDITION_FAILED_CODES or (token is not None and code in _NOT_FOUND_CODES):
+                    return False
+                raise
+        return True
+
+
+def _error_code(exc: Any) -> str:
+    error = getattr(exc, "response", None) or {}
+    code = str(error.get("Error", {}).get("Code") or "")
+    if not code:
+        code = str(error.get("ResponseMetadata", {}).get("HTTPStatusCode") or "")
+    return code
