@@ -1,0 +1,89 @@
+"""Stores, and the one function that turns what a person typed into one.
+
+``open_store`` accepts a folder path, ``file:///path``, ``s3://bucket/prefix`` or ``block:NAME``.
+``block:`` is resolved through the ``concord.store_schemes`` entry point, which the ``blocks``
+package registers, so the core never imports Prefect.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Callable
+from urllib.parse import unquote, urlparse
+
+from concord.errors import InvalidStoreURIError
+from concord.stores.base import Ref, RefEntry, Store, canonical_ref, split_ref
+from concord.stores.local import LocalDirStore
+
+__all__ = [
+    "LocalDirStore",
+    "Ref",
+    "RefEntry",
+    "Store",
+    "canonical_ref",
+    "open_store",
+    "register_scheme",
+    "split_ref",
+]
+
+_SCHEMES: dict[str, Callable[[str], Store]] = {}
+
+
+def register_scheme(scheme: str, factory: Callable[[str], Store]) -> None:
+    """Teach :func:`open_store` a new ``scheme:`` prefix; ``factory`` gets the text after it."""
+    _SCHEMES[scheme] = factory
+
+
+def _load_entry_point(scheme: str) -> Callable[[str], Store] | None:
+    from importlib.metadata import entry_points
+
+    for ep in entry_points(group="concord.store_schemes"):
+        if ep.name == scheme:
+            factory = ep.load()
+            register_scheme(scheme, factory)
+            return factory
+    return None
+
+
+def parse_s3_uri(spec: str) -> tuple[str, str]:
+    """``s3://bucket/some/prefix`` → ``('bucket', 'some/prefix')``."""
+    parsed = urlparse(spec)
+    bucket = parsed.netloc
+    prefix = parsed.path.strip("/")
+    if not bucket:
+        raise InvalidStoreURIError(spec, "no bucket name after s3://")
+    if parsed.query or parsed.fragment:
+        raise InvalidStoreURIError(spec, "query strings and fragments are not allowed")
+    if any(p in ("", ".", "..") for p in prefix.split("/")) and prefix:
+        raise InvalidStoreURIError(spec, "the prefix has an empty, '.' or '..' segment")
+    return bucket, prefix
+
+
+def open_store(spec: "str | os.PathLike | Store", *, create: bool = True) -> Store:
+    """The store that ``spec`` names (a :class:`Store` is returned as it is)."""
+    if isinstance(spec, Store):
+        return spec
+    if isinstance(spec, os.PathLike):
+        return LocalDirStore(spec, create=create)
+    if not isinstance(spec, str) or not spec.strip():
+        raise InvalidStoreURIError(str(spec), "empty store address")
+    spec = spec.strip()
+    if spec.startswith("s3://"):
+        from concord.stores.s3 import S3ObjectStore
+
+        bucket, prefix = parse_s3_uri(spec)
+        return S3ObjectStore(bucket, prefix)
+    if spec.startswith("file://"):
+        parsed = urlparse(spec)
+        if parsed.netloc not in ("", "localhost"):
+            raise InvalidStoreURIError(spec, "file:// URIs must name a local path (file:///path)")
+        return LocalDirStore(unquote(parsed.path), create=create)
+    scheme, sep, rest = spec.partition(":")
+    if sep and len(scheme) > 1 and scheme.isidentifier():
+        factory = _SCHEMES.get(scheme) or _load_entry_point(scheme)
+        if factory is None:
+            raise InvalidStoreURIError(spec, f"unknown scheme {scheme!r}")
+        if not rest:
+            raise InvalidStoreURIError(spec, f"nothing after '{scheme}:'")
+        return factory(rest)
+    return LocalDirStore(spec, create=create)

@@ -1,0 +1,322 @@
+"""The one store interface every cluster, tier and replica speaks.
+
+Layout (identical on disk and on S3)::
+
+    chunks/<2 hex>/<64 hex>        immutable bytes, named by their leaf hash
+    manifests/<64 hex>.json        immutable snapshot manifest, named by its Merkle root
+    refs/<namespace>/<name>        small mutable pointer to a root, with its history
+    ledger/<tenant>/<round>.json   federation rounds
+
+Subclasses provide a handful of raw primitives (``_put_object``, ``_get_object``...). Everything
+about names, hashing, verification and compare-and-swap lives here, once.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Iterable, Iterator
+
+from concord.errors import (
+    ChunkNotFoundError,
+    IntegrityError,
+    InvalidNameError,
+    ManifestNotFoundError,
+    RefConflictError,
+)
+from concord.hashing import chunk_id, is_digest
+
+_SEGMENT = re.compile(r"^[A-Za-z0-9_-][A-Za-z0-9._-]{0,127}$")
+DEFAULT_NAMESPACE = "default"
+REF_FORMAT = "concord/ref@1"
+
+
+def validate_segment(segment: str, what: str = "name") -> str:
+    if not isinstance(segment, str) or not _SEGMENT.match(segment) or ".." in segment:
+        raise InvalidNameError(str(segment), what)
+    return segment
+
+
+def split_ref(name: str) -> tuple[str, str]:
+    """``'ns/name'`` → ``('ns', 'name')``; a bare ``'name'`` lives in the default namespace."""
+    if not isinstance(name, str) or not name:
+        raise InvalidNameError(str(name))
+    parts = name.split("/")
+    if len(parts) == 1:
+        parts = [DEFAULT_NAMESPACE, parts[0]]
+    if len(parts) != 2:
+        raise InvalidNameError(name)
+    validate_segment(parts[0], "ref name")
+    validate_segment(parts[1], "ref name")
+    return parts[0], parts[1]
+
+
+def canonical_ref(name: str) -> str:
+    ns, n = split_ref(name)
+    return f"{ns}/{n}"
+
+
+def chunk_key(cid: str) -> str:
+    return f"chunks/{cid[:2]}/{cid}"
+
+
+def manifest_key(root: str) -> str:
+    return f"manifests/{root}.json"
+
+
+def ref_key(name: str) -> str:
+    ns, n = split_ref(name)
+    return f"refs/{ns}/{n}"
+
+
+def _check_digest(value: str, what: str) -> str:
+    if not is_digest(value):
+        raise ValueError(f"{what} must be 64 lowercase hex characters (a BLAKE3 digest), got {value!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class RefEntry:
+    root: str
+    version: int
+    time: str
+    message: str = ""
+
+
+@dataclass(frozen=True)
+class Ref:
+    """A named pointer to a snapshot root, with every root it ever pointed at (oldest first)."""
+
+    name: str
+    history: tuple[RefEntry, ...] = field(default_factory=tuple)
+
+    @property
+    def root(self) -> str:
+        return self.history[-1].root
+
+    @property
+    def version(self) -> int:
+        return self.history[-1].version
+
+    def advanced(self, root: str, message: str) -> "Ref":
+        entry = RefEntry(
+            root=root,
+            version=(self.version + 1) if self.history else 1,
+            time=datetime.now(timezone.utc).isoformat(timespec="milliseconds"),
+            message=message,
+        )
+        return Ref(self.name, self.history + (entry,))
+
+    def to_json(self) -> bytes:
+        return json.dumps(
+            {
+                "format": REF_FORMAT,
+                "name": self.name,
+                "root": self.root,
+                "version": self.version,
+                "history": [e.__dict__ for e in self.history],
+            },
+            indent=1,
+        ).encode()
+
+    @classmethod
+    def from_json(cls, name: str, data: bytes) -> "Ref":
+        try:
+            doc = json.loads(data)
+            history = tuple(
+                RefEntry(
+                    root=_check_digest(e["root"], "ref root"),
+                    version=int(e["version"]),
+                    time=str(e["time"]),
+                    message=str(e.get("message", "")),
+                )
+                for e in doc["history"]
+            )
+            if not history or doc.get("format") != REF_FORMAT:
+                raise ValueError("empty history or unknown format")
+        except (ValueError, KeyError, TypeError) as exc:
+            from concord.errors import ManifestError
+
+            raise ManifestError(f"ref {name}", f"unreadable ref file ({exc})") from exc
+        return cls(name, history)
+
+
+class Store(ABC):
+    """A content-addressed store. Implementations: :class:`LocalDirStore`, :class:`S3ObjectStore`."""
+
+    #: human-readable address, e.g. ``/data/c1`` or ``s3://bucket/prefix``
+    uri: str
+    #: how many transfers this store likes in flight at once
+    parallelism: int = 4
+
+    def __str__(self) -> str:
+        return self.uri
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.uri!r})"
+
+    # ------------------------------------------------------------------ raw primitives
+
+    @abstractmethod
+    def _put_object(self, key: str, data: bytes | memoryview, *, overwrite: bool) -> bool:
+        """Atomically write ``data`` at ``key``; return False (write nothing) if it exists and not overwrite."""
+
+    @abstractmethod
+    def _get_object(self, key: str) -> bytes | None:
+        """The bytes at ``key``, or None if absent."""
+
+    @abstractmethod
+    def _exists_many(self, keys: list[str]) -> list[bool]:
+        """For each key, whether it exists (a batch question)."""
+
+    @abstractmethod
+    def _delete_object(self, key: str) -> None:
+        """Remove ``key`` if present."""
+
+    @abstractmethod
+    def _list_keys(self, prefix: str) -> Iterator[str]:
+        """Every key under ``prefix`` (relative to the store root), in no particular order."""
+
+    @abstractmethod
+    def _read_with_token(self, key: str) -> tuple[bytes | None, str | None]:
+        """The bytes at ``key`` and an opaque version token (None, None if absent)."""
+
+    @abstractmethod
+    def _write_if(self, key: str, data: bytes, token: str | None) -> bool:
+        """Write ``data`` only if ``key`` still has version ``token`` (None: only if absent)."""
+
+    def close(self) -> None:
+        """Release clients and connections (no-op by default)."""
+
+    # ------------------------------------------------------------------ chunks
+
+    def has_chunks(self, ids: Iterable[str]) -> set[str]:
+        """The subset of ``ids`` this store holds."""
+        ids = list(dict.fromkeys(ids))
+        present = self._exists_many([chunk_key(c) for c in ids])
+        return {c for c, p in zip(ids, present) if p}
+
+    def put_chunk(
+        self, cid: str, data: bytes | memoryview, *, overwrite: bool = False, verify: bool = True
+    ) -> bool:
+        """Store ``data`` under its id. True if bytes were written, False if the chunk was there.
+
+        With ``verify`` (the default) the bytes are hashed first and must match ``cid``; callers
+        that have just hashed these very bytes pass ``verify=False`` to avoid hashing twice.
+        """
+        _check_digest(cid, "chunk id")
+        if verify:
+            actual = chunk_id(data)
+            if actual != cid:
+                raise IntegrityError(f"chunk sent to {self.uri}", cid, actual)
+        return self._put_object(chunk_key(cid), data, overwrite=overwrite)
+
+    def get_chunk(self, cid: str, *, verify: bool = True) -> bytes:
+        """The chunk's bytes; with ``verify`` they are re-hashed and must match ``cid``."""
+        _check_digest(cid, "chunk id")
+        data = self._get_object(chunk_key(cid))
+        if data is None:
+            raise ChunkNotFoundError(self.uri, cid)
+        if verify:
+            actual = chunk_id(data)
+            if actual != cid:
+                raise IntegrityError(f"chunk {cid} in {self.uri}", cid, actual)
+        return data
+
+    def read_chunk_raw(self, cid: str) -> bytes | None:
+        """The stored bytes as they are (no hash check), or None if absent: for verification."""
+        return self._get_object(chunk_key(_check_digest(cid, "chunk id")))
+
+    def delete_chunk(self, cid: str) -> None:
+        self._delete_object(chunk_key(_check_digest(cid, "chunk id")))
+
+    def iter_chunks(self) -> Iterator[str]:
+        for key in self._list_keys("chunks/"):
+            name = key.rsplit("/", 1)[-1]
+            if is_digest(name) and key == chunk_key(name):
+                yield name
+
+    # ------------------------------------------------------------------ manifests
+
+    def put_manifest(self, root: str, data: bytes, *, overwrite: bool = False) -> bool:
+        """Write a manifest (immutable: ``overwrite`` is only for replacing a damaged copy)."""
+        return self._put_object(manifest_key(_check_digest(root, "root")), data, overwrite=overwrite)
+
+    def get_manifest_bytes(self, root: str) -> bytes:
+        data = self._get_object(manifest_key(_check_digest(root, "root")))
+        if data is None:
+            raise ManifestNotFoundError(self.uri, root)
+        return data
+
+    def has_manifest(self, root: str) -> bool:
+        return self._exists_many([manifest_key(_check_digest(root, "root"))])[0]
+
+    def iter_manifests(self) -> Iterator[str]:
+        for key in self._list_keys("manifests/"):
+            name = key.rsplit("/", 1)[-1]
+            if name.endswith(".json") and is_digest(name[:-5]):
+                yield name[:-5]
+
+    # ------------------------------------------------------------------ refs
+
+    def read_ref(self, name: str) -> Ref | None:
+        name = canonical_ref(name)
+        data, _ = self._read_with_token(ref_key(name))
+        return None if data is None else Ref.from_json(name, data)
+
+    def cas_ref(self, name: str, expected: str | None, new: str, message: str = "") -> Ref:
+        """Move ``name`` from ``expected`` (None: must not exist) to ``new``, atomically.
+
+        A ref already at ``new`` is left as it is (the operation is idempotent). Any other
+        state raises :class:`RefConflictError` and writes nothing.
+        """
+        name = canonical_ref(name)
+        _check_digest(new, "new root")
+        key = ref_key(name)
+        data, token = self._read_with_token(key)
+        current = Ref.from_json(name, data) if data is not None else Ref(name)
+        current_root = current.root if current.history else None
+        if current_root == new:
+            return current
+        if current_root != expected:
+            raise RefConflictError(self.uri, name, expected, current_root)
+        updated = current.advanced(new, message)
+        if not self._write_if(key, updated.to_json(), token):
+            after = self.read_ref(name)
+            after_root = after.root if after else None
+            if after_root == new and after is not None:
+                return after
+            raise RefConflictError(self.uri, name, expected, after_root)
+        return updated
+
+    def list_refs(self) -> list[str]:
+        out = []
+        for key in self._list_keys("refs/"):
+            parts = key.split("/")
+            if len(parts) == 3:
+                try:
+                    out.append(canonical_ref(f"{parts[1]}/{parts[2]}"))
+                except InvalidNameError:
+                    continue
+        return sorted(out)
+
+    # ------------------------------------------------------------------ small documents (ledger, ...)
+
+    def put_document(self, key: str, data: bytes, *, overwrite: bool = False) -> bool:
+        return self._put_object(_check_document_key(key), data, overwrite=overwrite)
+
+    def get_document(self, key: str) -> bytes | None:
+        return self._get_object(_check_document_key(key))
+
+    def list_documents(self, prefix: str) -> list[str]:
+        return sorted(self._list_keys(_check_document_key(prefix.rstrip("/")) + "/"))
+
+
+def _check_document_key(key: str) -> str:
+    parts = key.split("/")
+    if parts[0] in ("chunks", "manifests", "refs") or not all(_SEGMENT.match(p) and ".." not in p for p in parts):
+        raise InvalidNameError(key, "document key")
+    return key
