@@ -95,7 +95,7 @@ class SafetensorsHeader:
 
 
 def looks_like_safetensors(path: str | os.PathLike) -> bool:
-    """Whether ``path`` should be parsed as safetensors, judged by its ``.safetensors`` extension."""
+    """Whether ``path`` should be parsed as safetensors: its extension is ``.safetensors``."""
     name = os.path.basename(os.fsdecode(path))
     return os.path.splitext(name)[1].lower() == SUFFIX
 
@@ -395,7 +395,7 @@ def _check_layout(tensors: list[TensorInfo], data_start: int, data_len: int, pat
     if covered != data_len:
         raise SafetensorsError(
             path,
-            f"{data_len - covered} trailing bytes after the last tensor: data region bytes "
+            f"{data_len - covered} trailing byte(s) after the last tensor: data region bytes "
             f"[{covered}, {data_len}) belong to no tensor",
         )
 
