@@ -5,7 +5,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import fine_tune
+from toy_checkpoints import fine_tune
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 

@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import SMALL_CHUNK, files_equal, fine_tune, make_checkpoint
+from toy_checkpoints import SMALL_CHUNK, files_equal, fine_tune, make_checkpoint
 
 from concord.errors import (
     HistoryError,

@@ -4,7 +4,7 @@ import dataclasses
 import json
 
 import pytest
-from conftest import SMALL_CHUNK, fine_tune, make_checkpoint
+from toy_checkpoints import SMALL_CHUNK, fine_tune, make_checkpoint
 from safetensors import safe_open
 
 from concord.diff import diff_manifests

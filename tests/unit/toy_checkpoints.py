@@ -1,0 +1,57 @@
+"""Small real checkpoints for the core's tests, built with safetensors itself."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+
+SMALL_CHUNK = 64 * 1024
+
+
+def make_checkpoint(folder: Path, *, seed: int = 0, layers: int = 3, dim: int = 96) -> Path:
+    """A LLaMA-like toy checkpoint: bf16 and fp32 tensors, a config and a tokenizer file."""
+    g = torch.Generator().manual_seed(seed)
+    folder.mkdir(parents=True, exist_ok=True)
+    tensors = {"embed.weight": torch.randn(512, dim, generator=g).to(torch.bfloat16)}
+    for i in range(layers):
+        tensors[f"layers.{i}.attn.q.weight"] = torch.randn(dim * 4, dim, generator=g)
+        tensors[f"layers.{i}.attn.k.weight"] = torch.randn(dim, dim, generator=g).to(torch.bfloat16)
+        tensors[f"layers.{i}.norm.weight"] = torch.ones(dim)
+    tensors["empty"] = torch.zeros(0)
+    save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    (folder / "config.json").write_text(json.dumps({"hidden_size": dim, "layers": layers}))
+    (folder / "tokenizer.txt").write_bytes(os.urandom(200_000))
+    (folder / "sub").mkdir(exist_ok=True)
+    (folder / "sub" / "empty.bin").write_bytes(b"")
+    return folder
+
+
+def fine_tune(src: Path, dst: Path, names: list[str], delta: float = 0.01) -> Path:
+    """Copy ``src`` to ``dst`` with ``names`` changed, as a fine-tune would change them."""
+    import shutil
+
+    shutil.copytree(src, dst)
+    sd = load_file(str(src / "model.safetensors"))
+    for n in names:
+        sd[n] = (sd[n].float() + delta).to(sd[n].dtype)
+    save_file(sd, str(dst / "model.safetensors"), metadata={"format": "pt"})
+    return dst
+
+
+def files_equal(a: Path, b: Path) -> bool:
+    import filecmp
+
+    cmp = filecmp.dircmp(a, b)
+
+    def same(c) -> bool:
+        if c.left_only or c.right_only or c.funny_files:
+            return False
+        _, mismatch, errors = filecmp.cmpfiles(c.left, c.right, c.common_files, shallow=False)
+        return not mismatch and not errors and all(same(s) for s in c.subdirs.values())
+
+    return same(cmp)
