@@ -1,0 +1,28 @@
+"""Pipelines: each flow sequences tasks, fans out, writes artifacts and emits events.
+
+Flows are imported lazily (``from flows import replicate_snapshot`` works), so a script such as
+``python -m flows.demo`` can configure Prefect through the environment before Prefect loads.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_WHERE = {
+    "snapshot_checkpoint": "flows.snapshot",
+    "diff_snapshots": "flows.snapshot",
+    "restore_snapshot": "flows.snapshot",
+    "rollback_ref": "flows.snapshot",
+    "replicate_snapshot": "flows.replicate",
+    "snapshot_and_replicate": "flows.replicate",
+    "verify_store": "flows.verify",
+}
+
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _WHERE:
+        return getattr(importlib.import_module(_WHERE[name]), name)
+    raise AttributeError(f"module 'flows' has no attribute {name!r}")

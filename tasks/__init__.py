@@ -1,0 +1,8 @@
+"""Units of work: thin Prefect tasks over the core, where retries, logging, progress artifacts
+and events live. Every task takes store specs as strings and returns a plain dict."""
+
+from tasks.integrity import verify_task
+from tasks.replication import replicate_task
+from tasks.snapshots import diff_task, restore_task, rollback_task, snapshot_task
+
+__all__ = ["diff_task", "replicate_task", "restore_task", "rollback_task", "snapshot_task", "verify_task"]

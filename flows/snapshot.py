@@ -1,0 +1,135 @@
+"""Pipelines over one store's snapshots: take one, diff two, restore one, roll a ref back.
+
+Each flow runs its task(s) and writes what a person wants to see in the UI as artifacts. Store
+parameters take a folder path, `file:///path`, `s3://bucket/prefix` or `block:NAME`;
+relative paths are relative to the project folder deployments run in.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from prefect import flow
+from prefect.artifacts import create_markdown_artifact, create_table_artifact
+from pydantic import Field
+
+from flows._report import MiB, human, md_table, short
+from tasks import diff_task, restore_task, rollback_task, snapshot_task
+
+DEFAULT_STORE = "data/stores/us-east"
+DEFAULT_REF = "models/minilm"
+
+ChunkSizeMiB = Annotated[int, Field(ge=1, le=64, description="Chunk size in MiB (1 to 64).")]
+
+
+@flow(name="snapshot-checkpoint")
+def snapshot_checkpoint(
+    source: str,
+    store: str = DEFAULT_STORE,
+    ref: str | None = DEFAULT_REF,
+    chunk_size_mib: ChunkSizeMiB = 4,
+    message: str = "",
+) -> dict:
+    """Snapshot a checkpoint folder into a store, and point a ref at it.
+
+    Args:
+        source: The checkpoint folder (or one file) to snapshot.
+        store: The store to write into.
+        ref: The ref (`namespace/name`) to move to the new snapshot; empty for none.
+        chunk_size_mib: Chunk size in MiB; keep it the same across snapshots of one model so
+            unchanged tensors share chunks.
+        message: A note kept in the ref's history.
+    """
+    r = snapshot_task(source, store, ref=ref or None, chunk_size=chunk_size_mib * MiB, message=message)
+    rows = [
+        ("root", f"`{r['root']}`"),
+        ("files / tensors / chunks", f"{r['files']} / {r['tensors']} / {r['chunks']}"),
+        ("size", human(r["bytes"])),
+        ("new in store", f"{r['new_chunks']} chunk(s), {human(r['new_bytes'])}"),
+    ]
+    if r["ref"]:
+        rows.append(("ref", f"`{r['ref']}` → version {r['ref_version']} (was {short(r['previous'])})"))
+    create_markdown_artifact(
+        f"## Snapshot of `{r['source']}` in `{r['store']}`\n\n" + md_table(["", ""], rows),
+        key="snapshot-summary",
+        description=f"snapshot {r['root'][:12]}",
+    )
+    return r
+
+
+@flow(name="diff-snapshots")
+def diff_snapshots(
+    store: str = DEFAULT_STORE,
+    a: str = f"{DEFAULT_REF}~1",
+    b: str = DEFAULT_REF,
+    against: str | None = None,
+) -> dict:
+    """List the files and tensors that differ between two snapshots.
+
+    Args:
+        store: The store holding snapshot `a` (and `b`, unless `against` is given).
+        a: The older snapshot: a ref, `ref~N` (N versions back) or a 64-hex root.
+        b: The newer snapshot, in the same forms.
+        against: Look `b` up in this store instead (compare two clusters).
+    """
+    d = diff_task(store, a, b, against=against or None)
+    create_table_artifact(
+        [{"file": c["file"], "tensor": c["tensor"] or "", "kind": c["kind"]} for c in d["changes"]],
+        key="diff-changes",
+        description=f"{d['a'][:12]} → {d['b'][:12]}: changed files and tensors",
+    )
+    where = f"`{d['store']}`" + (f" vs `{d['against']}`" if d["against"] != d["store"] else "")
+    if d["same"]:
+        summary = f"## Diff in {where}\n\n`{a}` and `{b}` are the same snapshot {short(d['a'])}."
+    else:
+        kinds = {k: sum(1 for c in d["changes"] if c["kind"] == k) for k in ("changed", "added", "removed")}
+        summary = (
+            f"## Diff in {where}\n\n`{a}` ({short(d['a'])}) → `{b}` ({short(d['b'])})\n\n"
+            + md_table(
+                ["changes", "changed", "added", "removed", "chunks differing", "bytes differing"],
+                [(len(d["changes"]), kinds["changed"], kinds["added"], kinds["removed"],
+                  d["chunks_differing"], human(d["bytes_differing"]))],
+            )
+        )
+    create_markdown_artifact(summary, key="diff-summary", description="snapshot diff summary")
+    return d
+
+
+@flow(name="restore-snapshot")
+def restore_snapshot(store: str = DEFAULT_STORE, snapshot: str = DEFAULT_REF, out_dir: str = "data/restores/minilm") -> dict:
+    """Restore a snapshot into a new folder, byte-identical to the checkpoint it was taken from.
+
+    Args:
+        store: The store to restore from.
+        snapshot: A ref, `ref~N` (N versions back) or a 64-hex root.
+        out_dir: A folder that does not exist yet (or is empty); it appears only when complete.
+    """
+    r = restore_task(store, snapshot, out_dir)
+    create_markdown_artifact(
+        f"## Restored `{snapshot}` from `{r['store']}`\n\n"
+        + md_table(["root", "files", "size", "into"], [(short(r["root"]), r["files"], human(r["bytes"]), f"`{r['path']}`")]),
+        key="restore-summary",
+        description=f"restore of {r['root'][:12]}",
+    )
+    return r
+
+
+@flow(name="rollback-ref")
+def rollback_ref(store: str = DEFAULT_STORE, ref: str = DEFAULT_REF, to: str | None = None) -> dict:
+    """Move a ref back to an earlier snapshot of its history (nothing is deleted).
+
+    Args:
+        store: The store whose ref moves.
+        ref: The ref to move (`namespace/name`).
+        to: A root from the ref's history (or its first 8+ hex digits); empty for the previous one.
+    """
+    r = rollback_task(store, ref, to=to or None)
+    history = [(e["version"], short(e["root"]), e["time"], e["message"]) for e in r["history"]]
+    create_markdown_artifact(
+        f"## Rolled back `{r['ref']}` in `{r['store']}`\n\n{short(r['previous'])} → {short(r['root'])} "
+        f"(version {r['version']})\n\n### History (newest first)\n\n"
+        + md_table(["version", "root", "time", "message"], history),
+        key="rollback-summary",
+        description=f"{r['ref']} → {r['root'][:12]}",
+    )
+    return r

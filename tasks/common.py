@@ -1,0 +1,54 @@
+"""What every Concord task shares: the retry policy, and opening stores from their specs."""
+
+from __future__ import annotations
+
+from contextlib import ExitStack, contextmanager
+from typing import TYPE_CHECKING, Iterator
+
+if TYPE_CHECKING:
+    from prefect import Task
+    from prefect.client.schemas.objects import TaskRun
+    from prefect.states import State
+
+    from concord.stores.base import Store
+
+#: attempts after the first, for errors a later attempt can cure
+RETRIES = 2
+#: seconds to wait before each retry
+RETRY_DELAYS = [2, 10]
+
+
+def is_transient(exc: BaseException) -> bool:
+    """An error worth another attempt: the store's endpoint did not answer, or timed out.
+
+    ``StoreUnreachableError`` is a ``ConnectionError``. Bad input (``ValueError``), refused
+    credentials (``PermissionError``), missing snapshots (``KeyError``) and a ref moved by
+    someone else (``RefConflictError``) fail the same way every time, so they are not retried.
+    """
+    return isinstance(exc, (ConnectionError, TimeoutError))
+
+
+def retry_if_transient(task: "Task", task_run: "TaskRun", state: "State") -> bool:
+    """``retry_condition_fn`` for store tasks: retry only :func:`is_transient` errors."""
+    try:
+        state.result()
+    except Exception as exc:
+        return is_transient(exc)
+    return False
+
+
+@contextmanager
+def open_stores(*specs: str | None) -> Iterator[list["Store | None"]]:
+    """The stores named by ``specs`` (None stays None), closed on the way out."""
+    from concord.stores import open_store
+
+    with ExitStack() as stack:
+        stores: list["Store | None"] = []
+        for spec in specs:
+            if spec is None:
+                stores.append(None)
+                continue
+            store = open_store(spec)
+            stack.callback(store.close)
+            stores.append(store)
+        yield stores

@@ -1,0 +1,73 @@
+"""Replicate one snapshot to one target store: a task per target, so a flow can fan out."""
+
+from __future__ import annotations
+
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+
+from tasks import events
+from tasks.common import RETRIES, RETRY_DELAYS, open_stores, retry_if_transient
+from tasks.progress import PrefectProgress, run_logger
+
+
+@task(
+    name="replicate",
+    task_run_name="replicate-to-{target}",
+    retries=RETRIES,
+    retry_delay_seconds=RETRY_DELAYS,
+    retry_condition_fn=retry_if_transient,
+    cache_policy=NO_CACHE,
+)
+def replicate_task(source: str, target: str, ref: str | None = None, root: str | None = None) -> dict:
+    """Bring ``target`` up to the snapshot ``ref`` (or ``root``) names in ``source``.
+
+    Only chunks the target lacks are sent, each verified; the ref moves last, by
+    compare-and-swap. Emits ``concord.replica.updated``, or ``concord.replica.failed`` (then
+    re-raises: an unreachable store is retried, anything else fails the task at once).
+    """
+    from concord.sync import replicate
+
+    target_uri, source_uri = target, source
+    try:
+        with open_stores(source, target) as (src, dst):
+            source_uri, target_uri = src.uri, dst.uri
+            (r,) = replicate(src, [dst], ref=ref, root=root, progress=PrefectProgress())
+    except Exception as exc:
+        related = [events.store(source_uri, "source")] + ([events.ref(ref)] if ref else [])
+        if root:
+            related.append(events.snapshot(root, "snapshot"))
+        events.emit(
+            events.REPLICA_FAILED,
+            events.store(target_uri),
+            related,
+            {
+                "source": source_uri,
+                "target": target_uri,
+                "ref": ref,
+                "root": root,
+                "error_type": type(exc).__name__,
+                "error": str(exc),
+            },
+        )
+        run_logger().error("replication %s → %s failed: %s", source_uri, target_uri, exc)
+        raise
+    out = r.to_dict() | {"source": source_uri}
+    related = [events.snapshot(r.root, "snapshot"), events.store(source_uri, "source")] + ([events.ref(r.ref)] if r.ref else [])
+    out["event_id"] = events.emit(
+        events.REPLICA_UPDATED,
+        events.store(r.store),
+        related,
+        {
+            "root": r.root,
+            "ref": r.ref,
+            "ref_version": r.ref_version,
+            "chunks_sent": r.chunks_sent,
+            "bytes_sent": r.bytes_sent,
+            "chunks_present": r.chunks_present,
+            "source": source_uri,
+        },
+    )
+    run_logger().info(
+        "%s: %s, sent %d chunk(s) / %d bytes, %d already there", r.store, r.root[:12], r.chunks_sent, r.bytes_sent, r.chunks_present
+    )
+    return out

@@ -1,0 +1,111 @@
+"""Tasks over one store's snapshots: take one, diff two, restore one, move a ref back.
+
+Each task opens its stores from their specs, calls one core function, and returns a plain,
+JSON-serialisable dict. Side effects (chunks, refs, files) make caching wrong here: refs move and
+folders change under the same inputs, so every task runs every time.
+"""
+
+from __future__ import annotations
+
+import os
+
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+
+from concord.manifest import DEFAULT_CHUNK_SIZE
+from tasks import events
+from tasks.common import RETRIES, RETRY_DELAYS, open_stores, retry_if_transient
+from tasks.progress import PrefectProgress, run_logger
+
+
+@task(
+    name="snapshot",
+    retries=RETRIES,
+    retry_delay_seconds=RETRY_DELAYS,
+    retry_condition_fn=retry_if_transient,
+    cache_policy=NO_CACHE,
+)
+def snapshot_task(
+    source: str,
+    store: str,
+    ref: str | None = None,
+    chunk_size: int = DEFAULT_CHUNK_SIZE,
+    message: str = "",
+) -> dict:
+    """Snapshot the checkpoint at ``source`` into ``store`` (and point ``ref`` at it).
+
+    Emits ``concord.snapshot.created``. Safe to retry: chunks already written are not sent
+    again, and a ref already at the new root is left as it is.
+    """
+    from concord.snapshot import snapshot
+
+    with open_stores(store) as (s,):
+        r = snapshot(source, s, ref=ref, chunk_size=chunk_size, message=message, progress=PrefectProgress())
+    out = r.to_dict() | {"store": s.uri, "source": os.path.abspath(source)}
+    related = [events.store(s.uri, "store")] + ([events.ref(r.ref)] if r.ref else [])
+    fields = ("root", "files", "tensors", "chunks", "bytes", "new_chunks", "new_bytes")
+    payload = {k: out[k] for k in fields + ("store", "ref", "ref_version", "previous", "source")}
+    out["event_id"] = events.emit(events.SNAPSHOT_CREATED, events.snapshot(r.root), related, payload)
+    run_logger().info(
+        "snapshot %s: %d files, %d tensors, %d bytes (%d new) in %s%s",
+        r.root[:12], r.files, r.tensors, r.bytes, r.new_bytes, s.uri, f"; ref {r.ref} v{r.ref_version}" if r.ref else "",
+    )
+    return out
+
+
+@task(name="diff", cache_policy=NO_CACHE)
+def diff_task(store: str, a: str, b: str, against: str | None = None) -> dict:
+    """Which files and tensors differ between snapshot ``a`` in ``store`` and ``b`` (in
+    ``against`` if given, else in ``store``). ``a``/``b``: a ref, ``ref~N`` or a 64-hex root."""
+    from concord.diff import diff_manifests
+    from concord.refs import load_manifest, resolve_root
+
+    with open_stores(store, against) as (sa, sb):
+        sb = sb or sa
+        ra, rb = resolve_root(sa, a), resolve_root(sb, b)
+        d = diff_manifests(load_manifest(sa, ra), load_manifest(sb, rb))
+    run_logger().info("diff %s → %s: %d change(s), %d bytes differ", ra[:12], rb[:12], len(d.changes), d.bytes_differing)
+    return d.to_dict() | {"store": sa.uri, "against": sb.uri, "a_spec": a, "b_spec": b}
+
+
+@task(
+    name="restore",
+    retries=RETRIES,
+    retry_delay_seconds=RETRY_DELAYS,
+    retry_condition_fn=retry_if_transient,
+    cache_policy=NO_CACHE,
+)
+def restore_task(store: str, snapshot: str, out_dir: str) -> dict:
+    """Write snapshot ``snapshot`` (ref, ``ref~N`` or root) of ``store`` into the new folder ``out_dir``.
+
+    The folder appears only when complete, so a failed attempt leaves nothing to clean up.
+    """
+    from concord.refs import load_manifest, resolve_root
+    from concord.restore import restore
+
+    with open_stores(store) as (s,):
+        root = resolve_root(s, snapshot)
+        r = restore(s, load_manifest(s, root), out_dir, progress=PrefectProgress())
+    run_logger().info("restored %s: %d files, %d bytes into %s", r.root[:12], r.files, r.bytes, r.path)
+    return r.to_dict() | {"store": s.uri, "snapshot": snapshot}
+
+
+@task(name="rollback", cache_policy=NO_CACHE)
+def rollback_task(store: str, ref: str, to: str | None = None) -> dict:
+    """Move ``ref`` in ``store`` back to ``to`` (a root of its history, or 8+ hex of one), by
+    default to the root it held before. Emits ``concord.ref.rolled-back``."""
+    from concord.refs import rollback
+
+    with open_stores(store) as (s,):
+        r = rollback(s, ref, to)
+        current = s.read_ref(r.ref)
+    history = [e.__dict__ for e in reversed(current.history)] if current else []
+    out = r.to_dict() | {"store": s.uri, "history": history}
+    out["event_id"] = events.emit(
+        events.REF_ROLLED_BACK,
+        events.ref(r.ref, role=None),  # the primary resource carries no role
+        [events.store(s.uri, "store"), events.snapshot(r.root, "snapshot"), events.snapshot(r.previous, "previous")],
+        {"ref": r.ref, "root": r.root, "previous": r.previous, "version": r.version, "store": s.uri},
+    )
+    run_logger().info("%s in %s: %s → %s (version %d)", r.ref, s.uri, r.previous[:12], r.root[:12], r.version)
+    return out
