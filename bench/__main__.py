@@ -1,0 +1,72 @@
+"""Run the benchmarks and print one table per benchmark: ``python -m bench [snapshot|sync|diff] ...``."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+from bench.common import DEFAULT_OUT, Options, Table, machine_summary
+
+BENCHMARKS = ("snapshot", "sync", "diff")
+QUICK_SIZE_GB = 0.1
+
+
+def parse_args(argv: list[str] | None) -> tuple[list[str], Options]:
+    p = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
+    p.add_argument("which", nargs="*", metavar="{snapshot,sync,diff}", help="benchmarks to run (default: all)")
+    p.add_argument(
+        "--size-gb",
+        type=float,
+        default=None,
+        help="checkpoint size in GB of 10^9 bytes (default 2.1; 0.1 with --quick)",
+    )
+    p.add_argument("--quick", action="store_true", help="small sizes and one run each: a smoke run in seconds")
+    p.add_argument(
+        "--runs", type=int, default=None, help="timed runs per measurement, best kept (default 3; 1 with --quick)"
+    )
+    p.add_argument(
+        "--out", type=Path, default=DEFAULT_OUT, help="where generated data and scratch stores go (default bench/out)"
+    )
+    a = p.parse_args(argv)
+    size = a.size_gb if a.size_gb is not None else (QUICK_SIZE_GB if a.quick else 2.1)
+    runs = a.runs if a.runs is not None else (1 if a.quick else 3)
+    unknown = [w for w in a.which if w not in BENCHMARKS]
+    if unknown:
+        p.error(f"unknown benchmark {unknown[0]!r}: choose from {', '.join(BENCHMARKS)}")
+    if size <= 0 or runs < 1:
+        p.error("--size-gb must be positive and --runs at least 1")
+    return list(dict.fromkeys(a.which or BENCHMARKS)), Options(a.out.resolve(), size, runs, a.quick)
+
+
+def main(argv: list[str] | None = None) -> int:
+    which, opts = parse_args(argv)
+    os.environ.setdefault("CONCORD_NO_PROGRESS", "1")
+    opts.out.mkdir(parents=True, exist_ok=True)
+    print(f"# Concord benchmarks ({', '.join(which)})\n\n{machine_summary()}; data in {opts.out}\n", flush=True)
+    tables: list[Table] = []
+    for name in which:
+        module = __import__(f"bench.{name}_bench", fromlist=["run"])
+        print(f"running {name} ...", file=sys.stderr, flush=True)
+        t0 = time.perf_counter()
+        for table in module.run(opts):
+            tables.append(table)
+            print(table.render() + "\n", flush=True)
+        print(f"{name} done in {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
+    missed = [(t.title.split(":")[0], r.metric) for t in tables for r in t.rows if r.met is False]
+    met = sum(1 for t in tables for r in t.rows if r.met)
+    print(f"targets met: {met}, missed: {len(missed)}" + "".join(f"\n- missed: {b}: {m}" for b, m in missed))
+    stamp = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    report = opts.out / "last-results.md"
+    report.write_text(
+        f"# Concord benchmarks, {stamp}\n\n{machine_summary()}\n\n" + "\n\n".join(t.render() for t in tables) + "\n"
+    )
+    print(f"(tables also written to {report})", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
