@@ -2,16 +2,21 @@
 
 Files are memory-mapped, never read whole. A ``.safetensors`` file is cut along its own layout:
 the header is one part, each tensor another, and each part is chunked from its first byte. Other
-files are one part each. Chunks are hashed on a thread pool (BLAKE3 releases the GIL), the store
-is asked in one batch which of them it already holds, and only the rest are written. The
-manifest is written after every chunk it names, and the ref last.
+files are one part each. Each chunk goes through one small pipeline on a thread pool (BLAKE3
+releases the GIL): hash, claim (a chunk seen twice in one snapshot is handled once), write unless
+the store already holds it. At most ``WINDOW`` chunks are in flight, so memory stays flat whatever
+the checkpoint size. The manifest is written after every chunk it names, and the ref last.
 """
 
 from __future__ import annotations
 
+import itertools
 import mmap
 import os
+import threading
+from collections import deque
 from concurrent.futures import ThreadPoolExecutor
+from typing import Iterable, Iterator
 from dataclasses import dataclass, field
 
 from concord.errors import SourceNotFoundError
@@ -28,8 +33,8 @@ from concord.progress import Progress, ensure
 from concord.safetensors_header import looks_like_safetensors, read_header
 from concord.stores.base import Store, canonical_ref
 
-#: chunks hashed per batch: bounds memory (futures, ids) whatever the checkpoint size
-BATCH = 64
+#: chunks in flight at once: bounds memory (futures, ids) whatever the checkpoint size
+WINDOW = 64
 
 
 @dataclass(frozen=True)
@@ -75,16 +80,20 @@ def collect_files(source: str | os.PathLike) -> list[tuple[str, str]]:
 
 
 class _Snapshotter:
+    """Hashes and stores the chunks of one snapshot, one pipeline per chunk:
+    hash → claim (so a chunk seen twice is written once) → write unless the store has it."""
+
     def __init__(self, store: Store, chunk_size: int, progress: Progress, workers: int | None) -> None:
         self.store = store
         self.chunk_size = chunk_size
         self.progress = progress
-        self.hash_workers = workers or max(2, min(8, os.cpu_count() or 2))
-        self.written: set[str] = set()  # ids this snapshot has written or found present
+        self.workers = workers or max(os.cpu_count() or 2, store.parallelism)
+        self._lock = threading.Lock()
+        self._claimed: set[str] = set()  # ids this snapshot has stored or found present
         self.new_chunks = 0
         self.new_bytes = 0
 
-    def file_entry(self, rel: str, path: str, hash_pool, write_pool) -> FileEntry:
+    def file_entry(self, rel: str, path: str, pool: ThreadPoolExecutor) -> FileEntry:
         with open(path, "rb") as f:
             size = os.fstat(f.fileno()).st_size
             if looks_like_safetensors(path):
@@ -102,53 +111,57 @@ class _Snapshotter:
             try:
                 if hasattr(mm, "madvise"):
                     mm.madvise(mmap.MADV_SEQUENTIAL)
-                parts = self._parts(mm, layout, hash_pool, write_pool)
+                parts = self._parts(mm, layout, pool)
             finally:
                 mm.close()
         return make_file(rel, size, kind, parts)
 
-    def _parts(self, mm: mmap.mmap, layout, hash_pool, write_pool) -> list:
+    def _parts(self, mm: mmap.mmap, layout, pool: ThreadPoolExecutor) -> list:
         cs = self.chunk_size
-        spans: list[tuple[int, int, int]] = []  # (part index, start, length)
-        for i, (_, _, off, length, _, _) in enumerate(layout):
-            for start in range(off, off + length, cs):
-                spans.append((i, start, min(cs, off + length - start)))
+        spans = (
+            (i, start, min(cs, off + length - start))
+            for i, (_, _, off, length, _, _) in enumerate(layout)
+            for start in range(off, off + length, cs)
+        )
         ids_per_part: list[list[str]] = [[] for _ in layout]
-        for b in range(0, len(spans), BATCH):
-            batch = spans[b : b + BATCH]
-            ids = list(hash_pool.map(lambda s: self._hash(mm, s[1], s[2]), batch))
-            self._store_missing(mm, batch, ids, write_pool)
-            for (i, _, _), cid in zip(batch, ids):
-                ids_per_part[i].append(cid)
+        for i, cid in _bounded_map(pool, lambda s: (s[0], self._chunk(mm, s[1], s[2])), spans, WINDOW):
+            ids_per_part[i].append(cid)
         return [make_part(*_part_args(lay, ids_per_part[i])) for i, lay in enumerate(layout)]
 
-    def _hash(self, mm: mmap.mmap, start: int, length: int) -> str:
+    def _chunk(self, mm: mmap.mmap, start: int, length: int) -> str:
         with memoryview(mm) as mv:
-            cid = chunk_id(mv[start : start + length])
+            view = mv[start : start + length]
+            try:
+                cid = chunk_id(view)
+                with self._lock:
+                    mine = cid not in self._claimed
+                    self._claimed.add(cid)
+                # put_chunk writes nothing (and sends nothing) when the store already has the chunk
+                if mine and self.store.put_chunk(cid, view, verify=False):
+                    with self._lock:
+                        self.new_chunks += 1
+                        self.new_bytes += length
+            finally:
+                view.release()
         self.progress.advance(length)
         return cid
 
-    def _store_missing(self, mm: mmap.mmap, batch, ids: list[str], write_pool) -> None:
-        todo: dict[str, tuple[int, int]] = {}
-        for (_, start, length), cid in zip(batch, ids):
-            if cid not in self.written and cid not in todo:
-                todo[cid] = (start, length)
-        if not todo:
-            return
-        present = self.store.has_chunks(list(todo))
-        self.written.update(present)
-        missing = [(cid, s, n) for cid, (s, n) in todo.items() if cid not in present]
 
-        def write(item):
-            cid, start, length = item
-            with memoryview(mm) as mv:
-                return length if self.store.put_chunk(cid, mv[start : start + length], verify=False) else 0
-
-        for (cid, _, _), n in zip(missing, write_pool.map(write, missing)):
-            self.written.add(cid)
-            if n:
-                self.new_chunks += 1
-                self.new_bytes += n
+def _bounded_map(pool: ThreadPoolExecutor, fn, items: Iterable, window: int) -> Iterator:
+    """``pool.map`` in order with at most ``window`` tasks in flight, so memory stays bounded."""
+    pending: deque = deque()
+    it = iter(items)
+    try:
+        for item in itertools.islice(it, window):
+            pending.append(pool.submit(fn, item))
+        while pending:
+            result = pending.popleft().result()
+            for item in itertools.islice(it, 1):
+                pending.append(pool.submit(fn, item))
+            yield result
+    finally:
+        for fut in pending:
+            fut.cancel()
 
 
 def _part_args(layout_entry, ids: list[str]):
@@ -179,10 +192,8 @@ def snapshot(
     prog.start(total, "snapshot")
     snap = _Snapshotter(store, chunk_size, prog, workers)
     try:
-        with ThreadPoolExecutor(snap.hash_workers, thread_name_prefix="concord-hash") as hp, ThreadPoolExecutor(
-            store.parallelism, thread_name_prefix="concord-put"
-        ) as wp:
-            entries = [snap.file_entry(rel, path, hp, wp) for rel, path in files]
+        with ThreadPoolExecutor(snap.workers, thread_name_prefix="concord-snapshot") as pool:
+            entries = [snap.file_entry(rel, path, pool) for rel, path in files]
     finally:
         prog.close()
     manifest = Manifest.build(chunk_size, entries)
