@@ -31,6 +31,13 @@ def parse_args(argv: list[str] | None) -> tuple[list[str], Options]:
     p.add_argument(
         "--out", type=Path, default=DEFAULT_OUT, help="where generated data and scratch stores go (default bench/out)"
     )
+    p.add_argument(
+        "--wait-idle",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="before each timed round, wait up to this long for other processes to leave the CPUs idle (default 0)",
+    )
     a = p.parse_args(argv)
     size = a.size_gb if a.size_gb is not None else (QUICK_SIZE_GB if a.quick else 2.1)
     runs = a.runs if a.runs is not None else (1 if a.quick else 3)
@@ -39,7 +46,9 @@ def parse_args(argv: list[str] | None) -> tuple[list[str], Options]:
         p.error(f"unknown benchmark {unknown[0]!r}: choose from {', '.join(BENCHMARKS)}")
     if size <= 0 or runs < 1:
         p.error("--size-gb must be positive and --runs at least 1")
-    return list(dict.fromkeys(a.which or BENCHMARKS)), Options(a.out.resolve(), size, runs, a.quick)
+    return list(dict.fromkeys(a.which or BENCHMARKS)), Options(
+        a.out.resolve(), size, runs, a.quick, max(0.0, a.wait_idle)
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -45,6 +45,8 @@ class Options:
     size_gb: float
     runs: int
     quick: bool
+    #: seconds to wait, before each timed round, for other processes to leave the CPUs idle
+    wait_idle: float = 0.0
 
     @property
     def data_dir(self) -> Path:
@@ -171,6 +173,7 @@ class Case:
     before: Callable[[], None] | None = None
     after: Callable[[], None] | None = None
     times: list[float] = field(default_factory=list)
+    busy: list[float] = field(default_factory=list)
     result: object = None
 
     @property
@@ -188,31 +191,65 @@ class Case:
         return dt
 
 
-def race(runs: int, *cases: Case, warmup: bool = True) -> tuple[Case, ...]:
+def race(runs: int, *cases: Case, warmup: bool = True, wait_idle: float = 0.0) -> tuple[Case, ...]:
     """Time ``cases`` in interleaved rounds (A, B, A, B, ...) and keep every run's wall time.
 
     Interleaving makes a change in the machine's state (another process, the page cache) fall on
     every case alike; an untimed warm-up round first lets the kernel settle (on a VM, the first
-    write of fresh memory for the page cache can cost several times a later one).
+    write of fresh memory for the page cache can cost several times a later one). Before each
+    round the CPU use of other processes is sampled (waiting up to ``wait_idle`` seconds for it
+    to drop) and kept in each case's ``busy`` list.
     """
     if warmup:
         for c in cases:
             log(f"{c.label}: warm-up {c.once():.3f} s")
     for i in range(runs):
+        busy = wait_for_idle(wait_idle)
         for c in cases:
             dt = c.once()
             c.times.append(dt)
+            c.busy.append(busy)
             log(f"{c.label}: run {i + 1}/{runs} {dt:.3f} s")
     return cases
 
 
-def load_note() -> str:
-    """The machine's load averages, to tell a quiet run from a busy one."""
+def times_note(cases: tuple[Case, ...] | list[Case]) -> str:
+    """Every run's time, and how busy other processes kept the CPUs before each round."""
+    times = "; ".join(f"{c.label} {', '.join(f'{t:.3f}' for t in c.times)}" for c in cases)
+    busy = ", ".join(f"{b:.0%}" for b in cases[0].busy)
+    return (
+        f"runs interleaved after an untimed warm-up round; all times (s): {times}. "
+        f"CPU use by other processes just before each round: {busy}"
+    )
+
+
+def cpu_busy(interval: float = 0.5) -> float:
+    """Share of all CPUs busy over ``interval`` while this process sleeps: other processes' load."""
+
+    def sample() -> tuple[int, int]:
+        with open("/proc/stat") as f:
+            v = [int(x) for x in f.readline().split()[1:9]]
+        return sum(v), v[3] + v[4]  # total, idle + iowait
+
     try:
-        one, five, _ = os.getloadavg()
-    except OSError:
-        return "load average unknown"
-    return f"load average {one:.2f} (1 min), {five:.2f} (5 min) on {os.cpu_count()} CPUs"
+        total0, idle0 = sample()
+        time.sleep(interval)
+        total1, idle1 = sample()
+    except (OSError, ValueError):
+        return float("nan")
+    dt = total1 - total0
+    return 0.0 if dt <= 0 else max(0.0, 1 - (idle1 - idle0) / dt)
+
+
+def wait_for_idle(max_wait: float, threshold: float = 0.15) -> float:
+    """Sample other processes' CPU use; with ``max_wait``, wait up to that long for it to drop
+    under ``threshold``. Returns the last sample."""
+    deadline = time.monotonic() + max_wait
+    busy = cpu_busy()
+    while busy > threshold and time.monotonic() < deadline:
+        log(f"other processes keep {busy:.0%} of the CPUs busy; waiting for a quieter moment")
+        busy = cpu_busy(1.0)
+    return busy
 
 
 def settle() -> None:

@@ -24,11 +24,11 @@ from bench.common import (
     Row,
     Table,
     Target,
-    load_note,
     log,
     race,
     read_json,
     remove,
+    times_note,
     write_json_atomic,
 )
 
@@ -73,6 +73,7 @@ def run(opts: Options) -> list[Table]:
         ),
         Case("diff_manifests", lambda: diff_manifests(a, b)),
         Case("json.loads both", lambda: [json.loads(r) for r in raw]),
+        wait_idle=opts.wait_idle,
     )
     total, total_nv, load, load_nv, diff, parse = cases
     for c in (total, total_nv, diff):
@@ -99,9 +100,7 @@ def run(opts: Options) -> list[Table]:
         f"({d.bytes_differing / 1e12:.2f} TB) to move; checked on every run",
         f"verify=True parses the JSON and recomputes every part, file and root hash; building both "
         f"manifests with make_part/make_file/Manifest.build took {build_seconds:.1f} s (not timed above)",
-        "runs interleaved after one untimed warm-up round; all times (s): "
-        + "; ".join(f"{c.label} {', '.join(f'{t:.3f}' for t in c.times)}" for c in cases),
-        load_note(),
+        times_note(cases),
     ]
     return [table]
 

@@ -35,11 +35,11 @@ from bench.common import (
     Target,
     ensure_checkpoint,
     fresh_dir,
-    load_note,
     log,
     race,
     remove,
     settle,
+    times_note,
     warm,
 )
 
@@ -58,7 +58,6 @@ def run(opts: Options) -> list[Table]:
     work = fresh_dir(opts.work_dir / "snapshot")
     secs = warm(ckpt.file)
     log(f"page cache warmed: {ckpt.size / GB:.2f} GB read in {secs:.2f} s")
-    load_before = load_note()
     s = ckpt.shape
     table = Table(
         f"snapshot: {ckpt.file.name}, {ckpt.size / GB:.2f} GB, {ckpt.n_tensors} bf16 tensors "
@@ -74,6 +73,7 @@ def run(opts: Options) -> list[Table]:
         Case("snapshot, all chunks stored", lambda: snapshot(ckpt.file, LocalDirStore(store_dir))),
         Case("blake3 AUTO update_mmap", lambda: _blake3_file(ckpt.file)),
         Case("sha256 in 8 MiB reads", lambda: _sha256_file(ckpt.file)),
+        wait_idle=opts.wait_idle,
     )
     if again.result.new_chunks or again.result.root != first.root:
         raise RuntimeError("the second snapshot wrote chunks or found another root; the store was not the first one's")
@@ -91,6 +91,7 @@ def run(opts: Options) -> list[Table]:
         opts.runs,
         Case("fresh snapshot", lambda: snapshot(ckpt.file, LocalDirStore(store_dir)), after=lambda: drop(store_dir)),
         Case("cp", lambda: subprocess.run(["cp", str(ckpt.file), str(copy)], check=True), after=lambda: drop(copy)),
+        wait_idle=opts.wait_idle,
     )
     written = fresh.result
     if written.new_bytes < written.bytes:
@@ -155,12 +156,11 @@ def run(opts: Options) -> list[Table]:
         f"fresh snapshot wrote {written.new_chunks} chunks ({written.new_bytes / GB:.2f} GB) "
         f"at {gbps / t_fresh:.2f} GB/s; cp {gbps / t_cp:.2f} GB/s (no fsync for either; "
         "the copy is deleted and dirty pages flushed after each run, outside the timing)",
-        "runs interleaved after one untimed warm-up round; all times (s): "
-        + "; ".join(f"{c.label} {', '.join(f'{t:.2f}' for t in c.times)}" for c in (again, b3, sha, fresh, cp)),
+        f"hashing: {times_note((again, b3, sha))}",
+        f"writing: {times_note((fresh, cp))}",
         f"memory: RssAnon polled every {POLL_SECONDS * 1000:.0f} ms ({full['samples']} samples on the full run); "
         f"the child's baseline after imports was {full['baseline_mb']:.1f} MB, "
         f"its peak RssFile (mapped checkpoint pages, not counted) {full['peak_file_mb']:.0f} MB",
-        f"{load_before} before the timed runs; {load_note()} after",
     ]
     return [table]
 

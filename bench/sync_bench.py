@@ -34,11 +34,11 @@ from bench.common import (
     ensure_finetuned,
     fresh_dir,
     hardlink_copy,
-    load_note,
     log,
     race,
     remove,
     settle,
+    times_note,
     warm,
 )
 
@@ -71,7 +71,6 @@ def run(opts: Options) -> list[Table]:
     manifest_bytes = len(LocalDirStore(src1).get_manifest_bytes(new.root))
 
     tgt, src = work / "tgt", work / "src"
-    load_before = load_note()
 
     def reset_target() -> None:
         hardlink_copy(tgt0, tgt)
@@ -99,7 +98,7 @@ def run(opts: Options) -> list[Table]:
     rsync = _rsync_case(base.folder, ft.folder, rsync_dir)
     if rsync:
         cases.append(rsync)
-    race(opts.runs, *cases)
+    race(opts.runs, *cases, wait_idle=opts.wait_idle)
     res, res_both = cases[0].result, cases[1].result
     t_sync, t_both = cases[0].best, cases[1].best
     if res.root != new.root or res_both.root != new.root:
@@ -144,11 +143,7 @@ def run(opts: Options) -> list[Table]:
         f"({(res.bytes_sent + manifest_bytes) / ft.changed_bytes:.4f}× with it)",
         f"of the combined row, the snapshot of the fine-tune (old chunks stored) took {min(snap_times):.2f} s at best",
     ]
-    table.notes.append(
-        "runs interleaved after one untimed warm-up round; all times (s): "
-        + "; ".join(f"{c.label} {', '.join(f'{t:.2f}' for t in c.times)}" for c in cases)
-    )
-    table.notes.append(f"{load_before} before the timed runs; {load_note()} after")
+    table.notes.append(times_note(cases))
     if rs is None:
         table.notes.append("rsync is not installed, so its baseline is n/a: install it with `apt-get install -y rsync`")
     else:
