@@ -173,22 +173,27 @@ class Case:
     before: Callable[[], None] | None = None
     after: Callable[[], None] | None = None
     times: list[float] = field(default_factory=list)
-    busy: list[float] = field(default_factory=list)
+    #: share of the CPUs other processes (kernel threads included) used during each timed run
+    others: list[float] = field(default_factory=list)
     result: object = None
 
     @property
     def best(self) -> float:
         return min(self.times)
 
-    def once(self) -> float:
+    def once(self) -> tuple[float, float]:
+        """Run once; (wall seconds, share of the CPUs used meanwhile by other processes)."""
         if self.before:
             self.before()
+        busy0, own0 = _cpu_counters()
         t0 = time.perf_counter()
         self.result = self.fn()
         dt = time.perf_counter() - t0
+        busy1, own1 = _cpu_counters()
         if self.after:
             self.after()
-        return dt
+        others = (busy1 - busy0) - (own1 - own0)
+        return dt, min(1.0, max(0.0, others / (dt * (os.cpu_count() or 1))))
 
 
 def race(runs: int, *cases: Case, warmup: bool = True, wait_idle: float = 0.0) -> tuple[Case, ...]:
@@ -196,31 +201,43 @@ def race(runs: int, *cases: Case, warmup: bool = True, wait_idle: float = 0.0) -
 
     Interleaving makes a change in the machine's state (another process, the page cache) fall on
     every case alike; an untimed warm-up round first lets the kernel settle (on a VM, the first
-    write of fresh memory for the page cache can cost several times a later one). Before each
-    round the CPU use of other processes is sampled (waiting up to ``wait_idle`` seconds for it
-    to drop) and kept in each case's ``busy`` list.
+    write of fresh memory for the page cache can cost several times a later one). Each run also
+    records how much of the CPUs other processes used meanwhile; with ``wait_idle``, each round
+    first waits up to that many seconds for them to go quiet.
     """
     if warmup:
         for c in cases:
-            log(f"{c.label}: warm-up {c.once():.3f} s")
+            log(f"{c.label}: warm-up {c.once()[0]:.3f} s")
     for i in range(runs):
-        busy = wait_for_idle(wait_idle)
+        wait_for_idle(wait_idle)
         for c in cases:
-            dt = c.once()
+            dt, others = c.once()
             c.times.append(dt)
-            c.busy.append(busy)
-            log(f"{c.label}: run {i + 1}/{runs} {dt:.3f} s")
+            c.others.append(others)
+            log(f"{c.label}: run {i + 1}/{runs} {dt:.3f} s (other processes: {others:.0%} of the CPUs)")
     return cases
 
 
 def times_note(cases: tuple[Case, ...] | list[Case]) -> str:
-    """Every run's time, and how busy other processes kept the CPUs before each round."""
-    times = "; ".join(f"{c.label} {', '.join(f'{t:.3f}' for t in c.times)}" for c in cases)
-    busy = ", ".join(f"{b:.0%}" for b in cases[0].busy)
+    """Every run's time, with the share of the CPUs other processes used during it."""
+    runs = "; ".join(f"{c.label} " + ", ".join(f"{t:.3f} ({o:.0%})" for t, o in zip(c.times, c.others)) for c in cases)
     return (
-        f"runs interleaved after an untimed warm-up round; all times (s): {times}. "
-        f"CPU use by other processes just before each round: {busy}"
+        "runs interleaved after an untimed warm-up round; every run's time in s, with (in brackets) the "
+        f"share of the CPUs other processes and kernel threads used meanwhile: {runs}"
     )
+
+
+def _cpu_counters() -> tuple[float, float]:
+    """CPU seconds: all CPUs busy since boot, and this process (with its waited-for children)."""
+    t = os.times()
+    own = t.user + t.system + t.children_user + t.children_system
+    try:
+        with open("/proc/stat") as f:
+            v = [int(x) for x in f.readline().split()[1:9]]
+    except (OSError, ValueError):
+        return own, own
+    busy = sum(v) - v[3] - v[4]  # all but idle and iowait
+    return busy / os.sysconf("SC_CLK_TCK"), own
 
 
 def cpu_busy(interval: float = 0.5) -> float:
