@@ -204,3 +204,58 @@ class ReplicationError(ConcordError):
             f"replication failed for {len(failures)} target(s) ({lines}). Completed: {done}. "
             "Re-run the same sync: it sends only what is still missing."
         )
+
+
+# --------------------------------------------------------------------------- contracts
+
+
+class ContractError(ConcordError, ValueError):
+    """A schema contract is malformed, or cannot be saved or used as asked."""
+
+    def __init__(self, where: str, problem: str, fix: str = "") -> None:
+        self.where = where
+        self.problem = problem
+        fix = fix or (
+            "Fix the contract (see concord.contracts.Contract for the fields), or infer a "
+            "fresh one from good data with concord.contracts.infer_contract."
+        )
+        super().__init__(f"{where}: {problem}. {fix}")
+
+
+class ContractConflictError(ContractError):
+    """A contract version is already saved with different content; versions are immutable."""
+
+    def __init__(self, store: str, ref: str, saved_digest: str, new_digest: str) -> None:
+        self.store = store
+        self.ref = ref
+        self.saved_digest = saved_digest
+        self.new_digest = new_digest
+        super().__init__(
+            f"contract {ref}",
+            f"already saved in {store} with different content (saved {saved_digest[:12]}, "
+            f"new {new_digest[:12]})",
+            "A saved version never changes: bump the version and save again, then check the "
+            "change with concord.contracts.compatible(old, new).",
+        )
+
+
+class ContractNotFoundError(ConcordError, KeyError, FileNotFoundError):
+    """No contract of that name (or version, or file) exists."""
+
+    def __init__(self, where: str, ref: str, available: list[str] | None = None) -> None:
+        self.where = where
+        self.ref = ref
+        self.available = list(available or [])
+        if available is None:  # a file path: there is no list to show
+            listing = ""
+        elif self.available:
+            listing = "; saved there: " + ", ".join(self.available[:10]) + (" ..." if len(self.available) > 10 else "")
+        else:
+            listing = "; none is saved there yet"
+        super().__init__(
+            f"no contract {ref!r} in {where}{listing}. Save it with concord.contracts.save_contract, "
+            "or pass 'name@VERSION', 'name' (its latest version) or the path of a .json file."
+        )
+
+    def __str__(self) -> str:  # KeyError quotes its message otherwise
+        return str(self.args[0])
