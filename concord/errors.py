@@ -206,6 +206,67 @@ class ReplicationError(ConcordError):
         )
 
 
+# --------------------------------------------------------------------------- lineage
+
+
+class DataFormatError(ConcordError, ValueError):
+    """A data source Concord cannot register (unknown format, unreadable file)."""
+
+    def __init__(self, source: str, problem: str) -> None:
+        self.source = source
+        self.problem = problem
+        super().__init__(
+            f"{source}: {problem}. Register a pandas DataFrame, a .parquet file or a .csv file."
+        )
+
+
+class DataSnapshotNotFoundError(ConcordError, KeyError):
+    """No data snapshot with this id is registered in the store."""
+
+    def __init__(self, store: str, snapshot_id: str) -> None:
+        self.store = store
+        self.snapshot_id = snapshot_id
+        super().__init__(
+            f"no data snapshot {snapshot_id} in {store}; register the data there with "
+            "`concord.data.register_data`, or sync the snapshot and its datasets/ document there."
+        )
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+class LineageError(ConcordError):
+    """A lineage record cannot be written or read as asked."""
+
+
+class LineageUnreachableError(LineageError, ConnectionError):
+    """The MLflow tracking server did not answer."""
+
+    def __init__(self, uri: str, cause: str) -> None:
+        self.uri = uri
+        super().__init__(
+            f"MLflow tracking server {uri} is unreachable: {cause}. Start it (`mlflow server "
+            "--host 127.0.0.1 --port PORT`), or point MLFLOW_TRACKING_URI at a running one "
+            "(unset it to use the embedded sqlite database under $CONCORD_HOME)."
+        )
+
+
+class PromotionRefused(LineageError):
+    """A model version failed the promotion gate; ``reasons`` lists every failed check."""
+
+    def __init__(self, name: str, version: str, alias: str, reasons: list[str]) -> None:
+        self.name = name
+        self.version = str(version)
+        self.alias = alias
+        self.reasons = list(reasons)
+        listed = "; ".join(f"({i}) {r}" for i, r in enumerate(self.reasons, 1))
+        super().__init__(
+            f"refusing to point alias {alias!r} of model {name!r} at version {version}: {listed}. "
+            "Fix each reason (register data and a contract, fix the data, or publish a compatible "
+            "contract version) and promote again."
+        )
+
+
 # --------------------------------------------------------------------------- contracts
 
 

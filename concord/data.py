@@ -1,0 +1,246 @@
+"""Data snapshots: a table (a pandas DataFrame, a Parquet or a CSV file) stored like any snapshot.
+
+A data snapshot is an ordinary Concord snapshot of one file, so it is chunked, deduplicated,
+replicated and verified like weights are. Its id is the snapshot's Merkle root: a hash over every
+byte of the file, so the same content always gets the same id and any changed row gets a new one.
+The file is snapshotted under a fixed name (``data.parquet`` or ``data.csv``) so the id depends on
+the content and its format only, never on where the file happened to live.
+
+A DataFrame is written to Parquet deterministically (no index, fixed compression, one writer), so
+registering the same frame twice gives the same id. Next to the snapshot, a small document
+``datasets/<id>.json`` records what a reader needs without loading the data: rows, columns, dtypes,
+format, name and the BLAKE3 digest of the file. The ref ``data/<name>`` points at the latest
+snapshot registered under that name, with its history.
+
+pandas and pyarrow are imported inside the functions that need them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from concord.errors import DataFormatError, DataSnapshotNotFoundError, ManifestError
+from concord.hashing import is_digest
+from concord.progress import Progress
+from concord.stores.base import Store, validate_segment
+
+if TYPE_CHECKING:  # pragma: no cover
+    import pandas as pd
+
+DATA_NAMESPACE = "data"
+DOCUMENT_PREFIX = "datasets"
+DOCUMENT_FORMAT = "concord/dataset@1"
+#: Parquet settings that make a DataFrame's file a pure function of its content
+PARQUET_COMPRESSION = "zstd"
+PARQUET_COMPRESSION_LEVEL = 3
+FORMATS = {".parquet": "parquet", ".pq": "parquet", ".csv": "csv"}
+_READ_BLOCK = 1 << 20
+
+
+@dataclass(frozen=True)
+class DataSnapshot:
+    """What Concord knows about one registered table, without loading it."""
+
+    id: str  # the snapshot's Merkle root
+    name: str
+    format: str  # "parquet" | "csv"
+    path: str  # the file's name inside the snapshot
+    rows: int
+    columns: tuple[str, ...]
+    schema: dict[str, str] = field(hash=False)  # column → pandas dtype
+    bytes: int
+    digest: str  # BLAKE3 of the file's bytes
+    store: str  # URI of the store it was read from or written to
+
+    def to_dict(self) -> dict:
+        d = {k: getattr(self, k) for k in self.__dataclass_fields__}
+        d["columns"] = list(self.columns)
+        d["schema"] = dict(self.schema)
+        return d
+
+
+def document_key(snapshot_id: str) -> str:
+    return f"{DOCUMENT_PREFIX}/{_check_id(snapshot_id)}.json"
+
+
+def file_digest(path: str | os.PathLike) -> str:
+    """The BLAKE3 digest of a file's bytes, read in blocks (never whole)."""
+    from blake3 import blake3
+
+    h = blake3()
+    with open(path, "rb") as f:
+        while block := f.read(_READ_BLOCK):
+            h.update(block)
+    return h.hexdigest()
+
+
+def write_parquet(df: "pd.DataFrame", path: str | os.PathLike) -> None:
+    """Write ``df`` so that equal frames give byte-identical files (index dropped)."""
+    df.to_parquet(
+        path,
+        engine="pyarrow",
+        index=False,
+        compression=PARQUET_COMPRESSION,
+        compression_level=PARQUET_COMPRESSION_LEVEL,
+    )
+
+
+def _check_id(snapshot_id: str) -> str:
+    if not is_digest(snapshot_id):
+        raise ValueError(
+            f"data snapshot id must be 64 lowercase hex characters (the snapshot root that "
+            f"register_data returned), got {snapshot_id!r}"
+        )
+    return snapshot_id
+
+
+def _format_of(path: str) -> str:
+    ext = os.path.splitext(path)[1].lower()
+    fmt = FORMATS.get(ext)
+    if fmt is None:
+        raise DataFormatError(path, f"unknown data format {ext or '(no extension)'!r}")
+    return fmt
+
+
+def _read(path: str, fmt: str) -> "pd.DataFrame":
+    import pandas as pd
+
+    try:
+        if fmt == "parquet":
+            return pd.read_parquet(path, engine="pyarrow")
+        return pd.read_csv(path)
+    except (ValueError, OSError) as exc:  # pyarrow's ArrowInvalid is a ValueError
+        raise DataFormatError(path, f"cannot read it as {fmt} ({exc})") from exc
+
+
+def _describe(path: str, fmt: str) -> tuple[int, tuple[str, ...], dict[str, str]]:
+    """Rows, columns and dtypes of a table file (Parquet from its footer, without reading the data)."""
+    if fmt == "parquet":
+        import pyarrow.parquet as pq
+
+        try:
+            pf = pq.ParquetFile(path)
+            empty = pf.schema_arrow.empty_table().to_pandas()
+            rows = pf.metadata.num_rows
+        except (ValueError, OSError) as exc:
+            raise DataFormatError(path, f"cannot read it as parquet ({exc})") from exc
+    else:
+        empty = _read(path, fmt)
+        rows = len(empty)
+    columns = tuple(str(c) for c in empty.columns)
+    if len(set(columns)) != len(columns):
+        raise DataFormatError(path, "two columns have the same name; rename them")
+    return rows, columns, {str(c): str(t) for c, t in empty.dtypes.items()}
+
+
+def register_data(
+    source: "str | os.PathLike | pd.DataFrame",
+    store: Store,
+    *,
+    name: str,
+    progress: Progress | None = None,
+) -> DataSnapshot:
+    """Snapshot a table into ``store`` and point the ref ``data/<name>`` at it."""
+    validate_segment(name, "data snapshot name")
+    with tempfile.TemporaryDirectory(prefix="concord-data-") as tmp:
+        staged = os.path.join(tmp, "snapshot")
+        os.mkdir(staged)
+        if _is_dataframe(source):
+            fmt = "parquet"
+            path = os.path.join(staged, "data.parquet")
+            write_parquet(source, path)
+        else:
+            src = os.path.abspath(os.fspath(source))
+            if not os.path.isfile(src):
+                raise DataFormatError(src, "no such file (a folder is not a table)")
+            fmt = _format_of(src)
+            # snapshot the file under a fixed name, through a link: the id is the content's alone
+            path = os.path.join(staged, f"data.{fmt}")
+            os.symlink(src, path)
+        rows, columns, schema = _describe(path, fmt)
+        digest = file_digest(path)
+        size = os.path.getsize(path)
+
+        from concord.snapshot import snapshot
+
+        result = snapshot(staged, store, ref=f"{DATA_NAMESPACE}/{name}", message=f"data {name}", progress=progress)
+    snap = DataSnapshot(
+        id=result.root,
+        name=name,
+        format=fmt,
+        path=os.path.basename(path),
+        rows=rows,
+        columns=columns,
+        schema=schema,
+        bytes=size,
+        digest=digest,
+        store=store.uri,
+    )
+    # immutable like the snapshot it describes: a second registration of the same bytes keeps it
+    store.put_document(document_key(snap.id), json.dumps(_document(snap), indent=1, sort_keys=True).encode())
+    return snap
+
+
+def _document(snap: DataSnapshot) -> dict:
+    return {
+        "kind": DOCUMENT_FORMAT,
+        "id": snap.id,
+        "name": snap.name,
+        "format": snap.format,
+        "path": snap.path,
+        "rows": snap.rows,
+        "columns": list(snap.columns),
+        "schema": dict(snap.schema),
+        "bytes": snap.bytes,
+        "digest": snap.digest,
+    }
+
+
+def _is_dataframe(obj) -> bool:
+    # no pandas import just to answer "is this a DataFrame?"
+    return type(obj).__name__ == "DataFrame" and hasattr(obj, "to_parquet")
+
+
+def data_info(store: Store, snapshot_id: str) -> DataSnapshot:
+    """The recorded facts about a data snapshot (rows, columns, dtypes, digest), without its data."""
+    raw = store.get_document(document_key(snapshot_id))
+    if raw is None:
+        raise DataSnapshotNotFoundError(store.uri, snapshot_id)
+    try:
+        doc = json.loads(raw)
+        if doc.get("kind") != DOCUMENT_FORMAT or doc.get("id") != snapshot_id:
+            raise ValueError("unknown format or id mismatch")
+        return DataSnapshot(
+            id=snapshot_id,
+            name=str(doc["name"]),
+            format=str(doc["format"]),
+            path=str(doc["path"]),
+            rows=int(doc["rows"]),
+            columns=tuple(str(c) for c in doc["columns"]),
+            schema={str(k): str(v) for k, v in doc["schema"].items()},
+            bytes=int(doc["bytes"]),
+            digest=str(doc["digest"]),
+            store=store.uri,
+        )
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise ManifestError(f"{document_key(snapshot_id)} in {store.uri}", f"unreadable dataset document ({exc})") from exc
+
+
+def load_data(store: Store, snapshot_id: str, *, progress: Progress | None = None) -> "pd.DataFrame":
+    """The table of a data snapshot, restored (every chunk verified) into a temporary folder and read."""
+    info = data_info(store, snapshot_id)
+    from concord.refs import load_manifest
+    from concord.restore import restore
+
+    manifest = load_manifest(store, snapshot_id)
+    with tempfile.TemporaryDirectory(prefix="concord-data-") as tmp:
+        out = os.path.join(tmp, "data")
+        restore(store, manifest, out, progress=progress)
+        path = os.path.join(out, info.path)
+        if not os.path.isfile(path):
+            raise DataSnapshotNotFoundError(store.uri, snapshot_id)
+        return _read(path, info.format)
