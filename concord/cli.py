@@ -199,7 +199,10 @@ def build_parser() -> argparse.ArgumentParser:
     common.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     p = argparse.ArgumentParser(
         prog="concord",
-        description="Keep model assets consistent across cluster stores: snapshot, diff, sync, restore, verify, rollback.",
+        description=(
+            "Keep model assets consistent across cluster stores: snapshot, diff, sync, restore, verify, "
+            "rollback; data snapshots, schema contracts, model versions and lineage in MLflow."
+        ),
     )
     sub = p.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
@@ -256,6 +259,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("store", metavar="STORE", help=STORE_HELP)
     s.add_argument("ref", metavar="REF")
     s.set_defaults(func=cmd_log)
+
+    from concord import cli_lineage
+
+    cli_lineage.add_parsers(sub, common)
     return p
 
 

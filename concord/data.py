@@ -106,6 +106,14 @@ def _format_of(path: str) -> str:
     return fmt
 
 
+def read_table(path: "str | os.PathLike") -> "pd.DataFrame":
+    """A parquet or CSV file as a DataFrame (the format from the extension)."""
+    path = os.path.abspath(os.fspath(path))
+    if not os.path.isfile(path):
+        raise DataFormatError(path, "no such file")
+    return _read(path, _format_of(path))
+
+
 def _read(path: str, fmt: str) -> "pd.DataFrame":
     import pandas as pd
 
