@@ -37,6 +37,17 @@ class SourceNotFoundError(ConcordError, FileNotFoundError):
         super().__init__(f"{path}: no such file or folder to snapshot; check the path.")
 
 
+class SourceChangedError(ConcordError, RuntimeError):
+    """A file changed while it was being snapshotted."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        super().__init__(
+            f"{path} changed while it was being snapshotted; nothing of it was kept. Snapshot a "
+            "checkpoint only once its writer has finished (write a completion marker, then snapshot)."
+        )
+
+
 class UnsafePathError(ConcordError, ValueError):
     """A path from a manifest or a name would escape the folder it belongs in."""
 

@@ -51,16 +51,19 @@ def canonical_json(obj) -> bytes:
     return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
 
 
-def node_hash(tag: bytes, meta: dict, children_hex: Iterable[str] | str) -> str:
+def node_hash(tag: bytes, meta: dict, children_hex: Iterable[str] | str | bytes) -> str:
     """Hash an inner node: its level tag, its metadata, then its children's digests in order.
 
-    ``children_hex`` is an iterable of 64-hex digests or one string of them concatenated.
+    ``children_hex`` is an iterable of 64-hex digests, one string of them concatenated, or the
+    raw concatenated digests as bytes.
     """
     m = canonical_json(meta)
     h = _blake3()(tag)
     h.update(struct.pack("<I", len(m)))
     h.update(m)
-    if isinstance(children_hex, str):
+    if isinstance(children_hex, bytes):
+        h.update(children_hex)
+    elif isinstance(children_hex, str):
         h.update(bytes.fromhex(children_hex))
     else:
         for c in children_hex:

@@ -300,11 +300,11 @@ def _parse_manifest(doc, where: str, expected_root: str | None, verify: bool) ->
             _need(is_digest(h), where, f"{path}:{name}: hash is not a 64-hex digest")
             if verify:
                 try:
-                    bytes.fromhex(chunks)
+                    raw = bytes.fromhex(chunks)  # decoded once: checked, then hashed
                 except ValueError:
                     raise ManifestError(where, f"{path}:{name}: chunk list is not hex") from None
-                _need(chunks == chunks.lower(), where, f"{path}:{name}: chunk list is not lowercase hex")
-                actual = node_hash(PART, part_meta(pkind, name, plen, dtype, shape), chunks)
+                _need(raw.hex() == chunks, where, f"{path}:{name}: chunk list is not lowercase hex")
+                actual = node_hash(PART, part_meta(pkind, name, plen, dtype, shape), raw)
                 _need(actual == h, where, f"{path}:{name}: part hash does not match its chunks")
             parts.append(Part(pkind, name, poff, plen, chunks, h, dtype, shape))
         _need(offset == size, where, f"{path}: parts cover {offset} bytes, file size is {size}")

@@ -19,7 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Iterable, Iterator
 from dataclasses import dataclass, field
 
-from concord.errors import SourceNotFoundError
+from concord.errors import SourceChangedError, SourceNotFoundError
 from concord.hashing import chunk_id
 from concord.manifest import (
     DEFAULT_CHUNK_SIZE,
@@ -87,6 +87,7 @@ class _Snapshotter:
         self.store = store
         self.chunk_size = chunk_size
         self.progress = progress
+        # hashing is CPU-bound: one thread per core, more only for stores whose writes wait on a network
         self.workers = workers or max(os.cpu_count() or 2, store.parallelism)
         self._lock = threading.Lock()
         self._claimed: set[str] = set()  # ids this snapshot has stored or found present
@@ -95,7 +96,8 @@ class _Snapshotter:
 
     def file_entry(self, rel: str, path: str, pool: ThreadPoolExecutor) -> FileEntry:
         with open(path, "rb") as f:
-            size = os.fstat(f.fileno()).st_size
+            before = os.fstat(f.fileno())
+            size = before.st_size
             if looks_like_safetensors(path):
                 header = read_header(f, size, rel)
                 layout = [("header", "", 0, header.data_start, None, None)] + [
@@ -108,15 +110,21 @@ class _Snapshotter:
             if size == 0:
                 return make_file(rel, 0, kind, [make_part(*_part_args(lay, [])) for lay in layout])
             mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+            written: list[str] = []
             try:
                 if hasattr(mm, "madvise"):
                     mm.madvise(mmap.MADV_SEQUENTIAL)
-                parts = self._parts(mm, layout, pool)
+                parts = self._parts(mm, f.fileno(), layout, pool, written)
             finally:
                 mm.close()
+            after = os.stat(path)
+            if (after.st_size, after.st_mtime_ns) != (before.st_size, before.st_mtime_ns):
+                for cid in written:  # their bytes may not match their names: take them back
+                    self.store.delete_chunk(cid)
+                raise SourceChangedError(path)
         return make_file(rel, size, kind, parts)
 
-    def _parts(self, mm: mmap.mmap, layout, pool: ThreadPoolExecutor) -> list:
+    def _parts(self, mm: mmap.mmap, fd: int, layout, pool: ThreadPoolExecutor, written: list[str]) -> list:
         cs = self.chunk_size
         spans = (
             (i, start, min(cs, off + length - start))
@@ -124,11 +132,11 @@ class _Snapshotter:
             for start in range(off, off + length, cs)
         )
         ids_per_part: list[list[str]] = [[] for _ in layout]
-        for i, cid in _bounded_map(pool, lambda s: (s[0], self._chunk(mm, s[1], s[2])), spans, WINDOW):
+        for i, cid in _bounded_map(pool, lambda s: (s[0], self._chunk(mm, fd, s[1], s[2], written)), spans, WINDOW):
             ids_per_part[i].append(cid)
         return [make_part(*_part_args(lay, ids_per_part[i])) for i, lay in enumerate(layout)]
 
-    def _chunk(self, mm: mmap.mmap, start: int, length: int) -> str:
+    def _chunk(self, mm: mmap.mmap, fd: int, start: int, length: int, written: list[str]) -> str:
         with memoryview(mm) as mv:
             view = mv[start : start + length]
             try:
@@ -137,10 +145,11 @@ class _Snapshotter:
                     mine = cid not in self._claimed
                     self._claimed.add(cid)
                 # put_chunk writes nothing (and sends nothing) when the store already has the chunk
-                if mine and self.store.put_chunk(cid, view, verify=False):
+                if mine and self.store.put_chunk_from_file(cid, fd, start, length, view):
                     with self._lock:
                         self.new_chunks += 1
                         self.new_bytes += length
+                        written.append(cid)
             finally:
                 view.release()
         self.progress.advance(length)

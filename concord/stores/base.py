@@ -214,6 +214,12 @@ class Store(ABC):
                 raise IntegrityError(f"chunk sent to {self.uri}", cid, actual)
         return self._put_object(chunk_key(cid), data, overwrite=overwrite)
 
+    def put_chunk_from_file(self, cid: str, fd: int, offset: int, length: int, data: memoryview) -> bool:
+        """Store the chunk ``cid`` whose bytes are ``length`` bytes of open file ``fd`` at ``offset``
+        (already hashed by the caller, and also given as ``data``). Stores that can copy between
+        files in the kernel override this; the default writes ``data``."""
+        return self.put_chunk(cid, data, verify=False)
+
     def get_chunk(self, cid: str, *, verify: bool = True) -> bytes:
         """The chunk's bytes; with ``verify`` they are re-hashed and must match ``cid``."""
         _check_digest(cid, "chunk id")

@@ -2,13 +2,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 
 import pytest
 from toy_checkpoints import SMALL_CHUNK, fine_tune, make_checkpoint
 from safetensors import safe_open
 
 from concord.diff import diff_manifests
-from concord.errors import ManifestError, SafetensorsError, SourceNotFoundError, UnsafePathError
+from concord.errors import ManifestError, SafetensorsError, SourceChangedError, SourceNotFoundError, UnsafePathError
 from concord.hashing import chunk_id
 from concord.manifest import Manifest, make_file, make_part
 from concord.refs import load_manifest
@@ -156,3 +157,35 @@ def test_snapshot_of_one_file_and_load_manifest(tmp_path, stores):
     assert r.files == 1
     assert load_manifest(stores[0], r.root).files[0].path == "model.safetensors"
     assert stores[0].read_ref("default/solo").root == r.root
+
+
+class _WriterRacingStore(LocalDirStore):
+    """A real store; while the snapshot writes its first chunk, another writer appends to the file."""
+
+    target: str = ""
+
+    def put_chunk_from_file(self, cid, fd, offset, length, data):
+        wrote = super().put_chunk_from_file(cid, fd, offset, length, data)
+        if self.target:
+            with open(self.target, "ab") as f:
+                f.write(b"more bytes from a writer that has not finished")
+            self.target = ""
+        return wrote
+
+
+def test_file_changing_during_snapshot_keeps_nothing(tmp_path):
+    src = tmp_path / "ckpt"
+    src.mkdir()
+    big = src / "optimizer.bin"
+    big.write_bytes(os.urandom(5 * SMALL_CHUNK))
+    store = _WriterRacingStore(tmp_path / "s")
+    store.target = str(big)
+    with pytest.raises(SourceChangedError, match="changed while"):
+        snapshot(src, store, chunk_size=SMALL_CHUNK, ref="x")
+    assert list(store.iter_chunks()) == [] and list(store.iter_manifests()) == [] and store.read_ref("x") is None
+
+
+def test_local_store_copies_chunks_from_the_file(ckpt, stores):
+    r = snapshot(ckpt, stores[0], chunk_size=SMALL_CHUNK)
+    for cid in r.manifest.chunk_lengths():
+        assert stores[0].get_chunk(cid, verify=True)
