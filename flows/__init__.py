@@ -17,6 +17,10 @@ _WHERE = {
     "replicate_snapshot": "flows.replicate",
     "snapshot_and_replicate": "flows.replicate",
     "verify_store": "flows.verify",
+    "register_data_snapshot": "flows.lineage",
+    "validate_contract": "flows.lineage",
+    "register_model_version": "flows.lineage",
+    "promote_model": "flows.lineage",
 }
 
 __all__ = sorted(_WHERE)

@@ -10,6 +10,7 @@ from prefect.futures import as_completed
 from pydantic import Field
 
 from flows._report import human, md_table, short
+from flows.lineage import record_holders
 from flows.snapshot import DEFAULT_REF, ChunkSizeMiB, snapshot_checkpoint
 from tasks import replicate_task
 
@@ -21,7 +22,7 @@ class ReplicationFailed(RuntimeError):
 
 
 @flow(name="replicate-snapshot")
-def replicate_snapshot(source: str, targets: Targets, ref: str = DEFAULT_REF) -> list[dict]:
+def replicate_snapshot(source: str, targets: Targets, ref: str = DEFAULT_REF, record_lineage: bool = True) -> list[dict]:
     """Replicate a snapshot to every target store at once; only chunks a target lacks are sent.
 
     Args:
@@ -29,6 +30,9 @@ def replicate_snapshot(source: str, targets: Targets, ref: str = DEFAULT_REF) ->
         targets: The stores to bring up to date (one task per target, run concurrently).
         ref: The ref to replicate; it moves on each target by compare-and-swap, after every
             chunk and the manifest are there.
+        record_lineage: Record each updated target as a holder of the model versions registered
+            with the snapshot (MLflow lineage). Never fails the replication: when lineage is
+            unreachable, a warning is logged.
     """
     futures = replicate_task.map(source=unmapped(source), target=targets, ref=unmapped(ref))
     target_of = {f: t for f, t in zip(futures, targets)}
@@ -43,12 +47,16 @@ def replicate_snapshot(source: str, targets: Targets, ref: str = DEFAULT_REF) ->
             failures[target] = exc
         update_progress_artifact(progress_id, 100.0 * n / len(targets), description=f"{n} of {len(targets)} target(s) done")
 
+    held = record_holders([results[t] for t in targets if t in results]) if record_lineage and results else {}
+
     rows = []
     for t in targets:
         if t in results:
             r = results[t]
             sent = (r["chunks_sent"], human(r["bytes_sent"]), r["chunks_present"])
-            rows.append((f"`{r['store']}`", "updated", short(r["root"]), *sent, r["ref_version"]))
+            versions = ", ".join(held.get(r["store"], []))
+            status = f"updated; held-by recorded on {versions}" if versions else "updated"
+            rows.append((f"`{r['store']}`", status, short(r["root"]), *sent, r["ref_version"]))
         else:
             rows.append((f"`{t}`", f"**failed**: {failures[t]}", "", "", "", "", ""))
     create_markdown_artifact(

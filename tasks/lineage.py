@@ -1,0 +1,410 @@
+"""Lineage tasks: register data snapshots and model versions, validate data against contracts,
+promote through the gate, and record which stores hold a version.
+
+Each task is a thin wrapper over ``concord.data``, ``concord.contracts`` and
+``concord.lineage.Lineage``: it opens the stores from their specs, calls the core, emits an event
+and returns a plain, JSON-serialisable dict. Tasks that write lineage take ``tracking_uri``
+(``None``: ``$MLFLOW_TRACKING_URI``, else the sqlite database in ``$CONCORD_HOME``) and check the
+tracking backend first, so an unreachable server fails the task before any store is touched.
+
+Data snapshots, contracts and model versions are named the way a person types them: a data
+snapshot by its 64-hex id or its ref (``data/<name>``, ``data/<name>~1``), a contract as
+``name@version``, a model version as ``name/version``.
+
+Events (a ``concord.contract.failed`` or ``concord.promotion.refused`` is what an automation pages on)::
+
+    concord.data.registered      resource concord.data.<id>
+    concord.contract.validated   resource concord.contract.<name@version>
+    concord.contract.failed      resource concord.contract.<name@version>
+    concord.model.registered     resource concord.model.<name>/<version>
+    concord.model.promoted       resource concord.model.<name>/<version>
+    concord.promotion.refused    resource concord.model.<name>/<version>
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import urllib.parse
+from typing import TYPE_CHECKING, Sequence
+
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+
+from tasks import events
+from tasks.common import RETRIES, RETRY_DELAYS, open_stores, retry_if_transient
+from tasks.progress import PrefectProgress, run_logger
+
+if TYPE_CHECKING:  # pragma: no cover
+    import pandas as pd
+
+    from concord.lineage import Lineage
+    from concord.stores.base import Store
+
+DATA_REGISTERED = "concord.data.registered"
+CONTRACT_VALIDATED = "concord.contract.validated"
+CONTRACT_FAILED = "concord.contract.failed"
+MODEL_REGISTERED = "concord.model.registered"
+MODEL_PROMOTED = "concord.model.promoted"
+PROMOTION_REFUSED = "concord.promotion.refused"
+
+#: failures carried in an event's payload at most (the task's result has them all)
+EVENT_FAILURES = 20
+
+
+def data_resource(snapshot_id: str) -> str:
+    return f"concord.data.{snapshot_id}"
+
+
+def contract_resource(ref: str) -> str:
+    return f"concord.contract.{ref}"
+
+
+def model_resource(name: str, version: str | int) -> str:
+    return f"concord.model.{name}/{version}"
+
+
+def _res(rid: str, name: str, role: str | None) -> dict[str, str]:
+    out = {"prefect.resource.id": rid, "prefect.resource.name": name}
+    if role is not None:
+        out["prefect.resource.role"] = role
+    return out
+
+
+def _data(snapshot_id: str, name: str = "", role: str | None = None) -> dict[str, str]:
+    return _res(data_resource(snapshot_id), name or snapshot_id[:12], role)
+
+
+def _contract(ref: str, role: str | None = None) -> dict[str, str]:
+    return _res(contract_resource(ref), ref, role)
+
+
+def _model(name: str, version: str | int, role: str | None = None) -> dict[str, str]:
+    return _res(model_resource(name, version), f"{name}/{version}", role)
+
+
+def shown_uri(uri: str) -> str:
+    """A tracking URI fit for logs, results and artifacts: any password replaced by ``***``."""
+    parts = urllib.parse.urlsplit(uri)
+    if parts.password is None:
+        return uri
+    return urllib.parse.urlunsplit(parts._replace(netloc=parts.netloc.replace(f":{parts.password}@", ":***@", 1)))
+
+
+def _lineage(tracking_uri: str | None) -> "Lineage":
+    """The lineage backend, checked: :class:`~concord.errors.LineageUnreachableError` (a
+    ``ConnectionError``, so retried) when the tracking server does not answer."""
+    from concord.lineage import Lineage
+
+    lineage = Lineage(tracking_uri)
+    lineage.ensure_ready()
+    return lineage
+
+
+def _data_id(store: "Store", spec: str) -> str:
+    """A data snapshot's id from its id, or from its ref (``data/penguins``, ``data/penguins~1``)."""
+    from concord.refs import resolve_root
+
+    return resolve_root(store, spec.strip())
+
+
+# ----------------------------------------------------------------------------- data
+
+
+@task(
+    name="register-data",
+    retries=RETRIES,
+    retry_delay_seconds=RETRY_DELAYS,
+    retry_condition_fn=retry_if_transient,
+    cache_policy=NO_CACHE,
+)
+def register_data_task(
+    source: "str | os.PathLike | pd.DataFrame",
+    store: str,
+    name: str,
+    tracking_uri: str | None = None,
+) -> dict:
+    """Snapshot the table ``source`` (a .parquet or .csv file, or a DataFrame) into ``store``
+    under the ref ``data/<name>``, and log it to MLflow as a run input (experiment ``concord-data``).
+
+    The tracking backend is checked first: an unreachable server fails before the store is
+    touched. Emits ``concord.data.registered``. Safe to retry: the same bytes get the same id and
+    leave the ref where it is (a retry may log a second MLflow run for them).
+    """
+    from concord.data import register_data
+
+    lineage = _lineage(tracking_uri)
+    with open_stores(store) as (s,):
+        snap = register_data(source, s, name=name, progress=PrefectProgress())
+        run_id = lineage.log_data_snapshot(snap, store=s)
+    ref = f"data/{name}"
+    shown = os.path.abspath(os.fspath(source)) if isinstance(source, (str, os.PathLike)) else f"({type(source).__name__})"
+    out = snap.to_dict() | {"ref": ref, "run_id": run_id, "source": shown, "tracking_uri": shown_uri(lineage.tracking_uri)}
+    payload = {k: out[k] for k in ("id", "name", "format", "rows", "columns", "bytes", "digest", "store", "ref", "run_id")}
+    out["event_id"] = events.emit(
+        DATA_REGISTERED, _data(snap.id, name), [events.store(s.uri, "store"), events.ref(ref)], payload
+    )
+    run_logger().info(
+        "data %s: %s, %d rows x %d columns (%s) in %s; MLflow run %s",
+        name, snap.id[:12], snap.rows, len(snap.columns), snap.format, s.uri, run_id,
+    )
+    return out
+
+
+# ----------------------------------------------------------------------------- contracts
+
+
+@task(
+    name="validate-contract",
+    retries=RETRIES,
+    retry_delay_seconds=RETRY_DELAYS,
+    retry_condition_fn=retry_if_transient,
+    cache_policy=NO_CACHE,
+)
+def validate_contract_task(contract_store: str, contract_ref: str, data_store: str, data_id: str) -> dict:
+    """Validate data snapshot ``data_id`` (its id or ``data/<name>``) of ``data_store`` against
+    the contract ``contract_ref`` (``name@version``, or ``name`` for its latest version) saved in
+    ``contract_store``, with great-expectations.
+
+    Returns the report (``success`` is False when any expectation failed) rather than raising:
+    the caller decides what a violation means. Emits ``concord.contract.validated`` or
+    ``concord.contract.failed``.
+    """
+    from concord.contracts import load_contract, validate
+    from concord.data import data_info, load_data
+
+    with open_stores(contract_store, data_store) as (cs, ds):
+        contract = load_contract(cs, contract_ref)
+        snapshot_id = _data_id(ds, data_id)
+        info = data_info(ds, snapshot_id)
+        result = validate(contract, load_data(ds, snapshot_id))
+    out = result.to_dict() | {
+        "contract_digest": contract.digest(),
+        "data_snapshot": snapshot_id,
+        "data_name": info.name,
+        "rows": info.rows,
+        "contract_store": cs.uri,
+        "data_store": ds.uri,
+    }
+    related = [_data(snapshot_id, info.name, "data"), events.store(ds.uri, "data-store"), events.store(cs.uri, "contract-store")]
+    payload = {k: out[k] for k in ("contract", "contract_digest", "success", "evaluated", "data_snapshot", "data_name", "data_store")}
+    payload["failures"] = out["failures"][:EVENT_FAILURES]
+    payload["failure_count"] = len(out["failures"])
+    name = CONTRACT_VALIDATED if result.success else CONTRACT_FAILED
+    out["event_id"] = events.emit(name, _contract(contract.ref), related, payload)
+    log = run_logger()
+    if result.success:
+        log.info("data %s (%s) meets contract %s: %d expectation(s)", info.name, snapshot_id[:12], contract.ref, result.evaluated)
+    else:
+        log.error(
+            "data %s (%s) violates contract %s: %d of %d expectation(s) failed",
+            info.name, snapshot_id[:12], contract.ref, len(result.failures), result.evaluated,
+        )
+    return out
+
+
+# ----------------------------------------------------------------------------- model versions
+
+
+@task(
+    name="register-model",
+    retries=RETRIES,
+    retry_delay_seconds=RETRY_DELAYS,
+    retry_condition_fn=retry_if_transient,
+    cache_policy=NO_CACHE,
+)
+def register_model_task(
+    name: str,
+    stores: str | Sequence[str],
+    snapshot: str,
+    data_snapshot: str | None = None,
+    contract: str | None = None,
+    parents: Sequence[str] = (),
+    tiers: dict[str, str] | None = None,
+    description: str = "",
+    data_store: str | None = None,
+    contracts_store: str | None = None,
+    tracking_uri: str | None = None,
+) -> dict:
+    """Register snapshot ``snapshot`` (a ref, ``ref~N`` or a 64-hex root, looked up in the first
+    of ``stores``) as a new version of model ``name`` in MLflow's registry.
+
+    Every store of ``stores`` that holds the snapshot is recorded as a holder (tier from
+    ``tiers``, keyed by spec or URI; default ``hot``). ``data_snapshot`` (an id, or a ref such as
+    ``data/penguins``, resolved in the first store unless ``data_store`` is given) is looked up in
+    ``data_store`` (default: ``stores``), ``contract`` (``name@version``) in ``contracts_store``
+    (default: ``stores``); ``parents`` are
+    ``name/version`` of registered versions. Emits ``concord.model.registered``.
+
+    The tracking backend is checked before any store is read; the only errors retried (a
+    server or store that does not answer) come before anything is written to MLflow.
+    """
+    specs = [stores] if isinstance(stores, str) else list(stores)
+    if not specs:
+        raise ValueError("no stores given: name at least the store that holds the snapshot")
+    from concord.lineage import TAG_CONTRACT, TAG_CONTRACT_DIGEST, TAG_DATA_NAME, TAG_HELD_BY, TAG_STORE
+    from concord.refs import resolve_root
+
+    lineage = _lineage(tracking_uri)
+    # a store is opened only when it is looked in (opening a folder store creates it)
+    with open_stores(*specs, data_store if data_snapshot else None, contracts_store if contract else None) as opened:
+        held, ds, cs = opened[: len(specs)], opened[-2], opened[-1]
+        root = resolve_root(held[0], snapshot.strip())
+        data_id = _data_id(ds or held[0], data_snapshot) if data_snapshot else None
+        r = lineage.register_model_version(
+            name,
+            root,
+            held,
+            data_snapshot=data_id,
+            contract=contract or None,
+            parents=list(parents),
+            tiers=tiers,
+            description=description,
+            data_store=ds,
+            contracts_store=cs,
+        )
+    tags = r["tags"]
+    out = r | {
+        "snapshot": snapshot,
+        "store": tags[TAG_STORE],
+        "held_by": json.loads(tags[TAG_HELD_BY]),
+        "data_snapshot": data_id,
+        "data_name": tags.get(TAG_DATA_NAME),
+        "contract": tags.get(TAG_CONTRACT),
+        "contract_digest": tags.get(TAG_CONTRACT_DIGEST),
+        "parents": list(parents),
+        "tracking_uri": shown_uri(lineage.tracking_uri),
+    }
+    related = [events.snapshot(root, "snapshot"), events.store(out["store"], "store")]
+    if data_id:
+        related.append(_data(data_id, out["data_name"] or "", "data"))
+    if out["contract"]:
+        related.append(_contract(out["contract"], "contract"))
+    related += [_model(*p.rsplit("/", 1), role="parent") for p in out["parents"]]
+    fields = ("name", "version", "root", "source", "store", "held_by", "data_snapshot", "contract", "parents", "run_id")
+    out["event_id"] = events.emit(MODEL_REGISTERED, _model(name, r["version"]), related, {k: out[k] for k in fields})
+    run_logger().info(
+        "%s/%s registered: snapshot %s in %s, held by %d store(s)%s%s%s",
+        name, r["version"], root[:12], out["store"], len(out["held_by"]),
+        f", data {data_id[:12]}" if data_id else "",
+        f", contract {out['contract']}" if out["contract"] else "",
+        f", parents {', '.join(out['parents'])}" if out["parents"] else "",
+    )
+    return out
+
+
+@task(
+    name="promote",
+    retries=RETRIES,
+    retry_delay_seconds=RETRY_DELAYS,
+    retry_condition_fn=retry_if_transient,
+    cache_policy=NO_CACHE,
+)
+def promote_task(
+    name: str,
+    version: str | int,
+    alias: str,
+    data_store: str,
+    contracts_store: str,
+    tracking_uri: str | None = None,
+) -> dict:
+    """Point ``alias`` of model ``name`` at ``version`` if the promotion gate passes: data and a
+    contract recorded, the data valid under the contract, and the contract compatible with the
+    one of the version ``alias`` points at now (data in ``data_store``, contracts in
+    ``contracts_store``).
+
+    Emits ``concord.model.promoted``, or ``concord.promotion.refused`` and re-raises
+    :class:`~concord.errors.PromotionRefused` (its ``reasons`` list every failed check; never retried).
+    """
+    from concord.errors import PromotionRefused
+
+    lineage = _lineage(tracking_uri)
+    version = str(version)
+    with open_stores(data_store, contracts_store) as (ds, cs):
+        try:
+            r = lineage.promote(name, version, alias, data_store=ds, contracts=cs)
+        except PromotionRefused as exc:
+            events.emit(
+                PROMOTION_REFUSED,
+                _model(name, version),
+                [events.store(ds.uri, "data-store"), events.store(cs.uri, "contract-store")],
+                {"name": name, "version": version, "alias": alias, "reasons": exc.reasons},
+            )
+            raise  # Prefect logs the failed task run with every reason
+    checks = r["checks"]
+    out = r | {"data_store": ds.uri, "contracts_store": cs.uri, "tracking_uri": shown_uri(lineage.tracking_uri)}
+    related = [events.store(ds.uri, "data-store"), events.store(cs.uri, "contract-store")]
+    if "contract" in checks:
+        related.append(_contract(checks["contract"]["ref"], "contract"))
+    if "validation" in checks:
+        related.append(_data(checks["validation"]["data_snapshot"], role="data"))
+    if checks.get("previous"):
+        related.append(_model(*checks["previous"].rsplit("/", 1), role="previous"))
+    payload = {"name": name, "version": version, "alias": alias, "time": r["time"], "previous": checks.get("previous")}
+    out["event_id"] = events.emit(MODEL_PROMOTED, _model(name, version), related, payload)
+    run_logger().info("%s/%s is now %r (was %s)", name, version, alias, checks.get("previous") or "unset")
+    return out
+
+
+@task(
+    name="record-replica",
+    task_run_name="record-replica-{store}",
+    retries=RETRIES,
+    retry_delay_seconds=RETRY_DELAYS,
+    retry_condition_fn=retry_if_transient,
+    cache_policy=NO_CACHE,
+)
+def record_replica_task(root: str, store: str, tier: str = "hot", tracking_uri: str | None = None) -> dict:
+    """Record that ``store`` holds snapshot ``root`` on ``tier``, on every model version
+    registered with that root (none registered: nothing to record).
+
+    An embedded sqlite database that does not exist yet holds no versions: it is left
+    uncreated rather than made just to find that out.
+    """
+    from concord.lineage import Lineage
+
+    lineage = Lineage(tracking_uri)
+    out = {"root": root, "store": store, "tier": tier, "updated": [], "tracking_uri": shown_uri(lineage.tracking_uri)}
+    db = _sqlite_file(lineage.tracking_uri)
+    if db is not None and not os.path.exists(db):
+        run_logger().info("no lineage database at %s yet: no model version to record %s on", db, store)
+        return out
+    lineage.ensure_ready()
+    with open_stores(store) as (s,):
+        out["store"] = s.uri
+        out["updated"] = lineage.record_replica(root, s, tier)
+    run_logger().info(
+        "%s (%s) recorded as a holder of %s on %s",
+        s.uri, tier, root[:12], ", ".join(out["updated"]) or "no model version (none registered with this root)",
+    )
+    return out
+
+
+def _sqlite_file(uri: str) -> str | None:
+    if not uri.startswith("sqlite:///"):
+        return None
+    path = uri[len("sqlite:///"):].split("?", 1)[0]
+    return os.path.abspath(path) if path and path != ":memory:" else None
+
+
+# ----------------------------------------------------------------------------- reading
+
+
+@task(
+    name="model-lineage",
+    retries=RETRIES,
+    retry_delay_seconds=RETRY_DELAYS,
+    retry_condition_fn=retry_if_transient,
+    cache_policy=NO_CACHE,
+)
+def model_lineage_task(name: str, version: str | int, tracking_uri: str | None = None) -> dict:
+    """Everything recorded about ``name``/``version`` (snapshot, data, contract, parents, holders,
+    aliases, dataset inputs), with the lineage graph of model ``name`` as ``graph`` and as a
+    Mermaid flowchart in ``mermaid``."""
+    from concord.lineage import to_mermaid
+
+    lineage = _lineage(tracking_uri)
+    out = lineage.model_lineage(name, str(version))
+    graph = lineage.lineage_graph(name)
+    return out | {"graph": graph, "mermaid": to_mermaid(graph), "tracking_uri": shown_uri(lineage.tracking_uri)}
+
