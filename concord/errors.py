@@ -331,3 +331,63 @@ class ContractNotFoundError(ConcordError, KeyError, FileNotFoundError):
 
     def __str__(self) -> str:  # KeyError quotes its message otherwise
         return str(self.args[0])
+
+
+# --------------------------------------------------------------------------- ledger
+
+
+class LedgerError(ConcordError, ValueError):
+    """A federation ledger cannot be read or extended as asked (bad record, inconsistent ledger)."""
+
+    def __init__(self, where: str, problem: str, fix: str = "") -> None:
+        self.where = where
+        self.problem = problem
+        fix = fix or "Inspect it with `concord federate verify TENANT --store STORE`."
+        super().__init__(f"{where}: {problem}. {fix}")
+
+
+class LedgerConflictError(RefConflictError):
+    """Another round of the same tenant was appended to the ledger first; nothing of this one was kept."""
+
+    def __init__(self, store: str, tenant: str, number: int, expected: str | None, actual: str | None) -> None:
+        self.store = store
+        self.ref = f"{tenant}/_ledger"
+        self.tenant = tenant
+        self.round = number
+        self.expected = expected
+        self.actual = actual
+        StoreError.__init__(
+            self,
+            f"round {number} of tenant {tenant!r} in {store} was appended concurrently by another run "
+            f"(head expected {expected or '(none)'}, found {actual or '(none)'}); this round was not "
+            f"recorded. See `concord federate log {tenant} --store {store}`, then re-run if still needed.",
+        )
+
+
+class TenantError(ConcordError, ValueError):
+    """A federation round named something that belongs to another tenant."""
+
+    def __init__(self, tenant: str, name: str, owner: str) -> None:
+        self.tenant = tenant
+        self.name = name
+        self.owner = owner
+        super().__init__(
+            f"{name!r} belongs to tenant {owner!r}, not {tenant!r}: a round of one tenant never reads "
+            f"or writes another's refs or ledger. Name the adapter as '{tenant}/NAME' or just 'NAME'."
+        )
+
+
+class AdapterNotFoundError(StoreError, KeyError):
+    """No cluster store holds the adapter ref a federation round names."""
+
+    def __init__(self, ref: str, stores: list[str]) -> None:
+        self.ref = ref
+        self.stores = list(stores)
+        super().__init__(
+            f"no cluster holds adapter ref {ref!r} (looked in {', '.join(self.stores) or 'no store'}); "
+            f"snapshot the adapter there first (`concord snapshot DIR --store STORE --ref {ref}`), "
+            "or list what a store holds with `concord refs STORE`."
+        )
+
+    def __str__(self) -> str:  # KeyError quotes its message otherwise
+        return str(self.args[0])

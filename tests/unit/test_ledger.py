@@ -1,0 +1,297 @@
+"""The federation ledger: appending rounds, verifying the chain, and catching every kind of tampering."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import threading
+from pathlib import Path
+
+import pytest
+
+from concord.errors import InvalidNameError, LedgerConflictError, LedgerError, RefConflictError
+from concord.hashing import canonical_json
+from concord.ledger import (
+    HEAD_NAME,
+    append_round,
+    head_ref,
+    list_rounds,
+    read_head,
+    round_hash,
+    round_key,
+    validate_tenant,
+    verify_ledger,
+)
+from concord.stores import LocalDirStore
+
+
+def _record(i: int) -> dict:
+    return {
+        "method": "exact",
+        "weights": [0.5, 0.5],
+        "inputs": [{"adapter": f"t/a{i}", "root": f"{i:064x}"}, {"adapter": f"t/b{i}", "root": f"{i + 100:064x}"}],
+        "result": {"ref": "t/federated", "root": f"{i + 200:064x}"},
+        "metrics": {"relative_error": 1e-7 * i},
+    }
+
+
+def _path(store: LocalDirStore, tenant: str, n: int) -> Path:
+    return Path(store.root) / round_key(tenant, n)
+
+
+@pytest.fixture
+def store(tmp_path) -> LocalDirStore:
+    return LocalDirStore(tmp_path / "store")
+
+
+@pytest.fixture
+def three(store) -> list[dict]:
+    """Tenant ``t`` with three rounds."""
+    return [append_round(store, "t", _record(i)) for i in range(1, 4)]
+
+
+# ----------------------------------------------------------------------------- appending
+
+
+def test_rounds_are_numbered_chained_and_hashed(store, three):
+    assert [r["round"] for r in three] == [1, 2, 3]
+    assert three[0]["prev"] is None
+    assert [r["prev"] for r in three[1:]] == [r["hash"] for r in three[:2]]
+    for r in three:
+        assert r["tenant"] == "t" and r["method"] == "exact" and r["inputs"] == _record(r["round"])["inputs"]
+        from blake3 import blake3
+
+        assert r["hash"] == blake3(canonical_json({k: v for k, v in r.items() if k != "hash"})).hexdigest()
+    assert sorted(p.name for p in (Path(store.root) / "ledger" / "t").iterdir()) == ["000001.json", "000002.json", "000003.json"]
+    assert list_rounds(store, "t") == three  # what is stored is what was returned
+    assert read_head(store, "t") == three[-1]["hash"]
+    assert [e.root for e in store.read_ref(head_ref("t")).history] == [r["hash"] for r in three]
+
+
+def test_a_fresh_ledger_verifies_and_an_empty_one_too(store, three):
+    report = verify_ledger(store, "t")
+    assert report.ok and report.problems == () and report.rounds == 3 and report.head == three[-1]["hash"]
+    empty = verify_ledger(store, "nobody")
+    assert (empty.ok, empty.rounds, empty.head) == (True, 0, None)
+    assert report.to_dict()["problems"] == [] and report.to_dict()["tenant"] == "t"
+
+
+def test_tenants_have_separate_ledgers(store, three):
+    other = append_round(store, "u", _record(9))
+    assert other["round"] == 1 and other["prev"] is None
+    assert list_rounds(store, "t") == three
+    assert verify_ledger(store, "t").ok and verify_ledger(store, "u").ok
+
+
+def test_the_hash_changes_with_every_field():
+    doc = {"round": 1, "tenant": "t", "prev": None, "method": "exact", "weights": [0.5, 0.5]}
+    h = round_hash(doc)
+    assert round_hash(dict(doc, hash="ignored")) == h
+    assert round_hash(dict(doc, round=2)) != h
+    assert round_hash(dict(doc, tenant="u")) != h
+    assert round_hash(dict(doc, weights=[0.5, 0.50001])) != h
+    assert round_hash(dict(doc, prev="0" * 64)) != h
+
+
+@pytest.mark.parametrize("field", ["round", "tenant", "time", "prev", "hash", "format"])
+def test_a_record_may_not_set_the_ledgers_own_fields(store, field):
+    with pytest.raises(LedgerError, match=field):
+        append_round(store, "t", dict(_record(1), **{field: 1}))
+    assert list_rounds(store, "t") == []
+
+
+@pytest.mark.parametrize("bad", [{"x": float("nan")}, {"x": float("inf")}, {"x": object()}, ["not", "a", "dict"]])
+def test_a_record_must_be_plain_json(store, bad):
+    with pytest.raises(LedgerError):
+        append_round(store, "t", bad)
+    assert list_rounds(store, "t") == [] and read_head(store, "t") is None
+
+
+@pytest.mark.parametrize("name", ["../x", "a/b", "", ".hidden", "..", "a b", "x" * 200, None, "t\n"])
+def test_bad_tenant_names_are_refused(store, name):
+    with pytest.raises(InvalidNameError):
+        validate_tenant(name)
+    with pytest.raises(InvalidNameError):
+        append_round(store, name, _record(1))
+    with pytest.raises(InvalidNameError):
+        verify_ledger(store, name)
+    with pytest.raises(InvalidNameError):
+        list_rounds(store, name)
+    assert not (Path(store.root) / "ledger").exists() and not (Path(store.root) / "x").exists()
+
+
+def test_good_tenant_names(store):
+    for name in ("acme", "team-1", "a.b", "_x", "A_B-c.9"):
+        assert validate_tenant(name) == name
+        append_round(store, name, _record(1))
+        assert verify_ledger(store, name).ok
+
+
+class _RacingStore(LocalDirStore):
+    """A local store whose ledger writes wait until both racers are about to write: both have
+    read the same head, so both try to take the same round number."""
+
+    barrier = threading.Barrier(2, timeout=10)
+
+    def _put_object(self, key, data, *, overwrite):
+        if key.startswith("ledger/"):
+            self.barrier.wait()
+        return super()._put_object(key, data, overwrite=overwrite)
+
+
+def test_two_rounds_racing_for_one_number_one_conflicts_and_writes_nothing(tmp_path):
+    base = LocalDirStore(tmp_path / "store")
+    first = append_round(base, "t", _record(1))
+    _RacingStore.barrier = threading.Barrier(2, timeout=10)
+    results: dict[int, object] = {}
+
+    def run(i: int) -> None:
+        try:
+            results[i] = append_round(_RacingStore(tmp_path / "store"), "t", _record(10 + i))
+        except Exception as exc:  # collected and checked below
+            results[i] = exc
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in (1, 2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    won = [r for r in results.values() if isinstance(r, dict)]
+    lost = [r for r in results.values() if isinstance(r, Exception)]
+    assert len(won) == 1 and len(lost) == 1, results
+    (conflict,) = lost
+    assert isinstance(conflict, LedgerConflictError) and isinstance(conflict, RefConflictError)
+    assert conflict.round == 2 and conflict.tenant == "t" and "concurrently" in str(conflict)
+    rounds = list_rounds(base, "t")
+    assert rounds == [first, won[0]]  # the loser's round is nowhere
+    report = verify_ledger(base, "t")
+    assert report.ok and report.rounds == 2 and report.head == won[0]["hash"]
+
+
+def test_a_round_whose_head_move_was_interrupted_is_adopted_by_the_next_append(store, three):
+    # what a run stopped between writing round 4's document and moving the head leaves behind
+    pending = {"format": three[0]["format"], "round": 4, "tenant": "t", "time": "2025-01-01T00:00:00.000+00:00", "prev": three[-1]["hash"], **_record(4)}
+    pending["hash"] = round_hash(pending)
+    assert store.put_document(round_key("t", 4), json.dumps(pending).encode())
+    report = verify_ledger(store, "t")
+    assert not report.ok and any("not covered by the head" in p for p in report.problems), report.problems
+
+    fifth = append_round(store, "t", _record(5))
+    assert fifth["round"] == 5 and fifth["prev"] == pending["hash"]
+    assert verify_ledger(store, "t").ok
+    assert [e.root for e in store.read_ref(head_ref("t")).history] == [r["hash"] for r in list_rounds(store, "t")]
+
+
+def test_append_refuses_to_extend_a_ledger_whose_head_disagrees(store, three):
+    (_path(store, "t", 3)).unlink()  # the last round removed: the head names a round that is gone
+    with pytest.raises(LedgerError, match="head"):
+        append_round(store, "t", _record(4))
+    assert not _path(store, "t", 4).exists()
+
+
+# ----------------------------------------------------------------------------- tampering
+
+
+def _edit(path: Path, **changes) -> None:
+    doc = json.loads(path.read_text())
+    doc.update(changes)
+    path.write_text(json.dumps(doc, indent=1))
+
+
+def _problems(store, tenant="t") -> list[str]:
+    report = verify_ledger(store, tenant)
+    assert not report.ok and list(report.problems), "the tampering went unnoticed"
+    return list(report.problems)
+
+
+def test_reformatting_a_round_is_not_tampering(store, three):
+    path = _path(store, "t", 2)
+    path.write_text(json.dumps(json.loads(path.read_text())))  # same content, other whitespace
+    assert verify_ledger(store, "t").ok
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {"weights": [0.9, 0.1]},
+        {"method": "fedavg"},
+        {"metrics": {"relative_error": 0.0}},
+        {"time": "1999-01-01T00:00:00.000+00:00"},
+    ],
+)
+def test_an_edited_field_is_detected(store, three, changes):
+    _edit(_path(store, "t", 2), **changes)
+    problems = _problems(store)
+    assert any(p.startswith("round 2: edited") for p in problems), problems
+    assert any(p.startswith("round 3: prev") for p in problems), problems  # round 3 no longer follows it
+
+
+def test_an_edit_that_also_rewrites_the_hash_breaks_the_chain(store, three):
+    path = _path(store, "t", 2)
+    doc = json.loads(path.read_text())
+    doc["weights"] = [0.9, 0.1]
+    doc["hash"] = round_hash(doc)
+    path.write_text(json.dumps(doc))
+    problems = _problems(store)
+    assert not any("edited" in p for p in problems)
+    assert any(p.startswith("round 3: prev") and "chain broken" in p for p in problems), problems
+
+
+def test_a_removed_middle_round_is_detected(store, three):
+    _path(store, "t", 2).unlink()
+    problems = _problems(store)
+    assert "round 2: missing (removed from the ledger)" in problems
+    assert any(p.startswith("round 3: prev") for p in problems), problems
+
+
+def test_a_removed_last_round_is_detected(store, three):
+    _path(store, "t", 3).unlink()
+    problems = _problems(store)
+    assert any("head" in p and "hash of no round" in p for p in problems), problems
+
+
+def test_removing_the_last_round_and_moving_the_head_back_is_detected(store, three):
+    _path(store, "t", 3).unlink()
+    store.cas_ref(head_ref("t"), three[2]["hash"], three[1]["hash"], "covering tracks")
+    problems = _problems(store)
+    assert any("history" in p for p in problems), problems
+
+
+def test_swapped_rounds_are_detected(store, three):
+    a, b = _path(store, "t", 1), _path(store, "t", 2)
+    tmp = a.with_suffix(".tmp")
+    a.rename(tmp)
+    b.rename(a)
+    tmp.rename(b)
+    problems = _problems(store)
+    assert any("round 1: its document says round 2" in p for p in problems), problems
+    assert any("round 2: its document says round 1" in p for p in problems), problems
+    assert any("chain broken" in p for p in problems), problems
+
+
+def test_a_round_copied_from_another_tenant_is_detected(store, three):
+    other = [append_round(store, "u", _record(i)) for i in range(1, 3)]
+    shutil.copyfile(_path(store, "u", 2), _path(store, "t", 2))
+    problems = _problems(store)
+    assert any("round 2: belongs to tenant 'u'" in p for p in problems), problems
+    assert verify_ledger(store, "u").ok and other[1]["tenant"] == "u"
+
+
+def test_a_round_copied_from_another_tenant_as_the_next_round_is_detected(store, three):
+    append_round(store, "u", _record(1))
+    shutil.copyfile(_path(store, "u", 1), _path(store, "t", 4))
+    problems = _problems(store)
+    assert any("round 4: belongs to tenant 'u'" in p for p in problems), problems
+    assert any("round 4: its document says round 1" in p for p in problems), problems
+
+
+def test_a_removed_head_and_stray_documents_are_detected(store, three):
+    (Path(store.root) / "refs" / "t" / HEAD_NAME).unlink()
+    assert any("no head ref" in p for p in _problems(store))
+    store.put_document("ledger/u/notes.txt", b"hello")
+    assert any("not a round document" in p for p in _problems(store, "u"))
+
+
+def test_an_unreadable_round_is_reported(store, three):
+    _path(store, "t", 2).write_text("{not json")
+    assert any(p.startswith("round 2: unreadable") for p in _problems(store))
