@@ -2,18 +2,12 @@
 
 from __future__ import annotations
 
-import os
-import signal
-import socket
-import subprocess
 import sys
-import time
-import urllib.error
-import urllib.request
 import uuid
 from pathlib import Path
 
 import pytest
+from servers import free_port, patched_environ, running_server
 
 from concord.stores.local import LocalDirStore
 
@@ -34,79 +28,24 @@ _CLEARED = (
 )
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _answers_http(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=1):
-            return True
-    except urllib.error.HTTPError:
-        return True  # any HTTP status means the server is up
-    except OSError:
-        return False
-
-
 @pytest.fixture(scope="session")
 def aws_credentials(tmp_path_factory):
     """Dummy AWS credentials and region in ``os.environ`` for the session (restored afterwards)."""
     empty = tmp_path_factory.mktemp("aws") / "none"
     values = dict(TEST_CREDENTIALS, AWS_CONFIG_FILE=str(empty), AWS_SHARED_CREDENTIALS_FILE=str(empty))
-    saved = {k: os.environ.get(k) for k in (*values, *_CLEARED)}
-    for k in _CLEARED:
-        os.environ.pop(k, None)
-    os.environ.update(values)
-    yield values
-    for k, v in saved.items():
-        if v is None:
-            os.environ.pop(k, None)
-        else:
-            os.environ[k] = v
+    with patched_environ(values, _CLEARED):
+        yield values
 
 
 @pytest.fixture(scope="session")
 def moto_server(aws_credentials, tmp_path_factory):
     """The endpoint URL of a real ``moto_server`` process on 127.0.0.1, stopped after the session."""
-    exe = Path(sys.executable).parent / "moto_server"
-    if not exe.exists():
-        pytest.fail(f"{exe} not found: install the dev extra (moto[server]) into this environment")
-    port = _free_port()
+    port = free_port()
     url = f"http://127.0.0.1:{port}"
-    log_path = tmp_path_factory.mktemp("moto") / "moto_server.log"
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(
-            [str(exe), "-H", "127.0.0.1", "-p", str(port)],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,  # its own process group, so teardown reaches every child
-        )
-    try:
-        deadline = time.monotonic() + 30
-        while not _answers_http(f"{url}/moto-api/"):
-            if proc.poll() is not None:
-                pytest.fail(f"moto_server exited with {proc.returncode}:\n{log_path.read_text()}")
-            if time.monotonic() > deadline:
-                pytest.fail(f"moto_server did not answer on {url} within 30 s:\n{log_path.read_text()}")
-            time.sleep(0.1)
+    exe = str(Path(sys.executable).parent / "moto_server")
+    log = tmp_path_factory.mktemp("moto") / "moto_server.log"
+    with running_server("moto_server", [exe, "-H", "127.0.0.1", "-p", str(port)], f"{url}/moto-api/", log, timeout=30):
         yield url
-    finally:
-        _stop(proc)
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is not None:
-        return
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=10)
-    except ProcessLookupError:
-        return
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=10)
 
 
 @pytest.fixture

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Callable
 
 import pytest
+from servers import free_port, patched_environ, running_server
 
 _PREFECT_ENV = ("PREFECT_RESULTS_LOCAL_STORAGE_PATH", "PREFECT_SERVER_ANALYTICS_ENABLED")
 
@@ -148,72 +149,23 @@ _MLFLOW_ENV = {"MLFLOW_DISABLE_TELEMETRY": "true", "DO_NOT_TRACK": "true"}
 @pytest.fixture(scope="session")
 def mlflow_quiet():
     """No telemetry from MLflow in this process or the servers it starts (restored afterwards)."""
-    saved = {k: os.environ.get(k) for k in _MLFLOW_ENV}
-    os.environ.update(_MLFLOW_ENV)
-    yield
-    for k, v in saved.items():
-        if v is None:
-            os.environ.pop(k, None)
-        else:
-            os.environ[k] = v
+    with patched_environ(_MLFLOW_ENV):
+        yield
 
 
 @pytest.fixture(scope="session")
 def mlflow_server(mlflow_quiet, tmp_path_factory):
     """The URI of a real ``mlflow server`` process on 127.0.0.1 (sqlite backend and artifact
     folder in a temp folder), started once per session and stopped with its whole process group."""
-    import signal
-    import socket
-    import subprocess
     import sys
-    import urllib.error
-    import urllib.request
 
-    exe = Path(sys.executable).parent / "mlflow"
-    if not exe.exists():
-        pytest.fail(f"{exe} not found: install mlflow into this environment")
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     base = tmp_path_factory.mktemp("mlflow-server")
     url = f"http://127.0.0.1:{port}"
-    log_path = base / "server.log"
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(
-            [
-                str(exe), "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "2",
-                "--backend-store-uri", f"sqlite:///{base / 'server.db'}",
-                "--artifacts-destination", str(base / "artifacts"),
-            ],
-            cwd=base,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,  # its own process group: teardown reaches the workers too
-        )
-
-    def healthy() -> bool:
-        try:
-            with urllib.request.urlopen(f"{url}/health", timeout=1) as resp:
-                return resp.status == 200
-        except (urllib.error.URLError, OSError):
-            return False
-
-    try:
-        deadline = time.monotonic() + 120
-        while not healthy():
-            if proc.poll() is not None:
-                pytest.fail(f"mlflow server exited with {proc.returncode}:\n{log_path.read_text()}")
-            if time.monotonic() > deadline:
-                pytest.fail(f"mlflow server did not answer on {url} within 120 s:\n{log_path.read_text()}")
-            time.sleep(0.25)
+    cmd = [
+        str(Path(sys.executable).parent / "mlflow"), "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "2",
+        "--backend-store-uri", f"sqlite:///{base / 'server.db'}",
+        "--artifacts-destination", str(base / "artifacts"),
+    ]
+    with running_server("mlflow server", cmd, f"{url}/health", base / "server.log", timeout=120, need_ok=True, cwd=base):
         yield url
-    finally:
-        if proc.poll() is None:
-            try:
-                os.killpg(proc.pid, signal.SIGTERM)
-                proc.wait(timeout=15)
-            except ProcessLookupError:
-                pass
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(timeout=15)

@@ -10,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import socket
 import uuid
 from pathlib import Path
 
@@ -18,6 +17,7 @@ import pytest
 from prefect.events.clients import AssertingEventsClient
 from prefect.states import Failed
 from prefect.testing.fixtures import asserting_events_worker  # noqa: F401 (a fixture)
+from servers import free_port
 from toy_checkpoints import make_checkpoint
 
 from concord.contracts import ColumnSpec, infer_contract, save_contract
@@ -38,12 +38,6 @@ from tasks import (
 from tasks.common import RETRIES, is_transient, retry_if_transient
 
 _QUIET = {"MLFLOW_DISABLE_TELEMETRY": "true", "DO_NOT_TRACK": "true", "MLFLOW_LOGGING_LEVEL": "WARNING"}
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -73,7 +67,7 @@ def no_server():
     """Prefect pointed at an address where nothing listens: a task reaching for an API fails."""
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
-    with temporary_settings(updates={PREFECT_API_URL: f"http://127.0.0.1:{_free_port()}/api"}):
+    with temporary_settings(updates={PREFECT_API_URL: f"http://127.0.0.1:{free_port()}/api"}):
         yield
 
 
@@ -170,7 +164,7 @@ def test_register_data_task_snapshots_the_table_and_logs_it_to_mlflow(data, peng
 def test_register_data_task_checks_the_tracking_server_before_touching_the_store(penguins_file, tmp_path):
     store = tmp_path / "never"
     with pytest.raises(LineageUnreachableError) as info:
-        register_data_task.fn(penguins_file, str(store), "penguins", tracking_uri=f"http://127.0.0.1:{_free_port()}")
+        register_data_task.fn(penguins_file, str(store), "penguins", tracking_uri=f"http://127.0.0.1:{free_port()}")
     assert not store.exists()
     assert is_transient(info.value)  # a server that is down may be up at the next attempt
 
@@ -240,7 +234,7 @@ def test_register_model_task_checks_the_tracking_server_before_reading_stores(we
     never = tmp_path / "never"
     before = _tree(Path(stores["us"]))
     with pytest.raises(LineageUnreachableError):
-        register_model_task.fn(_name(), [str(never), stores["us"]], weights, tracking_uri=f"http://127.0.0.1:{_free_port()}")
+        register_model_task.fn(_name(), [str(never), stores["us"]], weights, tracking_uri=f"http://127.0.0.1:{free_port()}")
     assert not never.exists() and _tree(Path(stores["us"])) == before
 
 

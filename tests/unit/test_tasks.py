@@ -10,11 +10,11 @@ from __future__ import annotations
 import filecmp
 import json
 import os
-import socket
 import threading
 from pathlib import Path
 
 import pytest
+from servers import free_port
 import yaml
 from prefect.events.clients import AssertingEventsClient
 from prefect.states import Completed, Failed
@@ -46,10 +46,7 @@ def no_server():
     would fail at once, instead of quietly starting a temporary server."""
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    with temporary_settings(updates={PREFECT_API_URL: f"http://127.0.0.1:{port}/api"}):
+    with temporary_settings(updates={PREFECT_API_URL: f"http://127.0.0.1:{free_port()}/api"}):
         yield
 
 
