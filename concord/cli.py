@@ -263,6 +263,10 @@ def build_parser() -> argparse.ArgumentParser:
     from concord import cli_lineage
 
     cli_lineage.add_parsers(sub, common)
+
+    from concord import cli_federate
+
+    cli_federate.add_parsers(sub, common)
     return p
 
 

@@ -21,6 +21,7 @@ _WHERE = {
     "validate_contract": "flows.lineage",
     "register_model_version": "flows.lineage",
     "promote_model": "flows.lineage",
+    "lora_federation": "flows.federation",
 }
 
 __all__ = sorted(_WHERE)

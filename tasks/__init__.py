@@ -1,6 +1,7 @@
 """Units of work: thin Prefect tasks over the core, where retries, logging, progress artifacts
 and events live. Every task takes store specs as strings and returns a plain dict."""
 
+from tasks.federation import federate_task, verify_ledger_task
 from tasks.integrity import verify_task
 from tasks.lineage import (
     model_lineage_task,
@@ -15,6 +16,7 @@ from tasks.snapshots import diff_task, restore_task, rollback_task, snapshot_tas
 
 __all__ = [
     "diff_task",
+    "federate_task",
     "model_lineage_task",
     "promote_task",
     "record_replica_task",
@@ -25,5 +27,6 @@ __all__ = [
     "rollback_task",
     "snapshot_task",
     "validate_contract_task",
+    "verify_ledger_task",
     "verify_task",
 ]

@@ -1,0 +1,205 @@
+"""``concord federate aggregate|run|verify|log``: LoRA federation rounds and their ledger.
+
+``aggregate`` works on adapter folders and touches no store. ``run`` is one whole round: find
+each adapter ref in the cluster stores, aggregate, snapshot the result into the first cluster,
+replicate it to the others and append the round to the tenant's ledger. ``verify`` and ``log``
+read a tenant's ledger. torch is imported only by the commands that aggregate.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+METHOD_HELP = (
+    "exact: the weighted mean of the clients' updates, refactored to its true rank (default); "
+    "stack: the clients' factors side by side (rank = sum of ranks); fedavg: the mean of the A and "
+    "B factors (needs equal ranks; not exact)"
+)
+
+
+def _weights(text: str) -> list[float]:
+    try:
+        values = [float(w) for w in text.split(",") if w.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: give numbers separated by commas, e.g. 0.5,0.3,0.2") from None
+    if not values:
+        raise argparse.ArgumentTypeError("give at least one weight")
+    return values
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: give a whole number of 1 or more")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r}: give a positive number")
+    return value
+
+
+def _client_lines(clients: list[dict]) -> list[str]:
+    lines = []
+    for c in clients:
+        who = c.get("adapter") or c.get("path")
+        verdict = "accepted" + (" (clipped)" if c.get("clipped") else "") if c.get("accepted") else f"REJECTED: {c.get('reason')}"
+        lines.append(f"  client {c['index']}: {who}  weight {c['weight']:.4g}  norm {c['norm']:.4g}  distance {c['distance']:.4g}  {verdict}")
+    return lines
+
+
+def _error(value) -> str:
+    return "n/a" if value is None else f"{value:.3g}"
+
+
+# ----------------------------------------------------------------------------- commands
+
+
+def cmd_aggregate(args, emit, progress) -> int:
+    from concord.federation import aggregate_folders
+
+    r = aggregate_folders(
+        args.adapters,
+        args.out,
+        method=args.method,
+        weights=args.weights,
+        rank=args.rank,
+        clip_norm=args.clip_norm,
+        robust=args.robust,
+    )
+    lines = [
+        f"{r['method']} aggregation of {len(r['clients'])} adapter(s) (ranks {r['client_ranks']}) → rank {r['rank']} in {r['out']}",
+        f"  relative error {_error(r['relative_error'])}, {r['modules']} module(s), base model {r['base_model']}",
+        *_client_lines(r["clients"]),
+    ]
+    emit(r, lines)
+    return 0
+
+
+def cmd_run(args, emit, progress) -> int:
+    from concord.federation import run_round
+    from concord.stores import open_store
+
+    clusters = [open_store(c) for c in args.cluster]
+    lineage = None
+    if args.track:
+        from concord.cli_lineage import _lineage
+
+        lineage = _lineage(args)
+    r = run_round(
+        args.tenant,
+        clusters,
+        args.adapter,
+        method=args.method,
+        rank=args.rank,
+        weights=args.weights,
+        clip_norm=args.clip_norm,
+        robust=args.robust,
+        out_name=args.out_name,
+        ledger_store=open_store(args.ledger) if args.ledger else None,
+        lineage=lineage,
+        progress=progress,
+    )
+    lines = [
+        f"round {r['round']} of {r['tenant']}: {r['method']} over {len(r['clients'])} adapter(s) → {r['ref']} {r['root'][:12]} (rank {r['rank']})",
+        f"  relative error {_error(r['relative_error'])}; ledger hash {r['hash'][:12]} in {r['ledger']}",
+        *_client_lines(r["clients"]),
+        *(f"  replica {p['store']}: sent {p['chunks_sent']} chunk(s), {p['bytes_sent']} bytes" for p in r["replicas"]),
+    ]
+    if r["lineage"]:
+        lin = r["lineage"]
+        lines.append(f"  lineage: {lin['name']} version {lin['version']}" if "version" in lin else f"  lineage NOT recorded: {lin['error']}")
+    emit(r, lines)
+    return 0
+
+
+def cmd_verify(args, emit, progress) -> int:
+    from concord.ledger import verify_ledger
+    from concord.stores import open_store
+
+    store = open_store(args.store)
+    report = verify_ledger(store, args.tenant)
+    head = report.head[:12] if report.head else "(none)"
+    lines = [f"ledger of {report.tenant} in {report.store}: {report.rounds} round(s), head {head}: {'ok' if report.ok else 'TAMPERED'}"]
+    lines += [f"  ✗ {p}" for p in report.problems]
+    emit(report.to_dict(), lines)
+    if not report.ok:
+        print(
+            f"concord: error: the ledger of {report.tenant} in {report.store} does not verify "
+            f"({len(report.problems)} problem(s)); restore it from a good copy of the store",
+            file=sys.stderr,
+        )
+        return 1
+    return 0
+
+
+def cmd_log(args, emit, progress) -> int:
+    from concord.ledger import list_rounds, read_head
+    from concord.stores import open_store
+
+    store = open_store(args.store)
+    rounds = list_rounds(store, args.tenant)
+    lines = []
+    for r in reversed(rounds):
+        inputs = ", ".join(i.get("adapter", "?") for i in r.get("inputs", []))
+        result = (r.get("result") or {}).get("root") or "?"
+        lines.append(
+            f"round {r.get('round')}  {str(r.get('hash'))[:12]}  {r.get('time')}  {r.get('method')}  "
+            f"[{inputs}] → {result[:12]}"
+        )
+    emit({"tenant": args.tenant, "store": store.uri, "head": read_head(store, args.tenant), "rounds": rounds}, lines or ["(no rounds)"])
+    return 0
+
+
+# ----------------------------------------------------------------------------- parser
+
+
+def add_parsers(sub, common) -> None:
+    from concord.cli import STORE_HELP
+    from concord.cli_lineage import _wrap
+
+    agg = argparse.ArgumentParser(add_help=False)
+    agg.add_argument("--method", choices=("exact", "stack", "fedavg"), default="exact", help=METHOD_HELP)
+    agg.add_argument("--weights", type=_weights, metavar="W1,W2,...", help="one weight per adapter (normalised; default: equal)")
+    agg.add_argument("--rank", type=_positive_int, metavar="R", help="exact only: keep each module's R largest singular values (default: the exact rank)")
+    agg.add_argument("--clip-norm", type=_positive_float, metavar="C", help="scale down client updates whose norm exceeds C")
+    agg.add_argument("--robust", choices=("none", "krum", "trimmed"), default="none", help="reject outlying clients (after clients over 10x the median norm)")
+
+    fed = sub.add_parser("federate", help="LoRA federation: aggregate adapters, run a round, verify the ledger").add_subparsers(
+        dest="sub", metavar="ACTION", required=True
+    )
+    s = fed.add_parser("aggregate", parents=[common, agg], help="aggregate PEFT LoRA adapter folders into a new one")
+    s.add_argument("adapters", metavar="ADAPTER_DIR", nargs="+")
+    s.add_argument("--out", required=True, metavar="DIR", help="folder for the aggregated adapter")
+    s.set_defaults(func=_wrap(cmd_aggregate))
+
+    s = fed.add_parser(
+        "run", parents=[common, agg], help="one round: aggregate a tenant's adapters from the clusters, replicate, record"
+    )
+    s.add_argument("--tenant", required=True)
+    s.add_argument("--cluster", action="append", required=True, metavar="STORE", help=f"a cluster store (repeatable; the first gets the result): {STORE_HELP}")
+    s.add_argument("--adapter", action="extend", nargs="+", required=True, metavar="NAME", help="adapter refs, NAME or TENANT/NAME (repeatable)")
+    s.add_argument("--out-name", default="federated", help="the result's ref is TENANT/OUT_NAME (default: federated)")
+    s.add_argument("--ledger", metavar="STORE", help="store of the ledger (default: the first cluster)")
+    s.add_argument("--track", action="store_true", help="register the result as an MLflow model version TENANT-OUT_NAME")
+    s.add_argument("--tracking-uri", help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else sqlite in $CONCORD_HOME)")
+    s.set_defaults(func=_wrap(cmd_run))
+
+    s = fed.add_parser("verify", parents=[common], help="check a tenant's ledger: hashes, chain, head (exit 1 when tampered)")
+    s.add_argument("tenant", metavar="TENANT")
+    s.add_argument("--store", required=True, help=STORE_HELP)
+    s.set_defaults(func=_wrap(cmd_verify))
+
+    s = fed.add_parser("log", parents=[common], help="list a tenant's rounds, newest first")
+    s.add_argument("tenant", metavar="TENANT")
+    s.add_argument("--store", required=True, help=STORE_HELP)
+    s.set_defaults(func=_wrap(cmd_log))

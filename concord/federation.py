@@ -1,0 +1,253 @@
+"""Federation rounds: aggregate one tenant's LoRA adapters from the clusters, replicate the result
+back to every cluster, and record the round in the tenant's ledger.
+
+A round of tenant ``t`` reads only refs ``t/<adapter>``, writes only the ref ``t/<out_name>``
+and the ledger ``ledger/t/`` (head ``t/_ledger``): naming another tenant's adapter is refused
+before any store is read. Chunks are shared by content, as everywhere in Concord; names are not.
+
+The steps, in order (each safe to re-run): find each adapter's ref in the clusters (searched in
+the order given) and restore its snapshot into a temporary folder; read and check the adapters;
+aggregate them (:mod:`concord.lora`); write the result as a PEFT adapter folder; snapshot it into
+the first cluster under ``t/<out_name>``; replicate it to every other cluster (only missing
+chunks move); append the round to the ledger. A failure before the ledger leaves no round
+recorded; re-running the same round sends only what is still missing. Registering the result
+in MLflow comes last and never loses the round: its failure is logged and reported.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+from typing import TYPE_CHECKING, Sequence
+
+from concord.errors import AdapterNotFoundError, InvalidNameError, TenantError
+from concord.ledger import HEAD_NAME, append_round, validate_tenant
+from concord.progress import Progress, ensure
+from concord.stores.base import Store, split_ref, validate_segment
+
+if TYPE_CHECKING:  # pragma: no cover
+    from concord.lineage import Lineage
+
+METHODS = ("exact", "stack", "fedavg")
+ROBUST = ("none", "krum", "trimmed")
+DEFAULT_OUT = "federated"
+
+log = logging.getLogger("concord.federation")
+
+
+def adapter_ref(tenant: str, name: str) -> str:
+    """The ref ``tenant/NAME`` for ``NAME`` or ``tenant/NAME``; a ref in another tenant's
+    namespace raises :class:`~concord.errors.TenantError`."""
+    validate_tenant(tenant)
+    if not isinstance(name, str) or not name or name.endswith("\n"):
+        raise InvalidNameError(str(name), "adapter name")
+    if "/" in name:
+        owner, short = split_ref(name)
+        if owner != tenant:
+            raise TenantError(tenant, name, owner)
+    else:
+        short = validate_segment(name, "adapter name")
+    if short == HEAD_NAME:
+        raise InvalidNameError(name, "adapter name (the ledger's head is not an adapter)")
+    return f"{tenant}/{short}"
+
+
+def check_options(method: str, robust: str) -> None:
+    if method not in METHODS:
+        raise ValueError(f"method {method!r}: choose one of {', '.join(METHODS)}")
+    if robust not in ROBUST:
+        raise ValueError(f"robust {robust!r}: choose one of {', '.join(ROBUST)}")
+
+
+def locate(clusters: Sequence[Store], ref: str) -> tuple[Store, str]:
+    """The first cluster holding ``ref`` (and the root it names there)."""
+    for store in clusters:
+        found = store.read_ref(ref)
+        if found is not None:
+            return store, found.root
+    raise AdapterNotFoundError(ref, [s.uri for s in clusters])
+
+
+def _client(report, adapter: dict | None = None) -> dict:
+    out = {
+        "index": report.index,
+        "weight": report.weight,
+        "norm": report.norm,
+        "distance": report.distance,
+        "accepted": report.accepted,
+        "clipped": report.clipped,
+        "reason": report.reason,
+    }
+    if adapter is not None:
+        out.update(adapter)
+    else:
+        out["path"] = report.path
+    return out
+
+
+def client_ranks(adapters) -> list[int]:
+    """Each adapter's rank (its largest, where modules differ)."""
+    return [max(m.rank for m in a.modules.values()) for a in adapters]
+
+
+def aggregate_folders(
+    paths: Sequence[str | os.PathLike],
+    out_dir: str | os.PathLike,
+    *,
+    method: str = "exact",
+    weights: Sequence[float] | None = None,
+    rank: int | None = None,
+    clip_norm: float | None = None,
+    robust: str = "none",
+) -> dict:
+    """Aggregate the PEFT adapter folders ``paths`` into a new adapter folder ``out_dir``."""
+    from concord import lora
+
+    check_options(method, robust)
+    adapters = [lora.read_adapter(os.fspath(p)) for p in paths]
+    result = lora.aggregate(adapters, method=method, weights=list(weights) if weights else None, rank=rank, clip_norm=clip_norm, robust=robust)
+    out = lora.write_adapter(result, os.fspath(out_dir), like=adapters[0])
+    return {
+        "method": result.method,
+        "rank": result.rank,
+        "ranks": dict(result.ranks),
+        "client_ranks": client_ranks(adapters),
+        "clients": [_client(c) for c in result.clients],
+        "relative_error": result.relative_error,
+        "modules": len(result.modules),
+        "base_model": result.base_model,
+        "out": os.path.abspath(out),
+    }
+
+
+def run_round(
+    tenant: str,
+    clusters: Sequence[Store],
+    adapters: Sequence[str],
+    *,
+    method: str = "exact",
+    rank: int | None = None,
+    weights: Sequence[float] | None = None,
+    clip_norm: float | None = None,
+    robust: str = "none",
+    out_name: str = DEFAULT_OUT,
+    ledger_store: Store | None = None,
+    lineage: "Lineage | None" = None,
+    progress: Progress | None = None,
+) -> dict:
+    """Run one federation round of ``tenant`` over ``adapters`` (ref names ``tenant/NAME`` or
+    ``NAME``) held by ``clusters``; see the module's docstring for the steps.
+
+    Returns the round: ``tenant, round, hash, prev, ref, root, method, rank, ranks`` (per module),
+    ``client_ranks, clients, relative_error, inputs, replicas, ledger, lineage``.
+    """
+    validate_tenant(tenant)
+    check_options(method, robust)
+    if out_name == HEAD_NAME:
+        raise InvalidNameError(out_name, "output name (the ledger's head is not an adapter)")
+    out_ref = adapter_ref(tenant, out_name)
+    refs = [adapter_ref(tenant, a) for a in adapters]  # another tenant's adapter: refused before any read
+    if not refs:
+        raise ValueError("name at least one adapter to aggregate")
+    if len(set(refs)) != len(refs):
+        raise ValueError(f"an adapter is named twice: {', '.join(refs)}")
+    clusters = list(clusters)
+    if not clusters:
+        raise ValueError("name at least one cluster store")
+    if len({s.uri for s in clusters}) != len(clusters):
+        raise ValueError(f"a cluster store is named twice: {', '.join(s.uri for s in clusters)}")
+    ledger_store = ledger_store or clusters[0]
+    prog = ensure(progress)
+
+    found = [(ref, *locate(clusters, ref)) for ref in refs]
+    inputs = [{"adapter": ref, "root": root, "cluster": store.uri} for ref, store, root in found]
+    from concord import lora  # torch comes with it: only once there is work for it
+    from concord.refs import load_manifest
+    from concord.restore import restore
+    from concord.snapshot import snapshot
+    from concord.sync import replicate
+
+    with tempfile.TemporaryDirectory(prefix="concord-federation-") as tmp:
+        paths = []
+        for i, (ref, store, root) in enumerate(found):
+            path = os.path.join(tmp, f"client-{i}")
+            restore(store, load_manifest(store, root), path, progress=prog)
+            paths.append(path)
+        read = [lora.read_adapter(p) for p in paths]
+        result = lora.aggregate(
+            read, method=method, weights=list(weights) if weights else None, rank=rank, clip_norm=clip_norm, robust=robust
+        )
+        out_dir = lora.write_adapter(result, os.path.join(tmp, "result"), like=read[0])
+        snap = snapshot(
+            out_dir,
+            clusters[0],
+            ref=out_ref,
+            message=f"federation of {len(refs)} adapter(s) of {tenant} ({result.method})",
+            progress=prog,
+        )
+    replicas = [
+        {"store": clusters[0].uri, "root": snap.root, "chunks_sent": snap.new_chunks, "bytes_sent": snap.new_bytes, "ref_version": snap.ref_version}
+    ]
+    if len(clusters) > 1:
+        for r in replicate(clusters[0], clusters[1:], ref=out_ref, progress=prog):
+            replicas.append({"store": r.store, "root": r.root, "chunks_sent": r.chunks_sent, "bytes_sent": r.bytes_sent, "ref_version": r.ref_version})
+
+    clients = [_client(c, {"adapter": inp["adapter"], "root": inp["root"], "cluster": inp["cluster"]}) for c, inp in zip(result.clients, inputs)]
+    record = {
+        "method": result.method,
+        # what was asked, so the round can be re-run from its inputs
+        "options": {"weights": list(weights) if weights else None, "rank": rank, "clip_norm": clip_norm, "robust": robust},
+        # what it came to: the final weights (0 for a rejected client) and ranks
+        "weights": [c["weight"] for c in clients],
+        "rank": result.rank,
+        "client_ranks": client_ranks(read),
+        "inputs": inputs,
+        "result": {"ref": out_ref, "root": snap.root, "base_model": result.base_model},
+        "metrics": {
+            "relative_error": result.relative_error,
+            "clients": [{k: c[k] for k in ("adapter", "weight", "norm", "distance", "accepted", "clipped", "reason")} for c in clients],
+        },
+        "replicas": [r["store"] for r in replicas],
+    }
+    entry = append_round(ledger_store, tenant, record)
+    out = {
+        "tenant": tenant,
+        "round": entry["round"],
+        "hash": entry["hash"],
+        "prev": entry["prev"],
+        "time": entry["time"],
+        "ref": out_ref,
+        "root": snap.root,
+        "method": result.method,
+        "rank": result.rank,
+        "ranks": dict(result.ranks),
+        "client_ranks": client_ranks(read),
+        "robust": robust,
+        "clients": clients,
+        "relative_error": result.relative_error,
+        "base_model": result.base_model,
+        "inputs": inputs,
+        "replicas": replicas,
+        "ledger": ledger_store.uri,
+        "lineage": None,
+    }
+    if lineage is not None:
+        out["lineage"] = _register(lineage, tenant, out_name, clusters, out)
+    return out
+
+
+def _register(lineage: "Lineage", tenant: str, out_name: str, clusters: list[Store], r: dict) -> dict:
+    """Register the round's result as a model version; a failure is logged and returned, never raised."""
+    name = f"{tenant}-{out_name}"
+    description = (
+        f"federation round {r['round']} of tenant {tenant}: {r['method']} aggregation of "
+        f"{len(r['clients'])} adapter(s) ({', '.join(i['adapter'] for i in r['inputs'])}); "
+        f"ledger hash {r['hash']}"
+    )
+    try:
+        mv = lineage.register_model_version(name, r["root"], clusters, description=description, parents=[])
+    except Exception as exc:  # lineage records the round; it must never lose it
+        log.warning("federation round %d of %s is recorded in the ledger but not in lineage: %s", r["round"], tenant, exc)
+        return {"name": name, "error": f"{type(exc).__name__}: {exc}"}
+    return {"name": mv["name"], "version": mv["version"]}

@@ -1,0 +1,136 @@
+"""LoRA federation: one round of a tenant's adapters from every cluster, aggregated, replicated
+back to every cluster, recorded in the tenant's hash-chained ledger.
+
+Store parameters take a folder path, `file:///path`, `s3://bucket/prefix` or `block:NAME`;
+relative paths are relative to the project folder deployments run in.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from prefect import flow
+from prefect.artifacts import create_markdown_artifact, create_table_artifact
+from pydantic import Field
+
+from flows._report import human, md_table, short
+from tasks import federate_task, verify_ledger_task
+
+SEGMENT = r"^[A-Za-z0-9_-][A-Za-z0-9._-]{0,127}$"
+
+Tenant = Annotated[str, Field(pattern=SEGMENT, description="The tenant: its adapters are the refs <tenant>/<name>.")]
+Clusters = Annotated[
+    list[str], Field(min_length=1, description="Cluster stores, searched in order for each adapter; the first receives the result.")
+]
+Adapters = Annotated[
+    list[Annotated[str, Field(pattern=r"^[^\s/]+(/[^\s/]+)?$")]],
+    Field(min_length=1, description="Adapter refs: <name> or <tenant>/<name>."),
+]
+Rank = Annotated[int, Field(ge=1, description="exact only: cap each module's rank (empty: the exact rank).")]
+Weight = Annotated[float, Field(ge=0)]
+ClipNorm = Annotated[float, Field(gt=0, description="Scale down client updates whose norm exceeds this.")]
+OutName = Annotated[str, Field(pattern=SEGMENT, description="The result's ref is <tenant>/<out_name>.")]
+
+
+@flow(name="lora-federation")
+def lora_federation(
+    tenant: Tenant,
+    clusters: Clusters,
+    adapters: Adapters,
+    method: Literal["exact", "stack", "fedavg"] = "exact",
+    rank: Rank | None = None,
+    weights: list[Weight] | None = None,
+    clip_norm: ClipNorm | None = None,
+    robust: Literal["none", "krum", "trimmed"] = "none",
+    out_name: OutName = "federated",
+    record_lineage: bool = True,
+    tracking_uri: str | None = None,
+) -> dict:
+    """Aggregate one tenant's LoRA adapters from the clusters into one adapter, replicate it to
+    every cluster, and append the round to the tenant's ledger.
+
+    A round never reads or writes another tenant's refs or ledger: naming another tenant's
+    adapter fails the run before any store is read.
+
+    Args:
+        tenant: The tenant whose adapters are aggregated.
+        clusters: The cluster stores; each adapter is looked up in them in order, the result is
+            snapshotted into the first and replicated to the others (only missing chunks move).
+        adapters: The adapter refs, as <name> or <tenant>/<name>.
+        method: exact (the weighted mean of the clients' updates, refactored to its true rank),
+            stack (the clients' factors side by side), or fedavg (the mean of the A and B
+            factors: needs equal ranks, not exact).
+        rank: exact only: keep each module's largest singular values up to this rank; empty for
+            the exact rank.
+        weights: One weight per adapter (normalised); empty for equal weights.
+        clip_norm: Scale down client updates whose norm exceeds this; empty for no clipping.
+        robust: Reject outlying clients: none, krum or trimmed (clients over 10x the median
+            update norm are always rejected).
+        out_name: The result's ref is <tenant>/<out_name>.
+        record_lineage: Register the result as MLflow model version <tenant>-<out_name>. Never
+            fails the round: a lineage failure is logged.
+        tracking_uri: MLflow tracking URI; empty for the worker's MLFLOW_TRACKING_URI (else the
+            embedded sqlite database).
+    """
+    r = federate_task(
+        tenant,
+        clusters,
+        adapters,
+        method=method,
+        rank=rank,
+        weights=weights or None,
+        clip_norm=clip_norm,
+        robust=robust,
+        out_name=out_name,
+        record_lineage=record_lineage,
+        tracking_uri=tracking_uri or None,
+    )
+    ledger = verify_ledger_task(clusters[0], tenant)  # the spec, not the URI: a block's credentials stay with it
+    r["ledger_report"] = ledger
+
+    create_table_artifact(
+        [
+            {
+                "client": c["adapter"],
+                "cluster": c["cluster"],
+                "norm": round(c["norm"], 6),
+                "distance": round(c["distance"], 6),
+                "weight": round(c["weight"], 6),
+                "status": ("accepted, clipped" if c["clipped"] else "accepted") if c["accepted"] else "rejected",
+                "reason": c["reason"] or "",
+            }
+            for c in r["clients"]
+        ],
+        key="federation-clients",
+        description=f"{tenant} round {r['round']}: {sum(c['accepted'] for c in r['clients'])} of {len(r['clients'])} client(s) accepted",
+    )
+    err = "n/a" if r["relative_error"] is None else f"{r['relative_error']:.3g}"
+    lineage = r["lineage"]
+    if lineage is None:
+        lineage_text = "(not recorded)"
+    elif "version" in lineage:
+        lineage_text = f"`{lineage['name']}` version {lineage['version']}"
+    else:
+        lineage_text = f"**not recorded**: {lineage['error']}"
+    verdict = "verifies" if ledger["ok"] else "**does not verify**: " + "; ".join(ledger["problems"])
+    rows = [
+        ("method", f"{r['method']} (robust: {r['robust']})"),
+        ("rank", f"{r['rank']} (clients: {', '.join(map(str, r['client_ranks']))})"),
+        ("relative error", err),
+        ("result", f"`{r['ref']}` → {short(r['root'])}"),
+        ("ledger", f"round {r['round']}, hash {short(r['hash'])}, prev {short(r['prev'])} in `{r['ledger']}`; {ledger['rounds']} round(s), {verdict}"),
+        ("lineage", lineage_text),
+    ]
+    replicas = md_table(
+        ["cluster", "root", "chunks sent", "bytes sent", "ref version"],
+        [(f"`{p['store']}`", short(p["root"]), p["chunks_sent"], human(p["bytes_sent"]), p["ref_version"]) for p in r["replicas"]],
+    )
+    inputs = md_table(["adapter", "root", "found in"], [(f"`{i['adapter']}`", short(i["root"]), f"`{i['cluster']}`") for i in r["inputs"]])
+    create_markdown_artifact(
+        f"## Federation round {r['round']} of `{tenant}`\n\n"
+        + md_table(["", ""], rows)
+        + f"\n\n### Inputs\n\n{inputs}\n\n### Result on every cluster\n\n{replicas}\n",
+        key="federation-summary",
+        description=f"{tenant} round {r['round']}: {r['method']} → {r['root'][:12]}",
+    )
+    return r

@@ -1,0 +1,148 @@
+"""Federation tasks: run one LoRA federation round of a tenant, and verify a tenant's ledger.
+
+Thin wrappers over :func:`concord.federation.run_round` and :func:`concord.ledger.verify_ledger`:
+they open the stores from their specs, call the core, emit an event and return a plain dict.
+
+Events (an automation pages on ``concord.ledger.tampered``)::
+
+    concord.federation.completed   resource concord.tenant.<tenant>
+    concord.ledger.verified        resource concord.tenant.<tenant>
+    concord.ledger.tampered        resource concord.tenant.<tenant>
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+
+from tasks import events
+from tasks.common import RETRIES, RETRY_DELAYS, open_stores, retry_if_transient
+from tasks.progress import PrefectProgress, run_logger
+
+FEDERATION_COMPLETED = "concord.federation.completed"
+LEDGER_VERIFIED = "concord.ledger.verified"
+LEDGER_TAMPERED = "concord.ledger.tampered"
+
+
+def tenant_resource(tenant: str) -> str:
+    return f"concord.tenant.{tenant}"
+
+
+def _tenant(tenant: str, role: str | None = None) -> dict[str, str]:
+    out = {"prefect.resource.id": tenant_resource(tenant), "prefect.resource.name": tenant}
+    if role is not None:
+        out["prefect.resource.role"] = role
+    return out
+
+
+@task(
+    name="federate",
+    task_run_name="federate-{tenant}",
+    retries=RETRIES,
+    retry_delay_seconds=RETRY_DELAYS,
+    retry_condition_fn=retry_if_transient,
+    cache_policy=NO_CACHE,
+)
+def federate_task(
+    tenant: str,
+    clusters: Sequence[str],
+    adapters: Sequence[str],
+    method: str = "exact",
+    rank: int | None = None,
+    weights: Sequence[float] | None = None,
+    clip_norm: float | None = None,
+    robust: str = "none",
+    out_name: str = "federated",
+    ledger_store: str | None = None,
+    record_lineage: bool = False,
+    tracking_uri: str | None = None,
+) -> dict:
+    """One federation round of ``tenant``: aggregate ``adapters`` (refs ``NAME`` or
+    ``tenant/NAME``) found in ``clusters``, snapshot the result into the first cluster under
+    ``tenant/out_name``, replicate it to the others and append the round to the ledger in
+    ``ledger_store`` (default: the first cluster). With ``record_lineage`` the result is
+    registered as MLflow model version ``<tenant>-<out_name>``; a lineage failure is logged and
+    reported in the result, never raised.
+
+    Emits ``concord.federation.completed``. Retried only when a store does not answer; a retry
+    before the ledger append redoes nothing already done (same result, same root, ref in place).
+    """
+    from concord.federation import run_round
+
+    specs = list(clusters)
+    lineage = None
+    if record_lineage:
+        from concord.lineage import Lineage
+
+        lineage = Lineage(tracking_uri)
+    with open_stores(*specs, ledger_store) as opened:
+        stores, ledger = opened[:-1], opened[-1]
+        r = run_round(
+            tenant,
+            stores,
+            list(adapters),
+            method=method,
+            rank=rank,
+            weights=list(weights) if weights else None,
+            clip_norm=clip_norm,
+            robust=robust,
+            out_name=out_name,
+            ledger_store=ledger,
+            lineage=lineage,
+            progress=PrefectProgress(),
+        )
+    log = run_logger()
+    if r["lineage"] and "error" in r["lineage"]:
+        log.warning("round %d of %s is in the ledger but not in lineage: %s", r["round"], tenant, r["lineage"]["error"])
+    related = [events.snapshot(r["root"], "result"), events.ref(r["ref"]), events.store(r["ledger"], "ledger")]
+    related += [events.store(p["store"], "cluster") for p in r["replicas"]]
+    related += [events.snapshot(i["root"], "input") for i in r["inputs"]]
+    payload = {
+        "tenant": tenant,
+        "round": r["round"],
+        "hash": r["hash"],
+        "root": r["root"],
+        "ref": r["ref"],
+        "method": r["method"],
+        "rank": r["rank"],
+        "clients": len(r["clients"]),
+        "rejected": sum(1 for c in r["clients"] if not c["accepted"]),
+        "relative_error": r["relative_error"],
+    }
+    r["event_id"] = events.emit(FEDERATION_COMPLETED, _tenant(tenant), related, payload)
+    rejected = [c["adapter"] for c in r["clients"] if not c["accepted"]]
+    log.info(
+        "round %d of %s: %s over %d adapter(s) → %s %s (rank %s, relative error %s)%s; ledger %s",
+        r["round"], tenant, r["method"], len(r["clients"]), r["ref"], r["root"][:12], r["rank"], r["relative_error"],
+        f"; rejected {', '.join(rejected)}" if rejected else "", r["hash"][:12],
+    )
+    return r
+
+
+@task(
+    name="verify-ledger",
+    task_run_name="verify-ledger-{tenant}",
+    retries=RETRIES,
+    retry_delay_seconds=RETRY_DELAYS,
+    retry_condition_fn=retry_if_transient,
+    cache_policy=NO_CACHE,
+)
+def verify_ledger_task(store: str, tenant: str) -> dict:
+    """Check ``tenant``'s ledger in ``store`` (round hashes, chain, head). Returns the report
+    rather than raising: the caller decides what tampering means. Emits
+    ``concord.ledger.verified`` or ``concord.ledger.tampered``."""
+    from concord.ledger import verify_ledger
+
+    with open_stores(store) as (s,):
+        report = verify_ledger(s, tenant)
+    out = report.to_dict()
+    name = LEDGER_VERIFIED if report.ok else LEDGER_TAMPERED
+    out["event_id"] = events.emit(name, _tenant(tenant), [events.store(report.store, "ledger")], dict(out))
+    log = run_logger()
+    if report.ok:
+        log.info("ledger of %s in %s: %d round(s), head %s", tenant, report.store, report.rounds, (report.head or "(none)")[:12])
+    else:
+        log.error("ledger of %s in %s does not verify: %s", tenant, report.store, "; ".join(report.problems))
+    return out
