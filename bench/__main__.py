@@ -1,4 +1,4 @@
-"""Run the benchmarks and print one table per benchmark: ``python -m bench [snapshot|sync|diff] ...``."""
+"""Run the benchmarks and print one table per benchmark: ``python -m bench [snapshot|sync|diff|lora] ...``."""
 
 from __future__ import annotations
 
@@ -11,13 +11,13 @@ from pathlib import Path
 
 from bench.common import DEFAULT_OUT, Options, Table, machine_summary
 
-BENCHMARKS = ("snapshot", "sync", "diff")
+BENCHMARKS = ("snapshot", "sync", "diff", "lora")
 QUICK_SIZE_GB = 0.1
 
 
 def parse_args(argv: list[str] | None) -> tuple[list[str], Options]:
     p = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
-    p.add_argument("which", nargs="*", metavar="{snapshot,sync,diff}", help="benchmarks to run (default: all)")
+    p.add_argument("which", nargs="*", metavar="{snapshot,sync,diff,lora}", help="benchmarks to run (default: all)")
     p.add_argument(
         "--size-gb",
         type=float,

@@ -391,3 +391,53 @@ class AdapterNotFoundError(StoreError, KeyError):
 
     def __str__(self) -> str:  # KeyError quotes its message otherwise
         return str(self.args[0])
+
+
+# ---- federation
+
+
+class AdapterError(ConcordError, ValueError):
+    """A folder is not a LoRA adapter Concord can aggregate."""
+
+    def __init__(self, path: str, problem: str) -> None:
+        self.path = str(path)
+        self.problem = problem
+        super().__init__(
+            f"{path}: not a usable LoRA adapter: {problem}. Save the adapter with peft's "
+            "save_pretrained (adapter_config.json + adapter_model.safetensors; plain LoRA without "
+            "DoRA, LoRA biases or modules_to_save)."
+        )
+
+
+class RoundMismatchError(ConcordError, ValueError):
+    """The adapters of one federation round do not fit together (base model, modules, shapes)."""
+
+    def __init__(self, path: str, problem: str, index: int | None = None) -> None:
+        self.path = str(path)
+        self.problem = problem
+        self.index = index
+        which = f"adapter {index} ({path})" if index is not None else str(path)
+        super().__init__(
+            f"{which} does not belong in this round: {problem}. Every adapter of a round must be "
+            "trained on the same base model (base_model_name_or_path) with LoRA on the same "
+            "modules; leave it out or retrain it on the round's base."
+        )
+
+
+class AggregationError(ConcordError, ValueError):
+    """The options of an aggregation are invalid, or no client is left to aggregate."""
+
+    def __init__(self, problem: str, fix: str = "") -> None:
+        self.problem = problem
+        super().__init__(f"cannot aggregate: {problem}. {fix or 'Fix the arguments and run it again.'}")
+
+
+class AdapterOutputExistsError(ConcordError, FileExistsError):
+    """The folder an aggregated adapter is to be written to already holds files."""
+
+    def __init__(self, path: str) -> None:
+        self.path = str(path)
+        super().__init__(
+            f"{path} already exists and is not empty; write the aggregate into a new folder "
+            "(Concord never overwrites an adapter)."
+        )
