@@ -29,13 +29,13 @@ from concord.errors import (
 )
 from concord.hashing import chunk_id, is_digest
 
-_SEGMENT = re.compile(r"^[A-Za-z0-9_-][A-Za-z0-9._-]{0,127}$")
+_SEGMENT = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,127}")
 DEFAULT_NAMESPACE = "default"
 REF_FORMAT = "concord/ref@1"
 
 
 def validate_segment(segment: str, what: str = "name") -> str:
-    if not isinstance(segment, str) or not _SEGMENT.match(segment) or ".." in segment:
+    if not isinstance(segment, str) or not _SEGMENT.fullmatch(segment) or ".." in segment:
         raise InvalidNameError(str(segment), what)
     return segment
 
@@ -323,6 +323,6 @@ class Store(ABC):
 
 def _check_document_key(key: str) -> str:
     parts = key.split("/")
-    if parts[0] in ("chunks", "manifests", "refs") or not all(_SEGMENT.match(p) and ".." not in p for p in parts):
+    if parts[0] in ("chunks", "manifests", "refs") or not all(_SEGMENT.fullmatch(p) and ".." not in p for p in parts):
         raise InvalidNameError(key, "document key")
     return key

@@ -189,3 +189,11 @@ def test_local_store_copies_chunks_from_the_file(ckpt, stores):
     r = snapshot(ckpt, stores[0], chunk_size=SMALL_CHUNK)
     for cid in r.manifest.chunk_lengths():
         assert stores[0].get_chunk(cid, verify=True)
+
+
+@pytest.mark.parametrize("bad", ["t\n", "a/b/c", "../x", "", ".hidden", "a b", "x" * 129])
+def test_ref_names_are_validated_exactly(bad, stores):
+    from concord.errors import InvalidNameError
+
+    with pytest.raises(InvalidNameError):
+        stores[0].read_ref(bad)
