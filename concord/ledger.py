@@ -126,10 +126,10 @@ def _prepare(tenant: str, record: dict) -> dict:
         ) from exc
 
 
-def _tip(store: Store, tenant: str) -> tuple[int, str | None]:
-    """(number of the newest round, its hash), after adopting a round whose append was stopped
-    between writing its document and moving the head. Raises :class:`LedgerError` when the
-    documents and the head disagree in any other way."""
+def _tip(store: Store, tenant: str) -> tuple[int, str | None, dict | None]:
+    """(number of the newest round, its hash, the round if it was just adopted), after adopting a
+    round whose append was stopped between writing its document and moving the head. Raises
+    :class:`LedgerError` when the documents and the head disagree in any other way."""
     where = f"ledger of {tenant!r} in {store.uri}"
     for _ in range(_ADOPT_ATTEMPTS):
         head = read_head(store, tenant)
@@ -137,13 +137,13 @@ def _tip(store: Store, tenant: str) -> tuple[int, str | None]:
         last = rounds[-1] if rounds else None
         if last is None:
             if head is None:
-                return 0, None
+                return 0, None, None
             raise LedgerError(where, f"the head names round hash {head[:12]} but no round document is there")
         number = last.get("round")
         if not isinstance(number, int) or number != len(rounds):
             raise LedgerError(where, f"the rounds are not numbered 1 to {len(rounds)}")
         if last.get("hash") == head and round_hash(last) == head:
-            return number, head
+            return number, head, None
         before_ok = head is None if number == 1 else (rounds[-2].get("hash") == head == round_hash(rounds[-2]))
         pending = before_ok and last.get("prev") == head and last.get("hash") == round_hash(last) and last.get("tenant") == tenant
         if pending:
@@ -151,7 +151,7 @@ def _tip(store: Store, tenant: str) -> tuple[int, str | None]:
                 store.cas_ref(head_ref(tenant), head, last["hash"], f"round {number} (adopted)")
             except RefConflictError:
                 continue  # the head moved meanwhile: look again
-            return number, last["hash"]
+            return number, last["hash"], last
         if read_head(store, tenant) != head:
             continue  # a concurrent append moved the head between our two reads
         raise LedgerError(
@@ -172,7 +172,11 @@ def append_round(store: Store, tenant: str, record: dict) -> dict:
     """
     validate_tenant(tenant)
     fields = _prepare(tenant, record)
-    number, prev = _tip(store, tenant)
+    number, prev, adopted = _tip(store, tenant)
+    if adopted is not None and {k: v for k, v in adopted.items() if k not in RESERVED} == fields:
+        # our own earlier attempt, stopped after its document was written (e.g. a retry after the
+        # head update failed on the network): that round is this one, not a new one
+        return adopted
     doc = {
         "format": LEDGER_FORMAT,
         "round": number + 1,

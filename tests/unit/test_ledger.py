@@ -295,3 +295,28 @@ def test_a_removed_head_and_stray_documents_are_detected(store, three):
 def test_an_unreadable_round_is_reported(store, three):
     _path(store, "t", 2).write_text("{not json")
     assert any(p.startswith("round 2: unreadable") for p in _problems(store))
+
+
+class _HeadFailsOnceStore(LocalDirStore):
+    """A real store whose first head update dies on the network after the round was written."""
+
+    armed = False
+
+    def cas_ref(self, name, expected, new, message=""):
+        if name.endswith("/_ledger") and self.armed:
+            self.armed = False
+            raise ConnectionError("connection reset while moving the head")
+        return super().cas_ref(name, expected, new, message)
+
+
+def test_a_retried_append_after_a_failed_head_move_is_the_same_round(tmp_path):
+    store = _HeadFailsOnceStore(tmp_path / "store")
+    first = append_round(store, "t", _record(1))
+    store.armed = True
+    with pytest.raises(ConnectionError):
+        append_round(store, "t", _record(2))
+    again = append_round(store, "t", _record(2))  # the task's retry
+    assert again["round"] == 2 and [r["round"] for r in list_rounds(store, "t")] == [1, 2]
+    assert again["prev"] == first["hash"] and verify_ledger(store, "t").ok
+    other = append_round(store, "t", _record(3))
+    assert other["round"] == 3 and other["prev"] == again["hash"]
