@@ -555,3 +555,79 @@ def _check_readable(file: Path, n_tensors: int) -> None:
         n = len(list(f.keys()))
     if n != n_tensors:
         raise RuntimeError(f"{file}: the safetensors library lists {n} tensors, expected {n_tensors}")
+
+
+# --------------------------------------------------------------------------- memory probe
+
+POLL_SECONDS = 0.005
+
+
+def status_kb(pid: int, fields: tuple[str, ...]) -> dict[str, int] | None:
+    """The ``fields`` (e.g. RssAnon) of ``/proc/PID/status`` in kB, or None once the process is gone."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            text = f.read()
+    except OSError:
+        return None
+    out = {}
+    for line in text.splitlines():
+        key, _, rest = line.partition(":")
+        if key in fields:
+            out[key] = int(rest.split()[0])
+    return out
+
+
+def self_anon_kb() -> int:
+    st = status_kb(os.getpid(), ("RssAnon",))
+    if not st:
+        raise RuntimeError("/proc/self/status has no RssAnon: the memory probe needs Linux")
+    return st["RssAnon"]
+
+
+def probe_memory(code: str, args: list[str], fields: tuple[str, ...] = ("RssAnon",)) -> tuple[dict[str, int], int, dict, int]:
+    """Run ``python -c code args…`` and poll its ``fields`` every POLL_SECONDS from here.
+
+    The child prints ``READY <baseline RssAnon kB>``, waits for a line on stdin, does the work and
+    prints one JSON line. Returns (peak kB per field, baseline kB, the child's JSON, samples)."""
+    import threading
+
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code, *args], cwd=REPO_DIR, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    peak = {k: 0 for k in fields}
+    samples = 0
+    recording = threading.Event()
+    done = threading.Event()
+
+    def poll() -> None:
+        nonlocal samples
+        while not done.is_set():
+            st = status_kb(proc.pid, fields)
+            if st is None:
+                return
+            if recording.is_set():
+                samples += 1
+                for k in peak:
+                    peak[k] = max(peak[k], st.get(k, 0))
+            time.sleep(POLL_SECONDS)
+
+    poller = threading.Thread(target=poll, daemon=True)
+    poller.start()
+    try:
+        ready = proc.stdout.readline().split()
+        if not ready or ready[0] != "READY":
+            raise RuntimeError(f"the memory probe did not start (it printed {ready!r})")
+        baseline_kb = int(ready[1])
+        recording.set()
+        proc.stdin.write("GO\n")
+        proc.stdin.flush()
+        result = json.loads(proc.stdout.readline())
+        if proc.wait() != 0:
+            raise RuntimeError(f"the memory probe exited with {proc.returncode}")
+    finally:
+        done.set()
+        poller.join()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    return peak, baseline_kb, result, samples

@@ -22,20 +22,16 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import subprocess
 import sys
-import threading
 import time
 
-from bench.common import MB, REPO_DIR, Case, Options, Row, Table, Target, log, race, times_note
+from bench.common import MB, POLL_SECONDS, Case, Options, Row, Table, Target, log, probe_memory, race, self_anon_kb, times_note
 
 CLIENTS = 8
 RANK = 16
 ALPHA = 32
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj")
 DENSE_MODULES = 2
-POLL_SECONDS = 0.005
 PPM = 1e-6
 
 
@@ -240,67 +236,12 @@ def _timed(fn) -> float:
 # --------------------------------------------------------------------------- memory probe
 
 
-def _status_kb(pid: int, fields: tuple[str, ...]) -> dict[str, int] | None:
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            text = f.read()
-    except OSError:
-        return None
-    out = {}
-    for line in text.splitlines():
-        key, _, rest = line.partition(":")
-        if key in fields:
-            out[key] = int(rest.split()[0])
-    return out
-
-
 def _peak_anon(layers: int, d: int) -> dict:
     """Run :func:`memory_child` and poll its RssAnon from here."""
     code = "import sys; from bench.lora_bench import memory_child; memory_child(int(sys.argv[1]), int(sys.argv[2]))"
-    proc = subprocess.Popen(
-        [sys.executable, "-c", code, str(layers), str(d)],
-        cwd=REPO_DIR,
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    peak = 0
-    samples = 0
-    recording = threading.Event()
-    done = threading.Event()
-
-    def poll() -> None:
-        nonlocal peak, samples
-        while not done.is_set():
-            st = _status_kb(proc.pid, ("RssAnon",))
-            if st is None:
-                return
-            if recording.is_set():
-                samples += 1
-                peak = max(peak, st.get("RssAnon", 0))
-            time.sleep(POLL_SECONDS)
-
-    poller = threading.Thread(target=poll, daemon=True)
-    poller.start()
-    try:
-        ready = proc.stdout.readline().split()
-        if not ready or ready[0] != "READY":
-            raise RuntimeError(f"the memory probe did not start (it printed {ready!r})")
-        baseline_kb = int(ready[1])
-        recording.set()
-        proc.stdin.write("GO\n")
-        proc.stdin.flush()
-        result = json.loads(proc.stdout.readline())
-        if proc.wait() != 0:
-            raise RuntimeError(f"the memory probe exited with {proc.returncode}")
-    finally:
-        done.set()
-        poller.join()
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+    peak, baseline_kb, result, samples = probe_memory(code, [str(layers), str(d)])
     return {
-        "peak_mb": (max(peak, result["peak_kb"]) - baseline_kb) * 1024 / MB,
+        "peak_mb": (max(peak["RssAnon"], result["peak_kb"]) - baseline_kb) * 1024 / MB,
         "inputs_mb": (result["inputs_kb"] - baseline_kb) * 1024 / MB,
         "baseline_mb": baseline_kb * 1024 / MB,
         "adapter_mb": result["adapter_bytes"] / MB,
@@ -320,20 +261,13 @@ def memory_child(layers: int, d: int) -> None:
     x = torch.randn(64, 8, dtype=torch.float64)
     torch.linalg.svd(torch.linalg.qr(x)[1])
     gc.collect()
-    baseline = _self_kb()
+    baseline = self_anon_kb()
     print(f"READY {baseline}", flush=True)
     sys.stdin.readline()
     adapters, weights = make_adapters(layers, d)
-    inputs = _self_kb()
+    inputs = self_anon_kb()
     result = aggregate(adapters, method="exact", weights=weights, rank=RANK)
-    peak = _self_kb()
+    peak = self_anon_kb()
     if result.rank != RANK:
         raise RuntimeError(f"the memory probe's aggregate has rank {result.rank}, expected {RANK}")
     print(json.dumps({"adapter_bytes": adapter_bytes(adapters), "inputs_kb": inputs, "peak_kb": peak}), flush=True)
-
-
-def _self_kb() -> int:
-    st = _status_kb(os.getpid(), ("RssAnon",))
-    if not st:
-        raise RuntimeError("/proc/self/status has no RssAnon: the memory probe needs Linux")
-    return st["RssAnon"]

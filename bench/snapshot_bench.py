@@ -18,14 +18,14 @@ import hashlib
 import json
 import subprocess
 import sys
-import threading
-import time
 from pathlib import Path
 
 from bench.common import (
+    POLL_SECONDS,
+    probe_memory,
+    self_anon_kb,
     GB,
     MB,
-    REPO_DIR,
     Case,
     Checkpoint,
     MiB,
@@ -46,7 +46,6 @@ from bench.common import (
 MEMORY_LIMIT_MB = 300
 #: how much more peak memory a checkpoint twice as large may take and still count as flat
 FLAT_SLACK_MB = 32
-POLL_SECONDS = 0.005
 
 
 def run(opts: Options) -> list[Table]:
@@ -189,67 +188,13 @@ def _sha256_file(path: Path, block: int = 8 * MiB) -> str:
 # --------------------------------------------------------------------------- memory probe
 
 
-def _status_kb(pid: int, fields: tuple[str, ...]) -> dict[str, int] | None:
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            text = f.read()
-    except OSError:
-        return None
-    out = {}
-    for line in text.splitlines():
-        key, _, rest = line.partition(":")
-        if key in fields:
-            out[key] = int(rest.split()[0])
-    return out
-
-
 def _peak_anon_mb(ckpt: Checkpoint, store_dir: Path) -> dict:
     """Run a fresh snapshot of ``ckpt`` in a child process and poll its RssAnon from here."""
     remove(store_dir)
     code = "import sys; from bench.snapshot_bench import memory_child; memory_child(sys.argv[1], sys.argv[2])"
-    proc = subprocess.Popen(
-        [sys.executable, "-c", code, str(ckpt.file), str(store_dir)],
-        cwd=REPO_DIR,
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    peak = {"RssAnon": 0, "RssFile": 0}
-    samples = 0
-    recording = threading.Event()
-    done = threading.Event()
-
-    def poll() -> None:
-        nonlocal samples
-        while not done.is_set():
-            st = _status_kb(proc.pid, ("RssAnon", "RssFile"))
-            if st is None:
-                return
-            if recording.is_set():
-                samples += 1
-                for k in peak:
-                    peak[k] = max(peak[k], st.get(k, 0))
-            time.sleep(POLL_SECONDS)
-
-    poller = threading.Thread(target=poll, daemon=True)
-    poller.start()
     try:
-        ready = proc.stdout.readline().split()
-        if not ready or ready[0] != "READY":
-            raise RuntimeError(f"the memory probe did not start (it printed {ready!r})")
-        baseline_kb = int(ready[1])
-        recording.set()
-        proc.stdin.write("GO\n")
-        proc.stdin.flush()
-        result = json.loads(proc.stdout.readline())
-        if proc.wait() != 0:
-            raise RuntimeError(f"the memory probe exited with {proc.returncode}")
+        peak, baseline_kb, result, samples = probe_memory(code, [str(ckpt.file), str(store_dir)], ("RssAnon", "RssFile"))
     finally:
-        done.set()
-        poller.join()
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
         remove(store_dir)
     if result["new_bytes"] < result["bytes"]:
         raise RuntimeError("the memory probe's snapshot did not write every chunk")
@@ -271,17 +216,8 @@ def memory_child(file: str, store_dir: str) -> None:
 
     chunk_id(b"")  # load BLAKE3 before the baseline is taken
     gc.collect()
-    baseline = _status_kb_self()
+    baseline = self_anon_kb()
     print(f"READY {baseline}", flush=True)
     sys.stdin.readline()
     r = snapshot(file, LocalDirStore(store_dir))
     print(json.dumps({"bytes": r.bytes, "new_bytes": r.new_bytes}), flush=True)
-
-
-def _status_kb_self() -> int:
-    import os
-
-    st = _status_kb(os.getpid(), ("RssAnon",))
-    if not st:
-        raise RuntimeError("/proc/self/status has no RssAnon: the memory probe needs Linux")
-    return st["RssAnon"]
