@@ -11,7 +11,6 @@ from typing import Callable
 import pytest
 from servers import free_port, patched_environ, running_server
 
-_PREFECT_ENV = ("PREFECT_RESULTS_LOCAL_STORAGE_PATH", "PREFECT_SERVER_ANALYTICS_ENABLED")
 
 
 @pytest.fixture(scope="session")
@@ -22,10 +21,6 @@ def prefect_harness(tmp_path_factory):
     server subprocess) and in the settings of this process.
     """
     results = tmp_path_factory.mktemp("prefect-results")
-    saved = {k: os.environ.get(k) for k in _PREFECT_ENV}
-    os.environ["PREFECT_RESULTS_LOCAL_STORAGE_PATH"] = str(results)
-    os.environ["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
-
     from prefect.settings import (
         PREFECT_RESULTS_LOCAL_STORAGE_PATH,
         PREFECT_SERVER_ANALYTICS_ENABLED,
@@ -33,18 +28,11 @@ def prefect_harness(tmp_path_factory):
     )
     from prefect.testing.utilities import prefect_test_harness
 
-    try:
-        with temporary_settings(
-            updates={PREFECT_RESULTS_LOCAL_STORAGE_PATH: str(results), PREFECT_SERVER_ANALYTICS_ENABLED: False}
-        ):
-            with prefect_test_harness(server_startup_timeout=120):
-                yield
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+    env = {"PREFECT_RESULTS_LOCAL_STORAGE_PATH": str(results), "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
+    settings = {PREFECT_RESULTS_LOCAL_STORAGE_PATH: str(results), PREFECT_SERVER_ANALYTICS_ENABLED: False}
+    with patched_environ(env), temporary_settings(updates=settings):
+        with prefect_test_harness(server_startup_timeout=120):
+            yield
 
 
 @pytest.fixture
