@@ -136,6 +136,21 @@ class ChunkNotFoundError(StoreError, KeyError):
         return str(self.args[0])
 
 
+class ChunkArchivedError(StoreError):
+    """An object sits in an archive storage class (GLACIER, DEEP_ARCHIVE) and was not restored:
+    the store holds it, but cannot hand out its bytes until a restore has completed."""
+
+    def __init__(self, store: str, key: str, storage_class: str) -> None:
+        self.store = store
+        self.key = key
+        self.storage_class = storage_class
+        super().__init__(
+            f"{key} in {store} is in archive storage class {storage_class} and must be restored "
+            "before it can be read; restore it first (e.g. with `concord tier restore`, which "
+            "requests the restore and waits for it), then read it again."
+        )
+
+
 class ManifestNotFoundError(StoreError, KeyError):
     def __init__(self, store: str, root: str) -> None:
         self.store = store
@@ -187,6 +202,23 @@ class IntegrityError(StoreError, ValueError):
         super().__init__(
             f"{where}: content hashes to {actual}, expected {expected}. The copy is corrupt: "
             "run `concord verify STORE --repair-from OTHER_STORE`."
+        )
+
+
+class GcRefusedError(StoreError):
+    """Garbage collection stopped before deleting anything: a ref names a snapshot whose
+    manifest is missing or damaged, so what that snapshot keeps alive cannot be known."""
+
+    def __init__(self, store: str, ref: str, root: str | None, problem: str) -> None:
+        self.store = store
+        self.ref = ref
+        self.root = root
+        self.problem = problem
+        which = f"snapshot {root}" if root else "its snapshots"
+        super().__init__(
+            f"garbage collection of {store} refused: ref {ref!r} names {which}, but {problem}. "
+            f"Nothing was deleted. Repair the store first (`concord verify {store} --repair-from "
+            "OTHER_STORE`, from a store that holds the snapshot), then collect again."
         )
 
 
@@ -440,4 +472,89 @@ class AdapterOutputExistsError(ConcordError, FileExistsError):
         super().__init__(
             f"{path} already exists and is not empty; write the aggregate into a new folder "
             "(Concord never overwrites an adapter)."
+        )
+
+
+# --------------------------------------------------------------------------- tiering
+
+
+class PolicyError(ConcordError, ValueError):
+    """A tier policy is malformed or cannot keep the copy rules; every problem is listed."""
+
+    def __init__(self, source: str, problems: list[str]) -> None:
+        self.source = source
+        self.problems = list(problems)
+        listed = "; ".join(self.problems)
+        super().__init__(
+            f"tier policy {source} refused: {listed}. Fix the policy (see docs/tiering.md for every key) "
+            "and run again; nothing was changed."
+        )
+
+
+class CheckpointNotReadyError(ConcordError, RuntimeError):
+    """A checkpoint folder is still being written (no completion marker, or files still changing)."""
+
+    def __init__(self, path: str, reason: str) -> None:
+        self.path = str(path)
+        self.reason = reason
+        super().__init__(
+            f"checkpoint {path} is not complete: {reason}. Nothing was taken; run again once its "
+            "writer has finished (write the completion marker last)."
+        )
+
+
+class CheckpointConflictError(ConcordError, ValueError):
+    """A checkpoint name is already tiered with different contents."""
+
+    def __init__(self, name: str, existing: str, new: str) -> None:
+        self.name = name
+        self.existing = existing
+        self.new = new
+        super().__init__(
+            f"checkpoint {name!r} is already tiered as {existing[:12]}…, and this folder snapshots to "
+            f"{new[:12]}…; checkpoints never change once tiered. Give the new one another name "
+            "(e.g. its step)."
+        )
+
+
+class CheckpointNotFoundError(ConcordError, KeyError):
+    """No tier holds the checkpoint asked for."""
+
+    def __init__(self, name: str, namespace: str) -> None:
+        self.name = name
+        self.namespace = namespace
+        super().__init__(
+            f"no tier holds checkpoint {name!r} of {namespace!r}; list what is tiered with "
+            "`concord tier status --policy POLICY`."
+        )
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+class CopyRuleError(ConcordError, RuntimeError):
+    """Removing a copy would break the copy rules, or a copy it relies on failed verification."""
+
+    def __init__(self, name: str, tier: str, problem: str) -> None:
+        self.name = name
+        self.tier = tier
+        self.problem = problem
+        super().__init__(
+            f"kept checkpoint {name!r} in {tier}: {problem}. Nothing was removed; repair the other "
+            "copies (`concord tier sweep` copies what is missing) and run again."
+        )
+
+
+class RestoreTimeoutError(ConcordError, TimeoutError):
+    """An archive restore did not complete in time."""
+
+    def __init__(self, store: str, waiting: int, total: int, seconds: float) -> None:
+        self.store = store
+        self.waiting = waiting
+        self.seconds = seconds
+        super().__init__(
+            f"archive restore from {store} not complete after {seconds:.0f} s: {waiting} of {total} "
+            "objects still restoring. The restore requests stay in place; run the same command again "
+            "later (it waits for what is left), or raise the timeout (restore.timeout in the policy, "
+            "--timeout on the command line)."
         )

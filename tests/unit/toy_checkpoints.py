@@ -55,3 +55,21 @@ def files_equal(a: Path, b: Path) -> bool:
         return not mismatch and not errors and all(same(s) for s in c.subdirs.values())
 
     return same(cmp)
+
+
+def make_lora_checkpoint(folder: Path, base: Path, step: int, *, marker: str | None = "COMPLETE", rank: int = 4) -> Path:
+    """A training checkpoint of a LoRA run: the frozen base weights, a small adapter that changes
+    every step, optimizer and RNG state, the trainer's state, and a completion marker (written last)."""
+    import shutil
+
+    folder.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(base / "model.safetensors", folder / "model.safetensors")
+    g = torch.Generator().manual_seed(1000 + step)
+    adapter = {f"layers.{i}.attn.q.lora_{ab}": torch.randn(rank, 96, generator=g) for i in range(3) for ab in "AB"}
+    save_file(adapter, str(folder / "adapter_model.safetensors"))
+    torch.save({"step": step, "exp_avg": {k: v * 0.1 for k, v in adapter.items()}}, folder / "optimizer.pt")
+    torch.save({"torch": torch.get_rng_state(), "step": step}, folder / "rng_state.pth")
+    (folder / "trainer_state.json").write_text(json.dumps({"global_step": step, "loss": 1.0 / (1 + step)}))
+    if marker:
+        (folder / marker).write_text("")
+    return folder

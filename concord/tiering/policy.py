@@ -1,0 +1,439 @@
+"""Tier policies: which store is hot, warm and cold, how much each keeps, and the copy rules.
+
+A policy is plain data (a small YAML file for people at a terminal, or a Prefect block in the
+UI); :meth:`TierPolicy.validate` refuses any policy that could not keep the copy rules:
+
+* the newest checkpoints (those hot keeps) and pinned ones hold **3-2-1**: three copies (hot,
+  warm, cold), on at least two kinds of media, one of them off-site (cold);
+* every checkpoint, however old, keeps a verified cold copy (cold keeps everything: no ``keep``).
+
+YAML::
+
+    namespace: llama-lora                  # refs/<namespace>/<checkpoint> in every tier
+    hot:  {store: data/hot, keep: 2, rto: 1m}
+    warm: {store: s3://bucket/warm, keep: 4, storage_class: STANDARD_IA, rto: 10m}
+    cold: {store: s3://bucket/cold, storage_class: GLACIER, rto: 12h}
+    rpo: 1h                                 # newest checkpoint in each tier no older than this
+    pin: [step-100]
+    gc_grace: 1h
+    ready: {marker: COMPLETE, settle: 2s}
+    restore: {days: 1, tier: Standard, timeout: 12h, poll: 30s}
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from concord.errors import PolicyError
+from concord.stores.base import validate_segment
+
+TIERS = ("hot", "warm", "cold")
+ARCHIVE_CLASSES = frozenset({"GLACIER", "DEEP_ARCHIVE"})
+S3_CLASSES = frozenset(
+    {"STANDARD", "STANDARD_IA", "ONEZONE_IA", "INTELLIGENT_TIERING", "GLACIER_IR", "REDUCED_REDUNDANCY"}
+) | ARCHIVE_CLASSES
+RESTORE_TIERS = ("Expedited", "Standard", "Bulk")
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d|w)?\s*$")
+_UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800, None: 1}
+
+_TIER_KEYS = {
+    "hot": {"store", "keep", "keep_days", "storage_class", "media", "rto", "rpo"},
+    "warm": {"store", "keep", "keep_days", "storage_class", "media", "rto", "rpo"},
+    "cold": {"store", "storage_class", "media", "offsite", "rto", "rpo"},
+}
+_TOP_KEYS = {"namespace", "hot", "warm", "cold", "rpo", "pin", "gc_grace", "ready", "restore"}
+_READY_KEYS = {"marker", "settle"}
+_RESTORE_KEYS = {"days", "tier", "timeout", "poll"}
+
+
+def parse_duration(value: Any, what: str) -> float:
+    """``90``, ``"90s"``, ``"15m"``, ``"2h"``, ``"7d"``, ``"1w"`` → seconds."""
+    if isinstance(value, bool):
+        raise ValueError(f"{what}: {value!r} is not a duration; write e.g. 90s, 15m, 2h or 7d")
+    if isinstance(value, (int, float)):
+        seconds = float(value)
+    else:
+        m = _DURATION.match(str(value))
+        if not m:
+            raise ValueError(f"{what}: {value!r} is not a duration; write e.g. 90s, 15m, 2h or 7d")
+        seconds = float(m.group(1)) * _UNITS[m.group(2)]
+    if seconds < 0:
+        raise ValueError(f"{what}: {value!r} is negative")
+    return seconds
+
+
+def format_duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size and seconds % size == 0:
+            return f"{seconds / size:g}{unit}"
+    return f"{seconds:g}s"
+
+
+def store_kind(spec: str) -> str:
+    """``"s3"`` for ``s3://`` addresses, ``"block"`` for ``block:NAME``, else ``"local"``."""
+    if spec.startswith("s3://"):
+        return "s3"
+    if spec.startswith("block:"):
+        return "block"
+    return "local"
+
+
+def _normal_address(spec: str) -> str:
+    kind = store_kind(spec)
+    if kind == "local":
+        path = spec[len("file://"):] if spec.startswith("file://") else spec
+        return os.path.realpath(os.path.expanduser(path))
+    return spec.rstrip("/")
+
+
+@dataclass(frozen=True)
+class TierSpec:
+    """One tier: where it lives and what it keeps."""
+
+    tier: str
+    store: str
+    keep: int | None = None
+    keep_days: float | None = None
+    storage_class: str | None = None
+    media: str | None = None
+    offsite: bool | None = None
+    rto_seconds: float | None = None
+    rpo_seconds: float | None = None
+
+    @property
+    def archive(self) -> bool:
+        return (self.storage_class or "").upper() in ARCHIVE_CLASSES
+
+    @property
+    def media_kind(self) -> str:
+        """The kind of media for the 2-in-3-2-1 rule: declared, or from the address and class."""
+        if self.media:
+            return self.media
+        kind = store_kind(self.store)
+        if kind == "s3":
+            return "archive" if self.archive else "object"
+        if kind == "local":
+            return "disk"
+        return f"block:{self.store[6:]}"
+
+    @property
+    def is_offsite(self) -> bool:
+        if self.offsite is not None:
+            return bool(self.offsite)
+        return store_kind(self.store) == "s3"
+
+    def open(self):
+        """The tier's store (the storage class applied to the chunks it writes)."""
+        from concord.stores import open_store
+
+        store = open_store(self.store)
+        if self.storage_class:
+            if not hasattr(store, "storage_class"):
+                raise PolicyError(self.tier, [f"{self.tier}.storage_class is set but {self.store} is not an S3 store"])
+            store.storage_class = self.storage_class
+        return store
+
+    def to_dict(self) -> dict:
+        out: dict[str, Any] = {"store": self.store}
+        for key in ("keep", "keep_days", "storage_class", "media", "offsite"):
+            value = getattr(self, key)
+            if value is not None:
+                out[key] = value
+        if self.rto_seconds is not None:
+            out["rto"] = format_duration(self.rto_seconds)
+        if self.rpo_seconds is not None:
+            out["rpo"] = format_duration(self.rpo_seconds)
+        return out
+
+
+@dataclass(frozen=True)
+class TierPolicy:
+    hot: TierSpec
+    warm: TierSpec
+    cold: TierSpec
+    namespace: str = "checkpoints"
+    rpo_seconds: float | None = None
+    pin: tuple[str, ...] = ()
+    gc_grace_seconds: float = 3600.0
+    marker: str | None = None
+    settle_seconds: float = 2.0
+    restore_days: int = 1
+    restore_tier: str = "Standard"
+    restore_timeout_seconds: float = 12 * 3600.0
+    restore_poll_seconds: float = 30.0
+    source: str = field(default="policy", compare=False)
+
+    # ------------------------------------------------------------------ reading
+
+    def tier(self, name: str) -> TierSpec:
+        if name not in TIERS:
+            raise ValueError(f"unknown tier {name!r}; the tiers are hot, warm and cold")
+        return getattr(self, name)
+
+    @property
+    def tiers(self) -> tuple[TierSpec, TierSpec, TierSpec]:
+        return (self.hot, self.warm, self.cold)
+
+    def rpo_for(self, tier: str) -> float | None:
+        spec = self.tier(tier)
+        return spec.rpo_seconds if spec.rpo_seconds is not None else self.rpo_seconds
+
+    def ref(self, name: str) -> str:
+        return f"{self.namespace}/{name}"
+
+    def with_stores(self, **stores: str) -> "TierPolicy":
+        """The same policy with some tiers' stores replaced (tests, drills into scratch copies)."""
+        return replace(self, **{t: replace(self.tier(t), store=s) for t, s in stores.items()})
+
+    # ------------------------------------------------------------------ the copy rules
+
+    def problems(self) -> list[str]:
+        """Everything that makes this policy unusable (empty when it is sound)."""
+        out: list[str] = []
+        try:
+            validate_segment(self.namespace, "namespace")
+        except ValueError:
+            out.append(f"namespace {self.namespace!r} must be letters, digits, '.', '_' or '-' (up to 128)")
+        for name in self.pin:
+            try:
+                validate_segment(name, "checkpoint name")
+            except ValueError:
+                out.append(f"pin: {name!r} is not a valid checkpoint name")
+        for spec in self.tiers:
+            t = spec.tier
+            if not spec.store or not str(spec.store).strip():
+                out.append(f"{t}.store is required (a folder, s3://bucket/prefix or block:NAME)")
+            if spec.keep is not None and (isinstance(spec.keep, bool) or int(spec.keep) != spec.keep or spec.keep < 1):
+                out.append(f"{t}.keep must be a whole number of 1 or more, got {spec.keep!r}")
+            if spec.keep_days is not None and not spec.keep_days > 0:
+                out.append(f"{t}.keep_days must be positive, got {spec.keep_days!r}")
+            if spec.storage_class is not None:
+                sc = spec.storage_class.upper()
+                if sc not in S3_CLASSES:
+                    out.append(f"{t}.storage_class {spec.storage_class!r} is not an S3 storage class ({', '.join(sorted(S3_CLASSES))})")
+                elif store_kind(spec.store) == "local":
+                    out.append(f"{t}.storage_class applies only to s3:// stores, and {t}.store is a folder")
+        for spec in (self.hot, self.warm):
+            if spec.keep is None and spec.keep_days is None:
+                out.append(f"{spec.tier} needs keep (newest N checkpoints) or keep_days; only cold keeps everything")
+            if spec.keep is not None and spec.keep_days is not None:
+                out.append(f"{spec.tier}: give keep or keep_days, not both")
+            if spec.archive:
+                out.append(
+                    f"{spec.tier}.storage_class {spec.storage_class} is an archive class: {spec.tier} copies "
+                    "must be readable without a restore; archive classes belong in cold"
+                )
+        h, w = self.hot, self.warm
+        if h.keep is not None and w.keep is not None and w.keep < h.keep:
+            out.append(
+                f"warm.keep ({w.keep}) is less than hot.keep ({h.keep}): the newest {h.keep} checkpoints "
+                "need a warm copy too (3-2-1: three copies)"
+            )
+        if h.keep_days is not None and w.keep_days is not None and w.keep_days < h.keep_days:
+            out.append(
+                f"warm.keep_days ({w.keep_days:g}) is less than hot.keep_days ({h.keep_days:g}): what hot "
+                "keeps needs a warm copy too (3-2-1: three copies)"
+            )
+        if (h.keep is None) != (w.keep is None) and not any(p.startswith(("hot needs", "warm needs")) for p in out):
+            out.append("give hot and warm the same unit (both keep, or both keep_days) so warm provably keeps what hot keeps")
+        addresses = {}
+        for spec in self.tiers:
+            if spec.store:
+                addr = _normal_address(str(spec.store))
+                if addr in addresses:
+                    out.append(
+                        f"{spec.tier} and {addresses[addr]} are the same store ({spec.store}): "
+                        "three copies need three stores"
+                    )
+                addresses.setdefault(addr, spec.tier)
+        kinds = {spec.media_kind for spec in self.tiers}
+        if len(kinds) < 2:
+            out.append(
+                f"all three tiers are on the same kind of media ({kinds.pop()}): 3-2-1 needs two kinds; "
+                "put warm or cold on S3, or declare media: for a store that is another kind (e.g. tape)"
+            )
+        if not self.cold.is_offsite:
+            out.append(
+                "cold must be off-site (3-2-1: one copy off-site): use an s3:// store, or set "
+                "cold.offsite: true for a folder that is mounted from another site"
+            )
+        if self.gc_grace_seconds < 0:
+            out.append("gc_grace must not be negative")
+        if self.marker is not None:
+            if not self.marker or "/" in self.marker or self.marker in (".", ".."):
+                out.append(f"ready.marker {self.marker!r} must be a plain file name, e.g. COMPLETE")
+        if self.settle_seconds < 0:
+            out.append("ready.settle must not be negative")
+        if not (isinstance(self.restore_days, int) and self.restore_days >= 1):
+            out.append(f"restore.days must be a whole number of 1 or more, got {self.restore_days!r}")
+        if self.restore_tier not in RESTORE_TIERS:
+            out.append(f"restore.tier {self.restore_tier!r} must be one of {', '.join(RESTORE_TIERS)}")
+        if not self.restore_timeout_seconds > 0:
+            out.append("restore.timeout must be positive")
+        if not self.restore_poll_seconds > 0:
+            out.append("restore.poll must be positive")
+        return out
+
+    def validate(self) -> "TierPolicy":
+        problems = self.problems()
+        if problems:
+            raise PolicyError(self.source, problems)
+        return self
+
+    # ------------------------------------------------------------------ (de)serialising
+
+    @classmethod
+    def from_dict(cls, doc: Any, source: str = "policy") -> "TierPolicy":
+        """Build and validate a policy from its YAML/JSON form; every problem is reported at once."""
+        problems: list[str] = []
+        if not isinstance(doc, dict):
+            raise PolicyError(source, ["the policy must be a mapping with hot, warm and cold"])
+        _unknown(doc, _TOP_KEYS, "", problems)
+
+        def dur(value, what):
+            if value is None:
+                return None
+            try:
+                return parse_duration(value, what)
+            except ValueError as exc:
+                problems.append(str(exc))
+                return None
+
+        specs = {}
+        for t in TIERS:
+            raw = doc.get(t)
+            if raw is None:
+                problems.append(f"{t} is required (at least {{store: ...}})")
+                raw = {}
+            if not isinstance(raw, dict):
+                problems.append(f"{t} must be a mapping such as {{store: PATH}}")
+                raw = {}
+            if t == "cold" and ("keep" in raw or "keep_days" in raw):
+                problems.append("cold keeps every checkpoint (each keeps at least one verified cold copy): remove cold.keep")
+                raw = {k: v for k, v in raw.items() if k not in ("keep", "keep_days")}
+            _unknown(raw, _TIER_KEYS[t], f"{t}.", problems)
+            keep = raw.get("keep")
+            if keep is not None and (isinstance(keep, bool) or not isinstance(keep, int)):
+                problems.append(f"{t}.keep must be a whole number, got {keep!r}")
+                keep = None
+            keep_days = raw.get("keep_days")
+            if keep_days is not None:
+                try:
+                    keep_days = float(keep_days)
+                except (TypeError, ValueError):
+                    problems.append(f"{t}.keep_days must be a number of days, got {keep_days!r}")
+                    keep_days = None
+            offsite = raw.get("offsite")
+            if offsite is not None and not isinstance(offsite, bool):
+                problems.append(f"{t}.offsite must be true or false")
+                offsite = None
+            sc = raw.get("storage_class")
+            specs[t] = TierSpec(
+                tier=t,
+                store=str(raw.get("store") or ""),
+                keep=keep,
+                keep_days=keep_days,
+                storage_class=str(sc).upper() if sc else None,
+                media=str(raw["media"]) if raw.get("media") else None,
+                offsite=offsite,
+                rto_seconds=dur(raw.get("rto"), f"{t}.rto"),
+                rpo_seconds=dur(raw.get("rpo"), f"{t}.rpo"),
+            )
+        ready = doc.get("ready") or {}
+        restore = doc.get("restore") or {}
+        for name, sub, keys in (("ready", ready, _READY_KEYS), ("restore", restore, _RESTORE_KEYS)):
+            if not isinstance(sub, dict):
+                problems.append(f"{name} must be a mapping")
+            else:
+                _unknown(sub, keys, f"{name}.", problems)
+        ready = ready if isinstance(ready, dict) else {}
+        restore = restore if isinstance(restore, dict) else {}
+        pin = doc.get("pin") or []
+        if isinstance(pin, str) or not isinstance(pin, (list, tuple)):
+            problems.append("pin must be a list of checkpoint names")
+            pin = []
+        days = restore.get("days", 1)
+        policy = cls(
+            hot=specs["hot"],
+            warm=specs["warm"],
+            cold=specs["cold"],
+            namespace=str(doc.get("namespace") or "checkpoints"),
+            rpo_seconds=dur(doc.get("rpo"), "rpo"),
+            pin=tuple(str(p) for p in pin),
+            gc_grace_seconds=_or(dur(doc.get("gc_grace"), "gc_grace"), 3600.0),
+            marker=str(ready["marker"]) if ready.get("marker") else None,
+            settle_seconds=_or(dur(ready.get("settle"), "ready.settle"), 2.0),
+            restore_days=days if isinstance(days, int) and not isinstance(days, bool) else -1,
+            restore_tier=str(restore.get("tier", "Standard")),
+            restore_timeout_seconds=_or(dur(restore.get("timeout"), "restore.timeout"), 12 * 3600.0),
+            restore_poll_seconds=_or(dur(restore.get("poll"), "restore.poll"), 30.0),
+            source=source,
+        )
+        problems.extend(policy.problems())
+        if problems:
+            raise PolicyError(source, list(dict.fromkeys(problems)))
+        return policy
+
+    def to_dict(self) -> dict:
+        out: dict[str, Any] = {"namespace": self.namespace}
+        for spec in self.tiers:
+            out[spec.tier] = spec.to_dict()
+        if self.rpo_seconds is not None:
+            out["rpo"] = format_duration(self.rpo_seconds)
+        if self.pin:
+            out["pin"] = list(self.pin)
+        out["gc_grace"] = format_duration(self.gc_grace_seconds)
+        ready: dict[str, Any] = {"settle": format_duration(self.settle_seconds)}
+        if self.marker:
+            ready["marker"] = self.marker
+        out["ready"] = ready
+        out["restore"] = {
+            "days": self.restore_days,
+            "tier": self.restore_tier,
+            "timeout": format_duration(self.restore_timeout_seconds),
+            "poll": format_duration(self.restore_poll_seconds),
+        }
+        return out
+
+
+def _or(value, default):
+    return default if value is None else value
+
+
+def _unknown(doc: dict, allowed: set[str], where: str, problems: list[str]) -> None:
+    for key in doc:
+        if key not in allowed:
+            problems.append(f"unknown key {where}{key} (allowed: {', '.join(sorted(allowed))})")
+
+
+_POLICY_SOURCES: dict[str, Any] = {}
+
+
+def load_policy(spec: "str | os.PathLike | TierPolicy") -> TierPolicy:
+    """A validated policy from a YAML file, or ``block:NAME`` (a Prefect ``TierPolicyBlock``)."""
+    if isinstance(spec, TierPolicy):
+        return spec.validate()
+    text = os.fspath(spec)
+    if text.startswith("block:"):
+        from importlib.metadata import entry_points
+
+        for ep in entry_points(group="concord.policy_sources"):
+            if ep.name == "block":
+                return ep.load()(text[len("block:"):]).validate()
+        raise PolicyError(text, ["block: policies need the blocks package installed (pip install -e .)"])
+    import yaml
+
+    try:
+        with open(text, encoding="utf-8") as f:
+            doc = yaml.safe_load(f)
+    except FileNotFoundError:
+        raise PolicyError(text, ["no such policy file; write one (see docs/tiering.md) or pass block:NAME"]) from None
+    except yaml.YAMLError as exc:
+        raise PolicyError(text, [f"not valid YAML ({' '.join(str(exc).split())})"]) from None
+    return TierPolicy.from_dict(doc, source=text)
