@@ -480,7 +480,13 @@ def sweep(
             except ConcordError as exc:
                 result.errors.append(f"garbage collection in {t} skipped: {exc}")
 
-    result.violations = copy_rule_violations(TierState.read(policy, stores), pinned, now) if not dry_run else copy_rule_violations(state, pinned, now)
+    after = state
+    if not dry_run:
+        try:
+            after = TierState.read(policy, stores)
+        except ConcordError as exc:  # a store went away: judge by what this sweep saw and did
+            result.errors.append(f"re-reading the tiers after the sweep failed: {exc}")
+    result.violations = copy_rule_violations(after, pinned, now)
     return result
 
 
