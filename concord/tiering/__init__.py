@@ -25,3 +25,8 @@ __all__ = [
     "sweep",
     "tier_status",
 ]
+
+from concord.tiering.drill import DrillResult, run_drill  # noqa: E402
+from concord.tiering.restore import TierCopyNotFoundError, TierRestoreResult, restore_checkpoint  # noqa: E402
+
+__all__ += ["DrillResult", "TierCopyNotFoundError", "TierRestoreResult", "restore_checkpoint", "run_drill"]
