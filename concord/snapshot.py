@@ -6,6 +6,9 @@ files are one part each. Each chunk goes through one small pipeline on a thread 
 releases the GIL): hash, claim (a chunk seen twice in one snapshot is handled once), write unless
 the store already holds it. At most ``WINDOW`` chunks are in flight, so memory stays flat whatever
 the checkpoint size. The manifest is written after every chunk it names, and the ref last.
+
+All the writing happens under a garbage-collection lease: a chunk the store already holds is not
+written again, and the lease keeps a collection from deleting it before the new ref names it.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from typing import Iterable, Iterator
 from dataclasses import dataclass, field
 
 from concord.errors import SourceChangedError, SourceNotFoundError
+from concord.gc import write_lease
 from concord.hashing import chunk_id
 from concord.manifest import (
     DEFAULT_CHUNK_SIZE,
@@ -200,17 +204,18 @@ def snapshot(
     total = sum(os.path.getsize(p) for _, p in files)
     prog.start(total, "snapshot")
     snap = _Snapshotter(store, chunk_size, prog, workers)
-    try:
-        with ThreadPoolExecutor(snap.workers, thread_name_prefix="concord-snapshot") as pool:
-            entries = [snap.file_entry(rel, path, pool) for rel, path in files]
-    finally:
-        prog.close()
-    manifest = Manifest.build(chunk_size, entries)
-    store.put_manifest(manifest.root, manifest.to_json())
-    version = None
-    if ref:
-        updated = store.cas_ref(ref, expected, manifest.root, message or f"snapshot of {os.path.basename(os.fspath(source))}")
-        version = updated.version
+    name = os.path.basename(os.fspath(source))
+    with write_lease(store, f"snapshot of {name}" + (f" to ref {ref}" if ref else "")):
+        try:
+            with ThreadPoolExecutor(snap.workers, thread_name_prefix="concord-snapshot") as pool:
+                entries = [snap.file_entry(rel, path, pool) for rel, path in files]
+        finally:
+            prog.close()
+        manifest = Manifest.build(chunk_size, entries)
+        store.put_manifest(manifest.root, manifest.to_json())
+        version = None
+        if ref:
+            version = store.cas_ref(ref, expected, manifest.root, message or f"snapshot of {name}").version
     return SnapshotResult(
         root=manifest.root,
         files=manifest.n_files,

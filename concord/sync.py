@@ -4,15 +4,19 @@ For every target, in parallel: read its ref (the compare-and-swap's expected val
 batches which chunks it already holds, copy the rest (each chunk re-hashed as it is read from the
 source, its size checked on arrival), write the manifest after every chunk it names, and move the
 ref last. A run killed at any point leaves the target consistent; re-running sends only what is
-still missing. A ref moved by someone else meanwhile is reported, never overwritten.
+still missing. A ref moved by someone else meanwhile is reported, never overwritten. Each target is
+written under a garbage-collection lease, from its plan to its ref: the chunks the plan finds
+present must still be there when the ref moves.
 """
 
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack
 from dataclasses import dataclass
 
 from concord.errors import ReplicationError
+from concord.gc import write_lease
 from concord.manifest import Manifest
 from concord.progress import Progress, ensure
 from concord.refs import resolve_root
@@ -42,6 +46,7 @@ class _Plan:
     expected: str | None
     missing: list[str]
     present: int
+    lease: ExitStack  # holds the target's lease until its ref has moved
 
 
 def missing_chunks(target: Store, ids: list[str]) -> list[str]:
@@ -93,29 +98,36 @@ def replicate(
     lengths = manifest.chunk_lengths()
     ids = list(lengths)
 
+    what = f"sync of {root[:12]} from {source.uri}" + (f" to ref {ref}" if ref else "")
+
     def plan(target: Store) -> _Plan:
-        expected = None
-        if ref:
-            current = target.read_ref(ref)
-            expected = current.root if current else None
-        missing = missing_chunks(target, ids)
-        return _Plan(target, expected, missing, len(ids) - len(missing))
+        with ExitStack() as lease:
+            lease.enter_context(write_lease(target, what))
+            expected = None
+            if ref:
+                current = target.read_ref(ref)
+                expected = current.root if current else None
+            missing = missing_chunks(target, ids)
+            return _Plan(target, expected, missing, len(ids) - len(missing), lease.pop_all())
 
     plans, failures = _each(targets, plan)
     prog = ensure(progress)
-    prog.start(sum(lengths[c] for p in plans for c in p.missing), "sync")
 
     def run(p: _Plan) -> TargetResult:
-        sent, nbytes = copy_chunks(source, p.target, p.missing, prog)
-        p.target.put_manifest(root, manifest_bytes)
-        version = None
-        if ref:
-            version = p.target.cas_ref(ref, p.expected, root, f"sync from {source.uri}").version
+        with p.lease:
+            sent, nbytes = copy_chunks(source, p.target, p.missing, prog)
+            p.target.put_manifest(root, manifest_bytes)
+            version = None
+            if ref:
+                version = p.target.cas_ref(ref, p.expected, root, f"sync from {source.uri}").version
         return TargetResult(p.target.uri, root, sent, nbytes, p.present, ref, version, p.expected)
 
     try:
+        prog.start(sum(lengths[c] for p in plans for c in p.missing), "sync")
         results, more = _each(plans, run, key=lambda p: p.target)
     finally:
+        for p in plans:
+            p.lease.close()  # a no-op for the ones their run released
         prog.close()
     failures.update(more)
     if failures:

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import sys
 import uuid
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 from servers import free_port, patched_environ, running_server
@@ -37,14 +39,29 @@ def aws_credentials(tmp_path_factory):
         yield values
 
 
-@pytest.fixture(scope="session")
-def moto_server(aws_credentials, tmp_path_factory):
-    """The endpoint URL of a real ``moto_server`` process on 127.0.0.1, stopped after the session."""
+@contextmanager
+def _moto_server(tmp_path_factory, name: str) -> Iterator[str]:
+    """Run a real ``moto_server`` process on 127.0.0.1; yield its endpoint URL; stop it after."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     exe = str(Path(sys.executable).parent / "moto_server")
-    log = tmp_path_factory.mktemp("moto") / "moto_server.log"
+    log = tmp_path_factory.mktemp(name) / "moto_server.log"
     with running_server("moto_server", [exe, "-H", "127.0.0.1", "-p", str(port)], f"{url}/moto-api/", log, timeout=30):
+        yield url
+
+
+@pytest.fixture(scope="session")
+def moto_server(aws_credentials, tmp_path_factory):
+    """The endpoint URL of a real ``moto_server`` process on 127.0.0.1, stopped after the session."""
+    with _moto_server(tmp_path_factory, "moto") as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def archive_moto_server(aws_credentials, tmp_path_factory):
+    """A ``moto_server`` of the test module's own, for tests that change how archive restores
+    progress (moto's state manager is global to a server, see ``archive_helpers``)."""
+    with _moto_server(tmp_path_factory, "moto-archive") as url:
         yield url
 
 

@@ -33,6 +33,12 @@ _SEGMENT = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,127}")
 DEFAULT_NAMESPACE = "default"
 REF_FORMAT = "concord/ref@1"
 
+#: what :meth:`Store.chunk_states` says about a chunk
+AVAILABLE, ARCHIVED, RESTORING, MISSING = "available", "archived", "restoring", "missing"
+CHUNK_STATES = (AVAILABLE, ARCHIVED, RESTORING, MISSING)
+#: retrieval tiers an archive restore may ask for (fastest and dearest first)
+RESTORE_TIERS = ("Expedited", "Standard", "Bulk")
+
 
 def validate_segment(segment: str, what: str = "name") -> str:
     if not isinstance(segment, str) or not _SEGMENT.fullmatch(segment) or ".." in segment:
@@ -76,6 +82,28 @@ def _check_digest(value: str, what: str) -> str:
     if not is_digest(value):
         raise ValueError(f"{what} must be 64 lowercase hex characters (a BLAKE3 digest), got {value!r}")
     return value
+
+
+def chunk_name(key: str) -> str | None:
+    """The chunk id stored at ``key``, or None for anything else found under ``chunks/``
+    (temporary names, stray files, a chunk in the wrong folder)."""
+    name = key.rsplit("/", 1)[-1]
+    return name if is_digest(name) and key == chunk_key(name) else None
+
+
+def manifest_name(key: str) -> str | None:
+    """The root whose manifest is stored at ``key``, or None for anything else."""
+    name = key.rsplit("/", 1)[-1]
+    root = name[:-5] if name.endswith(".json") else ""
+    return root if is_digest(root) and key == manifest_key(root) else None
+
+
+def check_restore_request(days: int, tier: str) -> None:
+    """Refuse restore settings an archive would reject, before any request is sent."""
+    if isinstance(days, bool) or not isinstance(days, int) or days < 1:
+        raise ValueError(f"days must be a whole number of days, at least 1 (how long a restored copy stays readable), got {days!r}")
+    if tier not in RESTORE_TIERS:
+        raise ValueError(f"tier must be one of {', '.join(RESTORE_TIERS)} (S3 retrieval tiers, case as written), got {tier!r}")
 
 
 @dataclass(frozen=True)
@@ -144,6 +172,10 @@ class Ref:
         return cls(name, history)
 
 
+#: a delete_ref that keeps losing to rewrites of the same root gives up after this many reads
+_DELETE_ATTEMPTS = 3
+
+
 class Store(ABC):
     """A content-addressed store. Implementations: :class:`LocalDirStore`, :class:`S3ObjectStore`."""
 
@@ -187,6 +219,16 @@ class Store(ABC):
     @abstractmethod
     def _write_if(self, key: str, data: bytes, token: str | None) -> bool:
         """Write ``data`` only if ``key`` still has version ``token`` (None: only if absent)."""
+
+    @abstractmethod
+    def _delete_if(self, key: str, token: str) -> bool:
+        """Remove ``key`` only if it still has version ``token``; False (nothing removed) otherwise."""
+
+    @abstractmethod
+    def _list_stats(self, prefix: str) -> Iterator[tuple[str, int, float]]:
+        """``(key, size in bytes, modification time in POSIX seconds)`` of every key under
+        ``prefix`` (keys relative to the store root, in no particular order). Garbage collection
+        needs the age of what it lists, and listing it this way costs no request per object."""
 
     def close(self) -> None:
         """Release clients and connections (no-op by default)."""
@@ -241,9 +283,45 @@ class Store(ABC):
 
     def iter_chunks(self) -> Iterator[str]:
         for key in self._list_keys("chunks/"):
-            name = key.rsplit("/", 1)[-1]
-            if is_digest(name) and key == chunk_key(name):
+            name = chunk_name(key)
+            if name is not None:
                 yield name
+
+    def iter_chunk_stats(self) -> Iterator[tuple[str, int, float]]:
+        """``(chunk id, size in bytes, modification time in POSIX seconds)`` of every chunk."""
+        for key, size, mtime in self._list_stats("chunks/"):
+            name = chunk_name(key)
+            if name is not None:
+                yield name, size, mtime
+
+    # ------------------------------------------------------------------ archive storage
+
+    @property
+    def archive(self) -> bool:
+        """Whether chunks written here land in an archive storage class, where reading one
+        needs a restore first. Plain folders and most buckets: False."""
+        return False
+
+    def chunk_states(self, ids: list[str]) -> dict[str, str]:
+        """For each id, one of ``available``, ``archived`` (held, but needs a restore before it
+        can be read), ``restoring`` (a restore is under way) or ``missing``.
+
+        A store without archive storage holds every chunk readable, so the default only asks
+        which are there.
+        """
+        ids = [_check_digest(c, "chunk id") for c in dict.fromkeys(ids)]
+        present = self.has_chunks(ids)
+        return {c: AVAILABLE if c in present else MISSING for c in ids}
+
+    def request_restore(self, ids: list[str], *, days: int = 1, tier: str = "Standard") -> int:
+        """Ask the archive to make ``ids`` readable for ``days`` days, at retrieval ``tier``;
+        return how many restore requests were made. Returns at once: the restore itself takes
+        minutes to hours (follow it with :meth:`chunk_states`). Without archive storage there
+        is nothing to restore, so the default makes no request."""
+        check_restore_request(days, tier)
+        for cid in ids:
+            _check_digest(cid, "chunk id")
+        return 0
 
     # ------------------------------------------------------------------ manifests
 
@@ -262,9 +340,21 @@ class Store(ABC):
 
     def iter_manifests(self) -> Iterator[str]:
         for key in self._list_keys("manifests/"):
-            name = key.rsplit("/", 1)[-1]
-            if name.endswith(".json") and is_digest(name[:-5]):
-                yield name[:-5]
+            root = manifest_name(key)
+            if root is not None:
+                yield root
+
+    def iter_manifest_stats(self) -> Iterator[tuple[str, int, float]]:
+        """``(root, size in bytes, modification time in POSIX seconds)`` of every manifest."""
+        for key, size, mtime in self._list_stats("manifests/"):
+            root = manifest_name(key)
+            if root is not None:
+                yield root, size, mtime
+
+    def delete_manifest(self, root: str) -> None:
+        """Remove a manifest (absent is fine). Only garbage collection should: a ref whose
+        manifest is gone names a snapshot nobody can restore."""
+        self._delete_object(manifest_key(_check_digest(root, "root")))
 
     # ------------------------------------------------------------------ refs
 
@@ -298,6 +388,29 @@ class Store(ABC):
             raise RefConflictError(self.uri, name, expected, after_root)
         return updated
 
+    def delete_ref(self, name: str, expected: str) -> bool:
+        """Remove ref ``name`` (and its history) if it still points at ``expected``.
+
+        True when removed, False when there was no such ref (so a retried delete is harmless).
+        A ref pointing elsewhere raises :class:`RefConflictError` naming its current root, and
+        stays as it is: like :meth:`cas_ref`, a delete never undoes someone else's move.
+        """
+        name = canonical_ref(name)
+        _check_digest(expected, "expected root")
+        key = ref_key(name)
+        for _ in range(_DELETE_ATTEMPTS):
+            data, token = self._read_with_token(key)
+            if data is None or token is None:
+                return False
+            current = Ref.from_json(name, data).root
+            if current != expected:
+                raise RefConflictError(self.uri, name, expected, current)
+            if self._delete_if(key, token):
+                return True
+            # the ref was rewritten between the read and the delete: look again
+        after = self.read_ref(name)
+        raise RefConflictError(self.uri, name, expected, after.root if after else None)
+
     def list_refs(self) -> list[str]:
         out = []
         for key in self._list_keys("refs/"):
@@ -319,6 +432,10 @@ class Store(ABC):
 
     def list_documents(self, prefix: str) -> list[str]:
         return sorted(self._list_keys(_check_document_key(prefix.rstrip("/")) + "/"))
+
+    def delete_document(self, key: str) -> None:
+        """Remove a document (absent is fine): for short-lived ones, such as write leases."""
+        self._delete_object(_check_document_key(key))
 
 
 def _check_document_key(key: str) -> str:

@@ -3,7 +3,8 @@
 Every write goes to a unique temporary name in the destination folder and is renamed into place
 with ``os.replace``, so a reader (or a process killed mid-write) never leaves a half-written
 object under a real name. Ref updates take an ``flock`` only for the read-compare-write of the
-compare-and-swap; correctness of everything else comes from atomic renames and content addressing.
+compare-and-swap (and the compare-and-delete of a ref); correctness of everything else comes from
+atomic renames and content addressing.
 """
 
 from __future__ import annotations
@@ -130,6 +131,32 @@ class LocalDirStore(Store):
                 if not fn.startswith("."):
                     yield f"{rel}/{fn}"
 
+    def _list_stats(self, prefix: str) -> Iterator[tuple[str, int, float]]:
+        yield from self._scan(prefix.strip("/"))
+
+    def _scan(self, folder_key: str) -> Iterator[tuple[str, int, float]]:
+        """Walk ``folder_key`` with ``os.scandir`` (one ``stat`` per file, none per folder),
+        skipping dot-names (temporary files, locks) as :meth:`_list_keys` does."""
+        try:
+            entries = os.scandir(self._path(folder_key) if folder_key else self.root)
+        except (FileNotFoundError, NotADirectoryError):
+            return
+        with entries:
+            for entry in entries:
+                if entry.name.startswith("."):
+                    continue
+                key = f"{folder_key}/{entry.name}" if folder_key else entry.name
+                try:
+                    if entry.is_dir(follow_symlinks=False):
+                        yield from self._scan(key)
+                        continue
+                    if not entry.is_file():
+                        continue  # a link to a folder, a socket...: not an object
+                    st = entry.stat()
+                except FileNotFoundError:
+                    continue  # removed while we looked: it is not there any more
+                yield key, st.st_size, st.st_mtime
+
     def _read_with_token(self, key: str) -> tuple[bytes | None, str | None]:
         data = self._get_object(key)
         if data is None:
@@ -154,4 +181,15 @@ class LocalDirStore(Store):
             if now != token:
                 return False
             atomic_write(self._path(key), data, fsync=True)
+            return True
+
+    def _delete_if(self, key: str, token: str) -> bool:
+        with self._locked(key):
+            _, now = self._read_with_token(key)
+            if now != token:
+                return False
+            try:
+                os.unlink(self._path(key))
+            except FileNotFoundError:
+                return False
             return True

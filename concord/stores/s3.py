@@ -4,6 +4,11 @@ Atomicity comes from S3 itself: a PutObject is visible whole or not at all, so t
 temporary names. Objects that must never be replaced are written with ``If-None-Match: *``, and
 ref updates are compare-and-swap through ``If-Match: <etag>``, both evaluated by the server.
 
+A store's ``storage_class`` applies to chunks only. In an archive class (GLACIER, DEEP_ARCHIVE) a
+chunk must be restored before it can be read: :meth:`S3ObjectStore.chunk_states` tells which are
+archived or restoring, :meth:`S3ObjectStore.request_restore` asks for restores, and reading an
+archived chunk raises :class:`~concord.errors.ChunkArchivedError`.
+
 boto3 is imported on first use, so importing this module (or the CLI) stays fast. Every botocore
 exception is translated at one boundary (:meth:`S3ObjectStore._translate`) into a
 :mod:`concord.errors` class; none escapes.
@@ -20,12 +25,23 @@ from contextlib import contextmanager
 from typing import Any, Iterator
 
 from concord.errors import (
+    ChunkArchivedError,
+    ChunkNotFoundError,
     InvalidStoreURIError,
     StoreAccessError,
     StoreError,
     StoreUnreachableError,
 )
-from concord.stores.base import Store
+from concord.stores.base import (
+    ARCHIVED,
+    AVAILABLE,
+    MISSING,
+    RESTORING,
+    Store,
+    _check_digest,
+    check_restore_request,
+    chunk_key,
+)
 
 _BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
 _RESERVED_BUCKET_PREFIXES = ("xn--", "sthree-", "amzn-s3-demo-")
@@ -47,6 +63,11 @@ _ACCESS_CODES = frozenset(
 )
 _NOT_FOUND_CODES = frozenset({"NoSuchKey", "NotFound", "404"})
 _CONDITION_FAILED_CODES = frozenset({"PreconditionFailed", "412", "ConditionalRequestConflict", "409"})
+#: what a server that does not do conditional deletes answers to ``If-Match`` on DeleteObject
+_UNSUPPORTED_CODES = frozenset({"NotImplemented", "501"})
+
+#: storage classes whose objects must be restored before they can be read
+ARCHIVE_CLASSES = frozenset({"GLACIER", "DEEP_ARCHIVE"})
 
 READ_TIMEOUT = 60.0
 MAX_POOL_CONNECTIONS = 32
@@ -97,6 +118,12 @@ class S3ObjectStore(Store):
     The endpoint is ``endpoint_url`` if given, else ``AWS_ENDPOINT_URL_S3`` / ``AWS_ENDPOINT_URL``
     from the environment, else AWS. Credentials not passed explicitly come from boto3's usual chain
     (environment, config files, instance roles). Nothing touches the network until the first call.
+
+    ``storage_class`` (e.g. ``STANDARD_IA``, ``GLACIER``) is applied to chunk objects only:
+    manifests, refs and documents are small, and are always written in STANDARD so that listing
+    refs, reading a manifest or comparing snapshots never waits for an archive restore. With an
+    archive class (GLACIER, DEEP_ARCHIVE) the store is an archive (:attr:`archive`): chunks must be
+    restored (:meth:`request_restore`) before they can be read.
     """
 
     parallelism = 16
@@ -142,6 +169,11 @@ class S3ObjectStore(Store):
     def __repr__(self) -> str:
         where = f", endpoint_url={self.endpoint_url!r}" if self.endpoint_url else ""
         return f"{type(self).__name__}({self.uri!r}{where})"
+
+    @property
+    def archive(self) -> bool:
+        """True when chunks are written to an archive class and need a restore to be read."""
+        return self.storage_class in ARCHIVE_CLASSES
 
     # A store travels between processes (task runners) as its settings, never as a live client.
     def __getstate__(self) -> dict:
@@ -273,7 +305,7 @@ class S3ObjectStore(Store):
 
         body = data if isinstance(data, bytes) else bytes(data)
         args: dict[str, Any] = {"Bucket": self.bucket, "Key": self._key(key), "Body": body}
-        if self.storage_class:
+        if self.storage_class and key.startswith("chunks/"):
             args["StorageClass"] = self.storage_class
         with self._translate("write", key):
             if not overwrite:
@@ -309,20 +341,18 @@ class S3ObjectStore(Store):
     def _get_object(self, key: str) -> bytes | None:
         return self._read_with_token(key)[0]
 
-    def _exists_many(self, keys: list[str]) -> list[bool]:
-        if not keys:
+    def _parallel(self, fn, items: list, action: str) -> list:
+        """``fn`` over ``items`` on up to :attr:`parallelism` threads, results in order. The
+        client is built (and the bucket checked) once here, not in every worker; the first
+        error cancels what has not started."""
+        if not items:
             return []
-        with self._translate("check", keys[0] if len(keys) == 1 else f"{len(keys)} keys"):
-            self._client()  # build (and check the bucket) once, not in every worker
-            if len(keys) == 1:
-                return [self._head(keys[0]) is not None]
-
-        def exists(key: str) -> bool:
-            with self._translate("check", key):
-                return self._head(key) is not None
-
-        with ThreadPoolExecutor(max_workers=min(self.parallelism, len(keys))) as pool:
-            futures = [pool.submit(exists, k) for k in keys]
+        with self._translate(action, f"{len(items)} object(s)"):
+            self._client()
+        if len(items) == 1:
+            return [fn(items[0])]
+        with ThreadPoolExecutor(max_workers=min(self.parallelism, len(items))) as pool:
+            futures = [pool.submit(fn, item) for item in items]
             try:
                 return [f.result() for f in futures]
             except BaseException:
@@ -330,11 +360,22 @@ class S3ObjectStore(Store):
                     f.cancel()
                 raise
 
+    def _exists_many(self, keys: list[str]) -> list[bool]:
+        def exists(key: str) -> bool:
+            with self._translate("check", key):
+                return self._head(key) is not None
+
+        return self._parallel(exists, keys, "check")
+
     def _delete_object(self, key: str) -> None:
         with self._translate("delete", key):
             self._client().delete_object(Bucket=self.bucket, Key=self._key(key))
 
     def _list_keys(self, prefix: str) -> Iterator[str]:
+        for key, _, _ in self._list_stats(prefix):
+            yield key
+
+    def _list_stats(self, prefix: str) -> Iterator[tuple[str, int, float]]:
         full = self._key(prefix)
         strip = len(self.prefix) + 1 if self.prefix else 0
         with self._translate("list", prefix):
@@ -343,7 +384,7 @@ class S3ObjectStore(Store):
                 for obj in page.get("Contents", ()):
                     name = obj["Key"]
                     if not name.endswith("/"):
-                        yield name[strip:]
+                        yield name[strip:], int(obj.get("Size", 0)), obj["LastModified"].timestamp()
 
     def _read_with_token(self, key: str) -> tuple[bytes | None, str | None]:
         from botocore.exceptions import ClientError
@@ -352,8 +393,11 @@ class S3ObjectStore(Store):
             try:
                 response = self._client().get_object(Bucket=self.bucket, Key=self._key(key))
             except ClientError as exc:
-                if _error_code(exc) in _NOT_FOUND_CODES:
+                code = _error_code(exc)
+                if code in _NOT_FOUND_CODES:
                     return None, None
+                if code == "InvalidObjectState":
+                    raise ChunkArchivedError(self.uri, key, self._archived_class(key, exc)) from exc
                 raise
             with response["Body"] as body:
                 data = body.read()
@@ -377,6 +421,103 @@ class S3ObjectStore(Store):
                     return False
                 raise
         return True
+
+    def _archived_class(self, key: str, exc: Any) -> str:
+        """The storage class of an object a GET refused as archived (for the error message)."""
+        named = exc.response.get("Error", {}).get("StorageClass")
+        if named:
+            return str(named)
+        head = self._head(key)
+        return str((head or {}).get("StorageClass") or self.storage_class or "unknown")
+
+    def _delete_if(self, key: str, token: str) -> bool:
+        """DeleteObject with ``If-Match: <etag>``, so the server refuses if the ref was rewritten
+        since it was read. Where that cannot be sent (a botocore without the parameter, a
+        server answering NotImplemented) the delete is a plain one, and a ref rewritten in the
+        few milliseconds between the read and the delete is removed with it; a server that
+        ignores the header has the same window."""
+        from botocore.exceptions import ClientError
+
+        args: dict[str, Any] = {"Bucket": self.bucket, "Key": self._key(key)}
+        with self._translate("delete", key):
+            client = self._client()
+            if _delete_takes_if_match(client):
+                try:
+                    client.delete_object(**args, IfMatch=token)
+                    return True
+                except ClientError as exc:
+                    code = _error_code(exc)
+                    if code in _CONDITION_FAILED_CODES or code in _NOT_FOUND_CODES:
+                        return False
+                    if code not in _UNSUPPORTED_CODES:
+                        raise
+            client.delete_object(**args)
+        return True
+
+    # ------------------------------------------------------------------ archive storage
+
+    def chunk_states(self, ids: list[str]) -> dict[str, str]:
+        """HEAD every chunk (in parallel) and read its storage class and restore status."""
+        ids = [_check_digest(c, "chunk id") for c in dict.fromkeys(ids)]
+
+        def state(cid: str) -> str:
+            key = chunk_key(cid)
+            with self._translate("check", key):
+                return archive_state(self._head(key))
+
+        return dict(zip(ids, self._parallel(state, ids, "check")))
+
+    def request_restore(self, ids: list[str], *, days: int = 1, tier: str = "Standard") -> int:
+        """RestoreObject for every chunk (in parallel); return how many restores were requested.
+
+        A restore already under way counts as requested (S3 answers RestoreAlreadyInProgress);
+        a chunk not in an archive class needs none and is not counted; a missing chunk raises
+        :class:`~concord.errors.ChunkNotFoundError`.
+        """
+        check_restore_request(days, tier)
+        ids = [_check_digest(c, "chunk id") for c in dict.fromkeys(ids)]
+        request = {"Days": days, "GlacierJobParameters": {"Tier": tier}}
+
+        def restore(cid: str) -> bool:
+            from botocore.exceptions import ClientError
+
+            key = chunk_key(cid)
+            with self._translate("restore", key):
+                try:
+                    self._client().restore_object(Bucket=self.bucket, Key=self._key(key), RestoreRequest=request)
+                except ClientError as exc:
+                    code = _error_code(exc)
+                    if code == "RestoreAlreadyInProgress":
+                        return True
+                    if code == "InvalidObjectState":
+                        return False  # not archived: readable as it is
+                    if code in _NOT_FOUND_CODES:
+                        raise ChunkNotFoundError(self.uri, cid) from exc
+                    raise
+            return True
+
+        return sum(self._parallel(restore, ids, "restore"))
+
+
+def archive_state(head: dict | None) -> str:
+    """What a HEAD response says about an object: ``missing``, ``restoring`` (a restore is under
+    way), ``available`` (restored, or never archived) or ``archived`` (needs a restore)."""
+    if head is None:
+        return MISSING
+    restore = head.get("Restore") or ""
+    if 'ongoing-request="true"' in restore:
+        return RESTORING
+    if 'ongoing-request="false"' in restore:
+        return AVAILABLE
+    if head.get("StorageClass") in ARCHIVE_CLASSES:
+        return ARCHIVED
+    return AVAILABLE
+
+
+def _delete_takes_if_match(client: Any) -> bool:
+    """Whether this botocore knows DeleteObject's ``IfMatch`` (added in late 2024)."""
+    shape = client.meta.service_model.operation_model("DeleteObject").input_shape
+    return "IfMatch" in shape.members
 
 
 def _error_code(exc: Any) -> str:

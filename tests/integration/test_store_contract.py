@@ -14,6 +14,7 @@ import pytest
 from concord.errors import (
     ChunkNotFoundError,
     IntegrityError,
+    InvalidNameError,
     InvalidStoreURIError,
     ManifestNotFoundError,
     RefConflictError,
@@ -112,6 +113,24 @@ def test_delete_chunk(any_store):
     any_store.delete_chunk(cid)  # deleting what is not there is fine
 
 
+def test_chunk_stats_give_size_and_age(any_store):
+    before = time.time()
+    chunks = dict(_chunk(i, size=100 * (i + 1)) for i in range(3))
+    for cid, data in chunks.items():
+        any_store.put_chunk(cid, data)
+    any_store._put_object(f"chunks/{next(iter(chunks))[:2]}/.tmp-{uuid.uuid4().hex}", b"half written", overwrite=False)
+    stats = {cid: (size, mtime) for cid, size, mtime in any_store.iter_chunk_stats()}
+    assert {cid: size for cid, (size, _) in stats.items()} == {cid: len(data) for cid, data in chunks.items()}
+    # S3 keeps whole seconds; a little slack for the clocks of two processes
+    assert all(before - 5 <= mtime <= time.time() + 5 for _, mtime in stats.values())
+
+
+def test_list_stats_is_relative_to_the_store_root(any_store):
+    any_store.put_document("ledger/acme/000001.json", b"12345")
+    assert [(k, n) for k, n, _ in any_store._list_stats("ledger/")] == [("ledger/acme/000001.json", 5)]
+    assert list(any_store._list_stats("nothing-here/")) == []
+
+
 def test_iter_chunks_ignores_temp_and_misplaced_files(any_store):
     cid, data = _chunk()
     any_store.put_chunk(cid, data)
@@ -138,6 +157,28 @@ def test_manifests_put_get_has_iter(any_store):
     assert not any_store.has_manifest(absent)
     with pytest.raises(ManifestNotFoundError):
         any_store.get_manifest_bytes(absent)
+
+
+def test_manifest_stats_and_delete(any_store):
+    keep, drop = _root("keep"), _root("drop")
+    any_store.put_manifest(keep, b'{"keep": 1}')
+    any_store.put_manifest(drop, b"{}")
+    assert sorted((r, n) for r, n, _ in any_store.iter_manifest_stats()) == sorted([(keep, 11), (drop, 2)])
+    any_store.delete_manifest(drop)
+    assert not any_store.has_manifest(drop) and any_store.has_manifest(keep)
+    any_store.delete_manifest(drop)  # deleting what is not there is fine
+    assert [r for r, _, _ in any_store.iter_manifest_stats()] == [keep]
+    with pytest.raises(ValueError, match="64 lowercase hex"):
+        any_store.delete_manifest("../refs/default/model")
+
+
+def test_delete_document(any_store):
+    any_store.put_document("gc/leases/abc", b"{}")
+    any_store.delete_document("gc/leases/abc")
+    assert any_store.get_document("gc/leases/abc") is None
+    any_store.delete_document("gc/leases/abc")
+    with pytest.raises(InvalidNameError):
+        any_store.delete_document("refs/default/model")
 
 
 def test_documents_round_trip(any_store):
@@ -197,6 +238,80 @@ def test_list_refs(any_store):
     for name in ("zeta", "team/alpha", "team/beta", "other/x"):
         any_store.cas_ref(name, None, _root(name))
     assert any_store.list_refs() == ["default/zeta", "other/x", "team/alpha", "team/beta"]
+
+
+def test_delete_ref_only_from_the_expected_root(any_store):
+    a, b = _root("a"), _root("b")
+    assert any_store.delete_ref("team/model", a) is False  # absent: nothing to do
+    any_store.cas_ref("team/model", None, a)
+    any_store.cas_ref("team/model", a, b)
+    with pytest.raises(RefConflictError) as info:
+        any_store.delete_ref("team/model", a)
+    assert (info.value.expected, info.value.actual) == (a, b)
+    assert b in str(info.value)
+    assert any_store.read_ref("team/model").root == b
+
+    assert any_store.delete_ref("team/model", b) is True
+    assert any_store.read_ref("team/model") is None
+    assert any_store.list_refs() == []
+    assert any_store.delete_ref("team/model", b) is False  # a retried delete is harmless
+    again = any_store.cas_ref("team/model", None, a)  # the name can be used again, history anew
+    assert (again.version, [e.root for e in again.history]) == (1, [a])
+
+
+def test_delete_ref_refuses_bad_input(any_store):
+    with pytest.raises(ValueError, match="64 lowercase hex"):
+        any_store.delete_ref("model", "not-a-root")
+    with pytest.raises(InvalidNameError):
+        any_store.delete_ref("a/b/c", _root("a"))
+
+
+@pytest.mark.timeout(120)
+def test_delete_ref_racing_a_move_has_exactly_one_winner(any_store):
+    a, b = _root("a"), _root("b")
+    for attempt in range(5):
+        name = f"race/model-{attempt}"
+        any_store.cas_ref(name, None, a)
+        barrier = threading.Barrier(2)
+        outcomes: dict[str, object] = {}
+
+        def attempt_it(what: str, call) -> None:
+            barrier.wait()
+            try:
+                outcomes[what] = call()
+            except Exception as exc:  # recorded, so the assertion below shows it
+                outcomes[what] = exc
+
+        threads = [
+            threading.Thread(target=attempt_it, args=("delete", lambda: any_store.delete_ref(name, a))),
+            threading.Thread(target=attempt_it, args=("move", lambda: any_store.cas_ref(name, a, b))),
+        ]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        after = any_store.read_ref(name)
+        if outcomes["delete"] is True:  # the delete went first: the move found no ref
+            assert isinstance(outcomes["move"], RefConflictError) and after is None, outcomes
+        else:  # the move went first: the delete found b and left it
+            assert isinstance(outcomes["delete"], RefConflictError), outcomes
+            assert outcomes["delete"].actual == b and after.root == b
+
+
+def test_stores_without_archive_storage_hold_every_chunk_readable(any_store):
+    cid, data = _chunk()
+    any_store.put_chunk(cid, data)
+    absent = _root("absent")
+    assert any_store.archive is False
+    assert any_store.chunk_states([cid, absent, cid]) == {cid: "available", absent: "missing"}
+    assert any_store.chunk_states([]) == {}
+    assert any_store.request_restore([cid]) == 0  # nothing to restore
+    with pytest.raises(ValueError, match="at least 1"):
+        any_store.request_restore([cid], days=0)
+    with pytest.raises(ValueError, match="Standard"):
+        any_store.request_restore([cid], tier="fast")
+    with pytest.raises(ValueError, match="64 lowercase hex"):
+        any_store.chunk_states(["nope"])
 
 
 @pytest.mark.timeout(120)
@@ -296,18 +411,33 @@ def test_s3_create_bucket_is_idempotent(moto_server):
     assert keys == [f"one/{chunk_key(cid)}", f"two/{chunk_key(cid)}"]
 
 
-def test_s3_storage_class_is_applied(moto_server):
+def test_s3_storage_class_is_applied_to_chunks_only(moto_server):
     store = S3ObjectStore(
         f"concord-test-{uuid.uuid4().hex[:12]}",
         endpoint_url=moto_server,
         create_bucket=True,
         storage_class="STANDARD_IA",
     )
+    assert store.archive is False
     cid, data = _chunk()
     store.put_chunk(cid, data)
-    head = _raw_client(moto_server).head_object(Bucket=store.bucket, Key=chunk_key(cid))
+    root = _root("snapshot")
+    store.put_manifest(root, b"{}")
+    store.cas_ref("model", None, root)
+    store.put_document("ledger/acme/000001.json", b"{}")
+    client = _raw_client(moto_server)
+    head = client.head_object(Bucket=store.bucket, Key=chunk_key(cid))
     assert head["StorageClass"] == "STANDARD_IA"
     assert store.get_chunk(cid) == data
+    for key in (f"manifests/{root}.json", "refs/default/model", "ledger/acme/000001.json"):
+        assert client.head_object(Bucket=store.bucket, Key=key).get("StorageClass", "STANDARD") == "STANDARD", key
+
+
+def test_s3_list_stats_reads_size_and_time_from_the_listing(s3_store, moto_server):
+    cid, data = _chunk(size=321)
+    s3_store.put_chunk(cid, data)
+    head = _raw_client(moto_server).head_object(Bucket=s3_store.bucket, Key=f"{s3_store.prefix}/{chunk_key(cid)}")
+    assert list(s3_store.iter_chunk_stats()) == [(cid, len(data), head["LastModified"].timestamp())]
 
 
 def test_s3_other_service_errors_become_store_errors(moto_server):
