@@ -124,6 +124,28 @@ class StoreBlockMixin:
     def list_refs(self) -> list[str]:
         return self.get_store().list_refs()
 
+    def delete_ref(self, name: str, expected: str) -> bool:
+        return self.get_store().delete_ref(name, expected)
+
+    # ------------------------------------------------------------------ tiering and garbage collection
+
+    @property
+    def archive(self) -> bool:
+        """Whether the store's chunks sit in an archive storage class (readable after a restore)."""
+        return self.get_store().archive
+
+    def chunk_states(self, ids: list[str]) -> dict[str, str]:
+        return self.get_store().chunk_states(ids)
+
+    def request_restore(self, ids: list[str], *, days: int = 1, tier: str = "Standard") -> int:
+        return self.get_store().request_restore(ids, days=days, tier=tier)
+
+    def iter_chunk_stats(self) -> Iterator[tuple[str, int, float]]:
+        return self.get_store().iter_chunk_stats()
+
+    def iter_manifest_stats(self) -> Iterator[tuple[str, int, float]]:
+        return self.get_store().iter_manifest_stats()
+
 
 class LocalStore(StoreBlockMixin, Block):
     """A Concord store in a local or network-mounted folder.
