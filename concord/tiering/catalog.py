@@ -101,4 +101,4 @@ def write_record(store: Store, namespace: str, record: CopyRecord) -> None:
 
 
 def delete_record(store: Store, namespace: str, name: str) -> None:
-    store._delete_object(record_key(namespace, name))
+    store.delete_document(record_key(namespace, name))
