@@ -267,6 +267,10 @@ def build_parser() -> argparse.ArgumentParser:
     from concord import cli_federate
 
     cli_federate.add_parsers(sub, common)
+
+    from concord import cli_tier
+
+    cli_tier.add_parsers(sub, common)
     return p
 
 

@@ -1,0 +1,311 @@
+"""``concord tier add|sweep|status|restore|drill|gc|check``: hot / warm / cold checkpoint tiering.
+
+Every command takes ``--policy``: a policy YAML file, or ``block:NAME`` for a saved Prefect
+``TierPolicyBlock``. A policy is checked before anything is touched; a refused policy lists every
+problem in its one error line. ``sweep`` (and ``add``, which ends with one) exits 1 while any error
+or copy-rule violation is left, ``drill`` while any tier misses its objectives; they still print
+their whole report first.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from concord.cli_federate import _positive_int
+
+TIERS = ("hot", "warm", "cold")
+
+POLICY_HELP = "tier policy: a YAML file, or block:NAME of a saved TierPolicyBlock"
+
+
+def _policy(args):
+    from concord.tiering.policy import load_policy
+
+    return load_policy(args.policy)
+
+
+def _duration(text: str) -> float:
+    from concord.tiering.policy import parse_duration
+
+    try:
+        seconds = parse_duration(text, "--timeout")
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    if not seconds > 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: give a positive duration, e.g. 600, 15m or 2h")
+    return seconds
+
+
+def _step(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: give a whole number of 0 or more")
+    return value
+
+
+def _human(n) -> str:
+    from concord.cli import _human as human
+
+    return "?" if n is None or n < 0 else human(n)
+
+
+def _when(iso: str | None) -> str:
+    """``2025-01-31T10:04:05+00:00`` → ``2025-01-31 10:04`` (UTC, as the records keep it)."""
+    return iso[:16].replace("T", " ") if iso else ""
+
+
+def _seconds(value) -> str:
+    if value is None:
+        return "-"
+    from concord.tiering.policy import format_duration
+
+    return format_duration(round(float(value), 3)) if value >= 60 else f"{value:.3g} s"
+
+
+def _fail(message: str) -> int:
+    print(f"concord: error: {message}", file=sys.stderr)
+    return 1
+
+
+# ----------------------------------------------------------------------------- status table
+
+
+def _cell(tier: dict) -> str:
+    if tier["present"]:
+        return f"✓ {_when(tier['verified'])}".rstrip() + (f" ({tier['verified_how']})" if tier["verified_how"] else "")
+    return "✗ missing" if tier["wanted"] else "–"
+
+
+def status_lines(status: dict) -> list[str]:
+    """A checkpoint × tier table: ✓ and when the copy was last verified, – where there is none."""
+    lines = [f"namespace {status['namespace']}: " + ", ".join(f"{t} {status['stores'][t]}" for t in TIERS)]
+    rows = [("CHECKPOINT", "STEP", "CREATED", "SIZE", *(t.upper() for t in TIERS))]
+    for c in status["checkpoints"]:
+        name = c["name"] + (" (pinned)" if c["pinned"] else "")
+        step = "" if c["step"] is None else str(c["step"])
+        rows.append((name, step, _when(c["created"]), _human(c["bytes"]), *(_cell(c["tiers"][t]) for t in TIERS)))
+    if len(rows) == 1:
+        lines.append("(no checkpoints tiered yet)")
+    else:
+        widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+        lines += ["  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip() for r in rows]
+    lines += [f"✗ {v}" for v in status["violations"]]
+    return lines
+
+
+def sweep_lines(r: dict) -> list[str]:
+    dry = " (dry run: nothing changed)" if r.get("dry_run") else ""
+    lines = [
+        f"sweep of {r['namespace']}{dry}: {len(r['copied'])} cop{'y' if len(r['copied']) == 1 else 'ies'} made, "
+        f"{len(r['demoted'])} demoted, {len(r['repaired'])} repaired, "
+        f"{len(r['errors'])} error(s), {len(r['violations'])} violation(s)"
+    ]
+    for c in r["copied"]:
+        sent = "" if c.get("bytes_sent") is None else f", sent {_human(c['bytes_sent'])}"
+        lines.append(f"  + {c['name']} → {c['tier']} (from {c['from']}{sent})")
+    for d in r["demoted"]:
+        verified = d.get("verified") or {}
+        listed = ", ".join(f"{t} {how}" for t, how in verified.items()) if isinstance(verified, dict) else ", ".join(verified)
+        lines.append(f"  - {d['name']} removed from {d['tier']} (verified first: {listed})")
+    for x in r["repaired"]:
+        lines.append(f"  ~ {x['name']} in {x['tier']}: {x['chunks']} chunk(s) repaired from {x['from']}")
+    for t, g in (r.get("gc") or {}).items():
+        if g.get("deleted_chunks") or g.get("deleted_manifests") or g.get("postponed_by"):
+            lines.append(f"  gc {t}: {_gc_summary(g)}")
+    lines += [f"  ✗ error: {e}" for e in r["errors"]] + [f"  ✗ violation: {v}" for v in r["violations"]]
+    return lines
+
+
+def _gc_summary(g: dict) -> str:
+    verb = "would delete" if g.get("dry_run") else "deleted"
+    text = (
+        f"{verb} {g.get('deleted_chunks', 0)} chunk(s) ({_human(g.get('deleted_bytes', 0))}) and "
+        f"{g.get('deleted_manifests', 0)} manifest(s); {g.get('young_chunks', 0)} unreferenced chunk(s) "
+        f"younger than the grace period kept; {g.get('live_chunks', 0)} chunk(s) in use"
+    )
+    if g.get("postponed_by"):
+        text += f"; postponed while {', '.join(g['postponed_by'])} holds a lease"
+    return text
+
+
+def _sweep_failure(r: dict) -> str:
+    problems = r["errors"] + r["violations"]
+    return (
+        f"{len(r['errors'])} error(s) and {len(r['violations'])} copy-rule violation(s) left in "
+        f"{r['namespace']} (first: {problems[0]}); fix the cause and run `concord tier sweep` again"
+    )
+
+
+# ----------------------------------------------------------------------------- commands
+
+
+def cmd_add(args, emit, progress) -> int:
+    from concord.tiering.engine import add_checkpoint
+
+    policy = _policy(args)
+    r = add_checkpoint(policy, args.checkpoint_dir, args.name, step=args.step, progress=progress).to_dict()
+    sent = ", ".join(f"{t} {_human(n)}" for t, n in r["new_bytes"].items())
+    step = "" if r["step"] is None else f", step {r['step']}"
+    lines = [f"added {r['name']} ({r['root'][:12]}{step}, {_human(r['bytes'])}) to {policy.namespace}; new bytes: {sent}"]
+    sweep = r["sweep"]
+    if sweep is not None:
+        lines += sweep_lines(sweep)
+    emit(r, lines)
+    if sweep is not None and (sweep["errors"] or sweep["violations"]):
+        return _fail(f"{r['name']} was added, but " + _sweep_failure(sweep))
+    return 0
+
+
+def cmd_sweep(args, emit, progress) -> int:
+    from concord.tiering.engine import sweep
+
+    r = sweep(_policy(args), dry_run=args.dry_run, progress=progress).to_dict()
+    emit(r, sweep_lines(r))
+    if r["errors"] or r["violations"]:
+        return _fail(_sweep_failure(r))
+    return 0
+
+
+def cmd_status(args, emit, progress) -> int:
+    from concord.tiering.engine import tier_status
+
+    status = tier_status(_policy(args))
+    emit(status, status_lines(status))
+    return 0
+
+
+def cmd_restore(args, emit, progress) -> int:
+    from concord.tiering.restore import restore_checkpoint
+
+    r = restore_checkpoint(_policy(args), args.name, args.out_dir, tier=args.tier, timeout=args.timeout, progress=progress).to_dict()
+    waited = f", {_seconds(r['wait_seconds'])} of it waiting on the archive" if r.get("wait_seconds") else ""
+    lines = [
+        f"restored {r['name']} ({r['root'][:12]}) from {r['tier']} ({r['store']}) into {r['path']}",
+        f"  {r['files']} file(s), {_human(r['bytes'])} in {_seconds(r['seconds'])}{waited}",
+    ]
+    emit(r, lines)
+    return 0
+
+
+def _mark(ok) -> str:
+    return "–" if ok is None else "✓" if ok else "✗"
+
+
+def drill_lines(r: dict) -> list[str]:
+    lines = [f"restore drill of {r['namespace']} at {_when(r['started'])}: {'ok' if r['ok'] else 'FAILED'}"]
+    for t, d in r["tiers"].items():
+        rto = f"RTO {_seconds(d['rto_seconds'])} (objective {_seconds(d['rto_objective'])}) {_mark(d['rto_ok'])}"
+        rpo = f"RPO {_seconds(d['rpo_seconds'])} (objective {_seconds(d['rpo_objective'])}) {_mark(d['rpo_ok'])}"
+        sampled = ", ".join(d["sampled"]) or "nothing"
+        lines.append(f"  {t:<5} {_mark(d['ok'])}  {rto}, {rpo}; restored {sampled} from {d['store']}")
+    lines += [f"  ✗ {_finding(f)}" for f in r["findings"]]
+    return lines
+
+
+def cmd_drill(args, emit, progress) -> int:
+    from concord.tiering.drill import run_drill
+
+    r = run_drill(_policy(args), sample=args.sample, progress=progress).to_dict()
+    emit(r, drill_lines(r))
+    if not r["ok"]:
+        failed = [t for t, d in r["tiers"].items() if not d["ok"]]
+        first = f" (first finding: {_finding(r['findings'][0])})" if r["findings"] else ""
+        return _fail(
+            f"restore drill of {r['namespace']} failed in {', '.join(failed) or 'the drill itself'}{first}; "
+            "see the report above"
+        )
+    return 0
+
+
+def _finding(f) -> str:
+    if isinstance(f, dict):
+        return str(f.get("problem") or f.get("message") or f)
+    return str(f)
+
+
+def cmd_gc(args, emit, progress) -> int:
+    from concord.gc import collect_garbage
+
+    policy = _policy(args)
+    tiers = [args.tier] if args.tier else list(TIERS)
+    out = {"namespace": policy.namespace, "dry_run": args.dry_run, "grace_seconds": policy.gc_grace_seconds, "tiers": {}}
+    lines = [f"garbage collection{' (dry run: nothing deleted)' if args.dry_run else ''}, grace {_seconds(policy.gc_grace_seconds)}"]
+    for t in tiers:
+        store = policy.tier(t).open()
+        try:
+            g = collect_garbage(store, grace_seconds=policy.gc_grace_seconds, dry_run=args.dry_run).to_dict()
+        finally:
+            store.close()
+        out["tiers"][t] = g
+        lines.append(f"  {t} ({store.uri}): {_gc_summary(g)}")
+    emit(out, lines)
+    return 0
+
+
+def cmd_check(args, emit, progress) -> int:
+    from concord.errors import PolicyError
+    from concord.tiering.policy import load_policy
+
+    try:
+        policy = load_policy(args.policy)
+    except PolicyError as exc:
+        if args.json:
+            emit({"source": args.policy, "ok": False, "problems": exc.problems}, [])
+        raise
+    import yaml
+
+    doc = policy.to_dict()
+    text = yaml.safe_dump(doc, sort_keys=False, allow_unicode=True).rstrip("\n")
+    emit({"source": args.policy, "ok": True, "policy": doc}, [f"# {args.policy}: ok (normalised)", text])
+    return 0
+
+
+# ----------------------------------------------------------------------------- parser
+
+
+def add_parsers(sub, common) -> None:
+    from concord.cli_lineage import _wrap
+
+    pol = argparse.ArgumentParser(add_help=False)
+    pol.add_argument("--policy", required=True, metavar="POLICY", help=POLICY_HELP)
+
+    tier = sub.add_parser("tier", help="hot/warm/cold checkpoint tiering: add, sweep, status, restore, drill, gc").add_subparsers(
+        dest="sub", metavar="ACTION", required=True
+    )
+    s = tier.add_parser("add", parents=[common, pol], help="take a finished checkpoint into hot, copy it to warm and cold, then sweep")
+    s.add_argument("checkpoint_dir", metavar="CHECKPOINT_DIR")
+    s.add_argument("--name", help="checkpoint name (default: the folder's name)")
+    s.add_argument("--step", type=_step, metavar="N", help="training step (default: the number the name ends with)")
+    s.set_defaults(func=_wrap(cmd_add))
+
+    s = tier.add_parser(
+        "sweep", parents=[common, pol], help="copy what is missing, demote what the policy no longer keeps (exit 1 on violations)"
+    )
+    s.add_argument("--dry-run", action="store_true", help="report what would change; change nothing")
+    s.set_defaults(func=_wrap(cmd_sweep))
+
+    s = tier.add_parser("status", parents=[common, pol], help="each checkpoint × tier: present, verified when, bytes")
+    s.set_defaults(func=_wrap(cmd_status))
+
+    s = tier.add_parser("restore", parents=[common, pol], help="restore a checkpoint from the nearest (or a given) tier")
+    s.add_argument("name", metavar="NAME")
+    s.add_argument("out_dir", metavar="OUT_DIR")
+    s.add_argument("--tier", choices=TIERS, help="restore from this tier (default: the nearest that holds it)")
+    s.add_argument("--timeout", type=_duration, metavar="SECONDS", help="wait this long for an archive restore (default: the policy's)")
+    s.set_defaults(func=_wrap(cmd_restore))
+
+    s = tier.add_parser("drill", parents=[common, pol], help="restore samples from every tier, verify, measure RTO and RPO (exit 1 when missed)")
+    s.add_argument("--sample", type=_positive_int, default=1, metavar="N", help="checkpoints restored per tier (default 1)")
+    s.set_defaults(func=_wrap(cmd_drill))
+
+    s = tier.add_parser("gc", parents=[common, pol], help="delete chunks no ref needs, older than the policy's gc_grace")
+    s.add_argument("--tier", choices=TIERS, help="only this tier (default: all three)")
+    s.add_argument("--dry-run", action="store_true", help="report what would be deleted; delete nothing")
+    s.set_defaults(func=_wrap(cmd_gc))
+
+    s = tier.add_parser("check", parents=[common, pol], help="validate a policy and print it normalised")
+    s.set_defaults(func=_wrap(cmd_check))
