@@ -22,6 +22,9 @@ _WHERE = {
     "register_model_version": "flows.lineage",
     "promote_model": "flows.lineage",
     "lora_federation": "flows.federation",
+    "tier_checkpoints": "flows.tiering",
+    "restore_checkpoint_flow": "flows.tiering",
+    "restore_drill": "flows.tiering",
 }
 
 __all__ = sorted(_WHERE)

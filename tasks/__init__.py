@@ -13,19 +13,35 @@ from tasks.lineage import (
 )
 from tasks.replication import replicate_task
 from tasks.snapshots import diff_task, restore_task, rollback_task, snapshot_task
+from tasks.tiering import (
+    add_checkpoint_task,
+    drill_task,
+    log_drill_task,
+    promoted_roots_task,
+    restore_checkpoint_task,
+    sweep_task,
+    tier_status_task,
+)
 
 __all__ = [
+    "add_checkpoint_task",
     "diff_task",
+    "drill_task",
     "federate_task",
+    "log_drill_task",
     "model_lineage_task",
     "promote_task",
+    "promoted_roots_task",
     "record_replica_task",
     "register_data_task",
     "register_model_task",
     "replicate_task",
+    "restore_checkpoint_task",
     "restore_task",
     "rollback_task",
     "snapshot_task",
+    "sweep_task",
+    "tier_status_task",
     "validate_contract_task",
     "verify_ledger_task",
     "verify_task",

@@ -8,6 +8,8 @@ Resource ids::
     concord.snapshot.<root>      a snapshot, named by its Merkle root
     concord.store.<uri>          a store (a folder path, s3://bucket/prefix, ...)
     concord.ref.<namespace/name> a ref
+    concord.checkpoint.<namespace/name>  a tiered checkpoint (one per name, whatever tiers hold it)
+    concord.tiers.<namespace>    a namespace's hot, warm and cold tiers (sweeps, drills)
 """
 
 from __future__ import annotations
@@ -19,6 +21,12 @@ REPLICA_UPDATED = "concord.replica.updated"
 REPLICA_FAILED = "concord.replica.failed"
 STORE_VERIFIED = "concord.store.verified"
 REF_ROLLED_BACK = "concord.ref.rolled-back"
+TIER_ADDED = "concord.tier.added"
+TIER_DEMOTED = "concord.tier.demoted"
+TIER_RESTORED = "concord.tier.restored"
+TIER_VIOLATION = "concord.tier.violation"
+DRILL_COMPLETED = "concord.drill.completed"
+DRILL_FAILED = "concord.drill.failed"
 
 
 def snapshot_resource(root: str) -> str:
@@ -31,6 +39,14 @@ def store_resource(uri: str) -> str:
 
 def ref_resource(ref: str) -> str:
     return f"concord.ref.{ref}"
+
+
+def checkpoint_resource(namespace: str, name: str) -> str:
+    return f"concord.checkpoint.{namespace}/{name}"
+
+
+def tiers_resource(namespace: str) -> str:
+    return f"concord.tiers.{namespace}"
 
 
 def _resource(rid: str, name: str, role: str | None = None) -> dict[str, str]:
@@ -50,6 +66,14 @@ def store(uri: str, role: str | None = None) -> dict[str, str]:
 
 def ref(name: str, role: str = "ref") -> dict[str, str]:
     return _resource(ref_resource(name), name, role)
+
+
+def checkpoint(namespace: str, name: str, role: str | None = None) -> dict[str, str]:
+    return _resource(checkpoint_resource(namespace, name), f"{namespace}/{name}", role)
+
+
+def tiers(namespace: str, role: str | None = None) -> dict[str, str]:
+    return _resource(tiers_resource(namespace), namespace, role)
 
 
 def emit(event: str, resource: dict[str, str], related: list[dict[str, str]], payload: dict[str, Any]) -> str | None:

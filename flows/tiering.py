@@ -1,0 +1,277 @@
+"""Tiering pipelines: keep checkpoints hot, warm and cold by policy, restore one, drill restores.
+
+``policy`` is a tier policy YAML file (relative paths are relative to the project folder
+deployments run in) or ``block:NAME`` for a ``TierPolicyBlock`` saved in the Prefect UI. Lineage
+lives in MLflow: ``tracking_uri`` left empty means the worker's ``$MLFLOW_TRACKING_URI``, else the
+embedded sqlite database in ``$CONCORD_HOME``; MLflow being down never fails a tiering run or a
+drill, it only leaves a warning.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from prefect import flow
+from prefect.artifacts import create_markdown_artifact, create_table_artifact
+from pydantic import Field
+
+from flows._report import human, md_table, short
+from tasks import (
+    add_checkpoint_task,
+    drill_task,
+    log_drill_task,
+    promoted_roots_task,
+    restore_checkpoint_task,
+    sweep_task,
+    tier_status_task,
+)
+
+TIERS = ("hot", "warm", "cold")
+
+Policy = Annotated[
+    str,
+    Field(min_length=1, description="The tier policy: a YAML file, or block:NAME of a saved Concord Tier Policy block."),
+]
+CheckpointName = Annotated[
+    str,
+    Field(
+        pattern=r"^[A-Za-z0-9_-][A-Za-z0-9._-]{0,127}$",
+        description="The checkpoint's name in every tier (letters, digits, '.', '_' or '-').",
+    ),
+]
+Step = Annotated[int, Field(ge=0, description="The training step (empty: the number the name ends with).")]
+Sample = Annotated[int, Field(ge=1, le=100, description="Checkpoints restored from each tier (the newest always, then random ones).")]
+
+
+class TieringFailed(RuntimeError):
+    """A sweep left errors or copy-rule violations (listed in the run's summary artifact)."""
+
+
+class DrillFailed(RuntimeError):
+    """A restore drill missed an objective, could not restore, or found damage (see its report)."""
+
+
+def _mark(tier: dict) -> str:
+    if tier["present"]:
+        return "✓"
+    return "✗ missing" if tier["wanted"] else "–"
+
+
+def _oldest_verification(c: dict) -> str:
+    """When the least recently verified copy was verified (how stale the weakest copy's check is)."""
+    times = [c["tiers"][t]["verified"] for t in TIERS if c["tiers"][t]["present"]]
+    if not times:
+        return ""
+    if any(t is None for t in times):
+        return "never (a copy was not verified)"
+    return min(times)
+
+
+def status_rows(status: dict) -> list[dict]:
+    """One row per checkpoint: ✓ / – per tier (✗ where the policy wants a copy that is missing)."""
+    return [
+        {
+            "checkpoint": c["name"],
+            "step": c["step"],
+            "created": c["created"],
+            "pinned": "yes" if c["pinned"] else "",
+            **{t: _mark(c["tiers"][t]) for t in TIERS},
+            "verified": _oldest_verification(c),
+            "bytes": human(c["bytes"]) if c["bytes"] >= 0 else "?",
+        }
+        for c in status["checkpoints"]
+    ]
+
+
+def sweep_report(namespace: str, sweep: dict, added: dict | None = None) -> str:
+    """A markdown summary of one sweep (and the checkpoint added before it)."""
+    gc = sweep.get("gc") or {}
+    deleted = ", ".join(
+        f"{t}: {g.get('deleted_chunks', 0)} chunk(s), {human(g.get('deleted_bytes', 0))}" for t, g in gc.items()
+    ) or "(not run)"
+    rows = []
+    if added is not None:
+        new = ", ".join(f"{t} {human(n)}" for t, n in added["new_bytes"].items())
+        rows.append(("added", f"`{added['name']}` {short(added['root'])}, {human(added['bytes'])} (new bytes: {new})"))
+    rows += [
+        ("copied", len(sweep["copied"])),
+        ("demoted", len(sweep["demoted"])),
+        ("repaired", len(sweep["repaired"])),
+        ("garbage collected", deleted),
+        ("errors", len(sweep["errors"])),
+        ("violations", len(sweep["violations"])),
+    ]
+    verdict = "ok" if not sweep["errors"] and not sweep["violations"] else "**needs attention**"
+    text = f"## Tiering of `{namespace}`: {verdict}\n\n" + md_table(["", ""], rows)
+    details = [(f"copied to {c['tier']}", f"`{c['name']}` from {c['from']}") for c in sweep["copied"]]
+    details += [
+        (f"demoted from {d['tier']}", f"`{d['name']}` (verified first: {', '.join(d.get('verified') or [])})")
+        for d in sweep["demoted"]
+    ]
+    details += [(f"repaired in {x['tier']}", f"`{x['name']}`: {x['chunks']} chunk(s) from {x['from']}") for x in sweep["repaired"]]
+    details += [("**violation**", v) for v in sweep["violations"]] + [("**error**", e) for e in sweep["errors"]]
+    if details:
+        text += "\n\n### What happened\n\n" + md_table(["", ""], details)
+    return text + "\n"
+
+
+@flow(name="tier-checkpoints")
+def tier_checkpoints(
+    policy: Policy,
+    checkpoint_dir: str | None = None,
+    name: CheckpointName | None = None,
+    step: Step | None = None,
+    pin_promoted: bool = True,
+    tracking_uri: str | None = None,
+) -> dict:
+    """Keep a namespace's checkpoints hot, warm and cold as its policy says.
+
+    With a checkpoint folder, take it into hot (only once it is complete), replicate it to warm
+    and cold, then sweep; without one, only sweep (the hourly run): copy what is missing, demote
+    what is no longer kept, after verifying every copy that stays, collect garbage. Writes the
+    status table (artifact `tier-status`) and a summary (`tier-summary`); the run fails after
+    writing them while errors or copy-rule violations are left.
+
+    Args:
+        policy: The tier policy: a YAML file, or block:NAME of a saved Concord Tier Policy block.
+        checkpoint_dir: A finished checkpoint folder to add; empty for a sweep only.
+        name: The checkpoint's name; empty for the folder's name.
+        step: The training step; empty for the number the name ends with.
+        pin_promoted: Keep the snapshots of MLflow model versions that hold an alias hot and warm,
+            like pinned checkpoints. When MLflow cannot be read, a warning is logged and only the
+            policy's pins apply.
+        tracking_uri: MLflow tracking URI; empty for the worker's MLFLOW_TRACKING_URI (else the
+            embedded sqlite database).
+    """
+    pinned = promoted_roots_task(tracking_uri or None) if pin_promoted else []
+    added = None
+    if checkpoint_dir:
+        added = add_checkpoint_task(policy, checkpoint_dir, name=name or None, step=step, pinned_roots=pinned)
+        swept = added["sweep"]
+        namespace = added["namespace"]
+    else:
+        swept = sweep_task(policy, pinned_roots=pinned)
+        namespace = swept["namespace"]
+    status = tier_status_task(policy, pinned_roots=pinned)
+
+    rows = status_rows(status)
+    create_table_artifact(
+        rows,
+        key="tier-status",
+        description=f"{namespace}: {len(rows)} checkpoint(s), {len(status['violations'])} violation(s)",
+    )
+    create_markdown_artifact(
+        sweep_report(namespace, swept, added),
+        key="tier-summary",
+        description=(
+            f"{namespace}: {len(swept['copied'])} copied, {len(swept['demoted'])} demoted, "
+            f"{len(swept['errors'])} error(s), {len(swept['violations'])} violation(s)"
+        ),
+    )
+    if swept["errors"] or swept["violations"]:
+        problems = swept["errors"] + swept["violations"]
+        raise TieringFailed(
+            f"tiering of {namespace} left {len(swept['errors'])} error(s) and {len(swept['violations'])} "
+            f"copy-rule violation(s) (first: {problems[0]}); fix the cause and run again: a sweep "
+            "copies what is missing and converges"
+        )
+    return {"added": added, "sweep": swept, "status": status, "pinned_roots": pinned}
+
+
+@flow(name="restore-checkpoint")
+def restore_checkpoint_flow(
+    policy: Policy,
+    name: CheckpointName,
+    out_dir: Annotated[str, Field(min_length=1, description="A new folder to restore into (never overwritten).")],
+    tier: Literal["nearest", "hot", "warm", "cold"] = "nearest",
+) -> dict:
+    """Restore a tiered checkpoint into a new folder and check every byte.
+
+    Args:
+        policy: The tier policy: a YAML file, or block:NAME of a saved Concord Tier Policy block.
+        name: The checkpoint to restore.
+        out_dir: A new folder to restore into; Concord never overwrites files.
+        tier: The tier to restore from; nearest takes the fastest tier holding a copy (hot, then
+            warm, then cold, waiting for an archive restore if cold is archived).
+    """
+    r = restore_checkpoint_task(policy, name, out_dir, tier=None if tier == "nearest" else tier)
+    rows = [
+        ("checkpoint", f"`{r['name']}` {short(r['root'])}"),
+        ("from", f"{r['tier']} (`{r['store']}`)"),
+        ("into", f"`{r['path']}`"),
+        ("files / size", f"{r['files']} / {human(r['bytes'])}"),
+        ("time", f"{r['seconds']:.3g} s ({r['wait_seconds']:.3g} s waiting on the archive, {r['restore_requests']} restore request(s))"),
+        ("throughput", f"{human(r['bytes_per_second'])}/s"),
+    ]
+    create_markdown_artifact(
+        f"## Restore of `{r['name']}` from {r['tier']}\n\n" + md_table(["", ""], rows),
+        key="tier-restore",
+        description=f"{r['name']} from {r['tier']} in {r['seconds']:.3g} s",
+    )
+    return r
+
+
+def _seconds(value) -> str:
+    return "–" if value is None else f"{value:.3g} s"
+
+
+def _check(ok) -> str:
+    return "–" if ok is None else "✓" if ok else "✗"
+
+
+def drill_report(r: dict, run_id: str | None) -> str:
+    rows = [
+        (
+            t,
+            ", ".join(f"`{n}`" for n in d.get("sampled") or []) or "(none)",
+            _seconds(d["rto_seconds"]),
+            _seconds(d["rto_objective"]),
+            _check(d["rto_ok"]),
+            _seconds(d["rpo_seconds"]),
+            _seconds(d["rpo_objective"]),
+            _check(d["rpo_ok"]),
+            _check(d["ok"]),
+        )
+        for t, d in r["tiers"].items()
+    ]
+    text = f"## Restore drill of `{r['namespace']}`: {'passed' if r['ok'] else '**FAILED**'}\n\n" + md_table(
+        ["tier", "restored", "RTO", "RTO objective", "", "RPO", "RPO objective", "", "ok"], rows
+    )
+    if r["findings"]:
+        text += "\n\n### Findings\n\n" + "\n".join(f"- {f}" for f in r["findings"])
+    text += f"\n\nStarted {r['started']}; " + (f"MLflow run `{run_id}`." if run_id else "not logged to MLflow.")
+    return text + "\n"
+
+
+@flow(name="restore-drill")
+def restore_drill(policy: Policy, sample: Sample = 1, tracking_uri: str | None = None) -> dict:
+    """Prove every tier can give its checkpoints back: restore samples from hot, warm and cold,
+    check every byte, measure RTO and RPO per tier against the policy's objectives.
+
+    Logs the drill to MLflow (experiment concord-restore-drills: RTO and RPO per tier as metrics,
+    the objectives as parameters, the drill's JSON as an artifact), writes the report (artifact
+    `restore-drill`), emits concord.drill.completed or concord.drill.failed, and fails the run
+    when the drill failed.
+
+    Args:
+        policy: The tier policy: a YAML file, or block:NAME of a saved Concord Tier Policy block.
+        sample: Checkpoints restored from each tier: the newest always, then random others.
+        tracking_uri: MLflow tracking URI; empty for the worker's MLFLOW_TRACKING_URI (else the
+            embedded sqlite database). MLflow being down leaves a warning, never fails the drill.
+    """
+    r = drill_task(policy, sample=sample)
+    run_id = log_drill_task(r, sample=sample, tracking_uri=tracking_uri or None)
+    r["mlflow_run_id"] = run_id
+    create_markdown_artifact(
+        drill_report(r, run_id),
+        key="restore-drill",
+        description=f"{r['namespace']}: {'passed' if r['ok'] else 'FAILED'}, {len(r['findings'])} finding(s)",
+    )
+    if not r["ok"]:
+        failed = [t for t, d in r["tiers"].items() if not d["ok"]]
+        raise DrillFailed(
+            f"restore drill of {r['namespace']} failed in {', '.join(failed) or 'the drill itself'}: "
+            + "; ".join(map(str, r["findings"][:5]))
+            + (" …" if len(r["findings"]) > 5 else "")
+        )
+    return r
