@@ -558,3 +558,17 @@ class RestoreTimeoutError(ConcordError, TimeoutError):
             "later (it waits for what is left), or raise the timeout (restore.timeout in the policy, "
             "--timeout on the command line)."
         )
+
+
+# --------------------------------------------------------------------------- drift
+
+
+class DriftConfigError(ConcordError, ValueError):
+    """A drift audit was asked for with invalid options (thresholds, bins, columns, history, inputs).
+
+    What is wrong with the data itself is never an error: it is a finding of the report."""
+
+    def __init__(self, what: str, problem: str, fix: str) -> None:
+        self.what = what
+        self.problem = problem
+        super().__init__(f"{what}: {problem}. {fix}")
