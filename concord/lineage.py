@@ -584,6 +584,32 @@ class Lineage:
             out.append(d)
         return sorted(out, key=lambda d: (d["name"], int(d["version"])))
 
+    def experiment_id(self, name: str) -> str:
+        """The id of the experiment ``name``, created on first use (its artifacts beside a sqlite
+        database rather than in the working folder)."""
+        self.ensure_ready()
+        return self._experiment_id(name)
+
+    def promoted_roots(self) -> list[str]:
+        """The snapshot roots of every model version that holds an alias (e.g. champion): the
+        checkpoints tiering must keep hot and warm whatever their age."""
+        self.ensure_ready()
+        client = self.client
+        names, token = [], None
+        while True:
+            page = client.search_registered_models(page_token=token)
+            names += [rm.name for rm in page]
+            token = page.token
+            if not token:
+                break
+        roots: set[str] = set()
+        for n in names:
+            for version in (client.get_registered_model(n).aliases or {}).values():
+                root = (client.get_model_version(n, str(version)).tags or {}).get(TAG_ROOT)
+                if root:
+                    roots.add(root)
+        return sorted(roots)
+
     def lineage_graph(self, name: str) -> dict:
         """Nodes and edges: every version of ``name``, the versions they derive from (any model),
         their data snapshots and their contracts."""

@@ -23,8 +23,13 @@ def is_transient(exc: BaseException) -> bool:
 
     ``StoreUnreachableError`` is a ``ConnectionError``. Bad input (``ValueError``), refused
     credentials (``PermissionError``), missing snapshots (``KeyError``) and a ref moved by
-    someone else (``RefConflictError``) fail the same way every time, so they are not retried.
+    someone else (``RefConflictError``) fail the same way every time, so they are not retried;
+    nor is an archive restore that timed out (it already waited as long as the policy allows).
     """
+    from concord.errors import RestoreTimeoutError
+
+    if isinstance(exc, RestoreTimeoutError):
+        return False  # it already waited as long as the policy allows: a retry would wait again
     return isinstance(exc, (ConnectionError, TimeoutError))
 
 

@@ -30,18 +30,14 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from tasks import events
-from tasks.common import RETRIES, RETRY_DELAYS, is_transient, retry_if_transient
+from tasks.common import RETRIES, RETRY_DELAYS, retry_if_transient
 from tasks.progress import PrefectProgress, run_logger
 
 if TYPE_CHECKING:  # pragma: no cover
-    from prefect import Task
-    from prefect.client.schemas.objects import TaskRun
-    from prefect.states import State
-
     from concord.stores.base import Store
     from concord.tiering.policy import TierPolicy
 
-TIERS = ("hot", "warm", "cold")
+from concord.tiering.policy import TIERS
 #: the MLflow experiment every restore drill is logged to, one run per drill
 DRILL_EXPERIMENT = "concord-restore-drills"
 #: findings and violations carried in an event's payload at most (the task's result has them all)
@@ -73,20 +69,6 @@ def _checkpoint_run_name() -> str:
     params = task_run.parameters
     name = params.get("name") or os.path.basename(str(params.get("checkpoint_dir", "")).rstrip("/\\"))
     return f"tier-add-{name}"
-
-
-def retry_restore(task: "Task", task_run: "TaskRun", state: "State") -> bool:
-    """Retry a restore when a store did not answer, not when the archive outlasted the timeout
-    (a retry would wait the whole timeout again; the restore requests stay in place for later)."""
-    from concord.errors import RestoreTimeoutError
-
-    try:
-        state.result()
-    except RestoreTimeoutError:
-        return False
-    except Exception as exc:
-        return is_transient(exc)
-    return False
 
 
 # ----------------------------------------------------------------------------- events
@@ -235,7 +217,7 @@ def tier_status_task(policy: str, pinned_roots: Sequence[str] = ()) -> dict:
     task_run_name="tier-restore-{name}",
     retries=RETRIES,
     retry_delay_seconds=RETRY_DELAYS,
-    retry_condition_fn=retry_restore,
+    retry_condition_fn=retry_if_transient,
     cache_policy=NO_CACHE,
 )
 def restore_checkpoint_task(
@@ -329,7 +311,7 @@ def promoted_roots_task(tracking_uri: str | None = None) -> list[str]:
     Never fails: when MLflow cannot be read, a warning is logged and no root is returned, so
     tiering goes on with the policy's own pins.
     """
-    from concord.lineage import TAG_ROOT, Lineage, default_tracking_uri
+    from concord.lineage import Lineage, default_tracking_uri
 
     log = run_logger()
     uri = tracking_uri or default_tracking_uri()
@@ -338,21 +320,7 @@ def promoted_roots_task(tracking_uri: str | None = None) -> list[str]:
         return []
     lineage = Lineage(uri)
     try:
-        lineage.ensure_ready()
-        client = lineage.client
-        names, token = [], None
-        while True:
-            page = client.search_registered_models(page_token=token)
-            names += [rm.name for rm in page]
-            token = page.token
-            if not token:
-                break
-        roots: set[str] = set()
-        for n in names:
-            for _alias, version in (client.get_registered_model(n).aliases or {}).items():
-                root = (client.get_model_version(n, str(version)).tags or {}).get(TAG_ROOT)
-                if root:
-                    roots.add(root)
+        roots = lineage.promoted_roots()
     except Exception as exc:  # lineage is advisory here: tiering must go on without it
         log.warning("could not read promoted model versions from %r (%s); keeping only the policy's pins", lineage, exc)
         return []
@@ -382,9 +350,8 @@ def log_drill_task(drill: dict, sample: int = 1, tracking_uri: str | None = None
 
 
 def _log_drill(lineage, drill: dict, sample: int) -> str:
-    lineage.ensure_ready()
+    experiment = lineage.experiment_id(DRILL_EXPERIMENT)
     client = lineage.client
-    experiment = lineage._experiment_id(DRILL_EXPERIMENT)
     tags = {"concord.namespace": drill["namespace"], "concord.drill.ok": str(drill["ok"]).lower()}
     run = client.create_run(experiment, run_name=f"{drill['namespace']}-{drill['started']}", tags=tags)
     run_id = run.info.run_id

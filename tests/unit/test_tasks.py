@@ -32,6 +32,7 @@ from concord.refs import load_manifest
 from concord.stores import open_store
 from concord.stores.base import chunk_key
 from tasks import diff_task, replicate_task, restore_task, rollback_task, snapshot_task, verify_task
+from concord.errors import RestoreTimeoutError
 from tasks.common import RETRIES, is_transient, retry_if_transient
 from tasks.progress import PrefectProgress
 
@@ -212,6 +213,7 @@ def test_rollback_task_moves_the_ref_and_returns_its_history(checkpoint, stores,
         (RefConflictError("/s", REF, "a" * 64, "b" * 64), False),
         (RefNotFoundError("/s", REF), False),
         (ValueError("bad chunk size"), False),
+        (RestoreTimeoutError("s3://b/cold", 3, 5, 3600.0), False),  # it already waited its full time
     ],
 )
 def test_only_transient_store_errors_are_retried(exc, retried):
