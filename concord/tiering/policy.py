@@ -1,7 +1,7 @@
 """Tier policies: which store is hot, warm and cold, how much each keeps, and the copy rules.
 
-A policy is plain data (a small YAML file for people at a terminal, or a Prefect block in the
-UI); :meth:`TierPolicy.validate` refuses any policy that could not keep the copy rules:
+A policy is plain data (a small YAML file for people at a terminal, whose relative folders are
+relative to the file, or a Prefect block in the UI); :meth:`TierPolicy.validate` refuses any policy that could not keep the copy rules:
 
 * the newest checkpoints (those hot keeps) and pinned ones hold **3-2-1**: three copies (hot,
   warm, cold), on at least two kinds of media, one of them off-site (cold);
@@ -345,6 +345,8 @@ class TierPolicy:
                 rto_seconds=dur(raw.get("rto"), f"{t}.rto"),
                 rpo_seconds=dur(raw.get("rpo"), f"{t}.rpo"),
             )
+        if any(f"{t} is required" in p or f"{t} must be a mapping" in p for t in TIERS for p in problems):
+            raise PolicyError(source, problems)  # the rest would only repeat what is missing
         ready = doc.get("ready") or {}
         restore = doc.get("restore") or {}
         for name, sub, keys in (("ready", ready, _READY_KEYS), ("restore", restore, _RESTORE_KEYS)):
@@ -436,4 +438,20 @@ def load_policy(spec: "str | os.PathLike | TierPolicy") -> TierPolicy:
         raise PolicyError(text, ["no such policy file; write one (see docs/tiering.md) or pass block:NAME"]) from None
     except yaml.YAMLError as exc:
         raise PolicyError(text, [f"not valid YAML ({' '.join(str(exc).split())})"]) from None
+    if isinstance(doc, dict):
+        doc = _relative_to(doc, os.path.dirname(os.path.abspath(text)))
     return TierPolicy.from_dict(doc, source=text)
+
+
+def _relative_to(doc: dict, folder: str) -> dict:
+    """Folders in a policy file are relative to the file, not to wherever the command runs."""
+    out = dict(doc)
+    for t in TIERS:
+        tier = out.get(t)
+        if isinstance(tier, dict) and isinstance(tier.get("store"), str):
+            spec = tier["store"].strip()
+            if spec and store_kind(spec) == "local" and not spec.startswith("file://"):
+                path = os.path.expanduser(spec)
+                if not os.path.isabs(path):
+                    out[t] = {**tier, "store": os.path.normpath(os.path.join(folder, path))}
+    return out

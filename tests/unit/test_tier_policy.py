@@ -138,3 +138,16 @@ def test_bad_durations(text):
 
 def test_format_duration():
     assert [format_duration(s) for s in (60, 7200, 86400, 90, 0.5, None)] == ["1m", "2h", "1d", "90s", "0.5s", "-"]
+
+
+def test_folders_in_a_policy_file_are_relative_to_the_file(tmp_path, monkeypatch):
+    (tmp_path / "conf").mkdir()
+    f = tmp_path / "conf" / "policy.yaml"
+    f.write_text("hot: {store: ../hot, keep: 1}\nwarm: {store: s3://b1/warm, keep: 1}\ncold: {store: s3://b2/cold}\n")
+    monkeypatch.chdir("/")
+    assert load_policy(str(f)).hot.store == str(tmp_path / "hot")
+
+
+def test_a_missing_tier_is_reported_without_follow_on_noise(tmp_path):
+    found = problems_of({"hot": {"store": str(tmp_path / "hot"), "keep": 1}})
+    assert found == ["warm is required (at least {store: ...})", "cold is required (at least {store: ...})"]
