@@ -408,6 +408,11 @@ def _cards_summary(c: dict) -> str:
     clusters = c.get("clusters", [])
     bad = []
     for x in clusters:
+        if _section_severity(x) == "ok" and not x.get("missing_required") and not x.get("differing") and x.get("present", True):
+            continue
+        if x.get("finding"):
+            bad.append(f"{x.get('cluster')}: {x['finding']}")
+            continue
         problems = []
         if not x.get("present", True):
             problems.append("no card")
@@ -415,8 +420,7 @@ def _cards_summary(c: dict) -> str:
             problems.append("missing " + ", ".join(x["missing_required"]))
         if x.get("differing"):
             problems.append("differs in " + ", ".join(d["field"] for d in x["differing"]))
-        if problems:
-            bad.append(f"{x.get('cluster')}: {'; '.join(problems)}")
+        bad.append(f"{x.get('cluster')}: {'; '.join(problems)}")
     if not bad:
         return f"consistent across {_plural(len(clusters), 'cluster')}"
     return "; ".join(bad)
@@ -517,6 +521,7 @@ def card_rows(cards: dict | None) -> list[dict]:
         rows.append(
             {
                 "cluster": x.get("cluster"),
+                "severity": _section_severity(x),
                 "present": "yes" if x.get("present", True) else "no",
                 "missing_required": ", ".join(x.get("missing_required") or []),
                 "differing": "; ".join(

@@ -271,6 +271,10 @@ def build_parser() -> argparse.ArgumentParser:
     from concord import cli_tier
 
     cli_tier.add_parsers(sub, common)
+
+    from concord import cli_audit
+
+    cli_audit.add_parsers(sub, common)
     return p
 
 

@@ -82,6 +82,8 @@ CARDS = {
         {"cluster": "us-east", "present": True, "missing_required": [], "differing": []},
         {"cluster": "ap-south", "present": True, "missing_required": ["intended_use"],
          "differing": [{"field": "license", "reference": "apache-2.0", "value": "cc-by-nc-4.0"}]},
+        {"cluster": "eu-central", "present": True, "severity": "warning", "finding": "other fields differ: tags",
+         "missing_required": [], "differing": [{"field": "tags", "reference": ["a"], "value": ["b"]}]},
     ],
 }
 
@@ -125,7 +127,7 @@ def test_replicas_and_cards_bring_their_own_severities():
     assert report.severity == "critical"
     summaries = report.summaries()
     assert summaries["replicas"] == "eu-central: 1 tensor differs: layer.0.attn.weight"
-    assert summaries["cards"] == "ap-south: missing intended_use; differs in license"
+    assert summaries["cards"] == "ap-south: missing intended_use; differs in license; eu-central: other fields differ: tags"
     only_cards = AuditReport.assemble(cards=CARDS)
     assert only_cards.severity == "warning" and only_cards.priority == "P1"
     fine = AuditReport.assemble(replicas={**REPLICAS, "severity": "ok", "replicas": [REPLICAS["replicas"][0], REPLICAS["replicas"][2]]})
@@ -197,7 +199,7 @@ def test_replica_and_card_rows():
     assert worst_rows[0]["tensor"] == "layer.0.attn.weight" and worst_rows[0]["ok"] == "✗"
     assert worst_rows[1]["dtype"] == "F32 → BF16" and worst_rows[1]["shape"] == "8×4"
     cards = card_rows(CARDS)
-    assert cards[1]["missing_required"] == "intended_use" and "license: cc-by-nc-4.0 (reference apache-2.0)" == cards[1]["differing"]
+    assert cards[1]["severity"] == "ok" and cards[1]["missing_required"] == "intended_use" and "license: cc-by-nc-4.0 (reference apache-2.0)" == cards[1]["differing"]
 
 
 # ----------------------------------------------------------------------------- histograms

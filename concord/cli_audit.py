@@ -1,0 +1,255 @@
+"""``concord audit data|replicas|cards|model``: drift audits from the terminal.
+
+``data`` compares a current table with its reference (parquet or CSV files, or data snapshots
+from the registry) column by column, optionally validates it against its schema contract, and
+can draw the drifted columns' histograms. ``replicas`` compares one snapshot's weights across
+cluster stores (by Merkle root, then tensor by tensor in ULPs), ``cards`` its model cards, and
+``model`` does both for a registered model version, finding its stores through lineage.
+
+Exit status: 0 when the audit's severity is ok or warning (P1), 3 when it is critical (P0), 1
+when the audit could not be made (one line on stderr), and 2, as for every command, when the
+command line itself is wrong; so a script tells drift from a failure to audit. A warning is in the
+output (``severity``, ``priority``), not in the status. With ``--json`` the report is exactly one
+JSON object on stdout, whatever the severity; a critical audit also prints one line on stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+#: the exit status of a critical (P0) audit; errors exit 1, usage errors 2 (argparse), ok and warning 0
+EXIT_CRITICAL = 3
+
+
+def _float(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+
+
+def _names(example: str):
+    def parse(text: str) -> list[str]:
+        names = list(dict.fromkeys(c.strip() for c in text.split(",") if c.strip()))
+        if not names:
+            raise argparse.ArgumentTypeError(f"give names separated by commas, e.g. {example}")
+        return names
+
+    return parse
+
+
+def _text_table(rows: list[dict], keys: list[str] | None = None) -> list[str]:
+    if not rows:
+        return ["  (none)"]
+    keys = keys or list(rows[0])
+    cells = [[k.replace("_", " ").upper() for k in keys]] + [["" if r.get(k) is None else str(r.get(k)) for k in keys] for r in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(keys))]
+    return ["  " + "  ".join(v.ljust(w) for v, w in zip(row, widths)).rstrip() for row in cells]
+
+
+def report_lines(report) -> list[str]:
+    """The human form of an audit: the verdict, then a table per section."""
+    from concord.audit import card_rows, column_rows, replica_rows, worst_tensor_rows
+
+    lines = [report.verdict()]
+    if report.data is not None:
+        d = report.data
+        ref, cur = (d.get("reference") or {}).get("label"), (d.get("current") or {}).get("label")
+        lines += ["", f"data drift {ref} → {cur}: {d.get('rows_reference')} → {d.get('rows_current')} rows, drift share {d.get('drift_share')}"]
+        lines += _text_table(column_rows(d), ["column", "kind", "severity", "psi", "js", "ks", "wasserstein", "chi2", "finding"])
+    if report.contract is not None:
+        c = report.contract
+        lines += ["", f"contract {c['ref']}: {'met' if c['ok'] else 'VIOLATED'} ({c['evaluated']} expectations, {len(c['failed'])} failed)"]
+        lines += [f"  ✗ {f['expectation']}" + (f" [{f['column']}]" if f.get("column") else "") + f": {f['details']}" for f in c["failed"]]
+    if report.replicas is not None:
+        lines += ["", f"replicas (reference {report.replicas.get('reference')}):"]
+        lines += _text_table(replica_rows(report.replicas))
+        worst = worst_tensor_rows(report.replicas)
+        if worst:
+            lines += ["", "worst tensors:"] + _text_table(worst)
+    if report.cards is not None:
+        lines += ["", f"model cards (reference {report.cards.get('reference')}):"]
+        lines += _text_table(card_rows(report.cards))
+    for section, why in report.errors.items():
+        lines += ["", f"{section}: could not be audited: {why}"]
+    return lines
+
+
+def _finish(report, emit, extra: dict | None = None) -> int:
+    emit(report.to_dict() | (extra or {}), report_lines(report) + [f"plot: {p}" for p in (extra or {}).get("plots", [])])
+    if report.severity == "critical":
+        print(f"concord: critical drift: {report.verdict()}", file=sys.stderr)
+        return EXIT_CRITICAL
+    return 0
+
+
+# ----------------------------------------------------------------------------- commands
+
+
+def cmd_audit_data(args, emit, progress) -> int:
+    from concord.audit import AuditReport, check_contract, load_table, names_snapshot, plot_histograms
+    from concord.cli_lineage import default_registry
+    from concord.drift import DriftThresholds, data_drift
+
+    defaults = DriftThresholds()
+    thresholds = DriftThresholds(
+        psi_warning=defaults.psi_warning if args.psi_warning is None else args.psi_warning,
+        psi_critical=defaults.psi_critical if args.psi_critical is None else args.psi_critical,
+    )
+    named = [s for s in (args.reference, args.current) if names_snapshot(s)]
+    registry = _open(args.registry or default_registry()) if named or (args.contract and not _is_file(args.contract)) else None
+    data_store = (_open(args.data_store) if args.data_store else registry) if named else None
+    contract = None
+    if args.contract:  # an unknown contract fails before any data is read
+        from concord.contracts import load_contract
+
+        contract = load_contract(registry, args.contract) if registry is not None else load_contract(_open("."), args.contract)
+    reference, ref_source = load_table(args.reference, data_store, which="reference")
+    current, cur_source = load_table(args.current, data_store, which="current")
+    drift = data_drift(reference, current, columns=args.columns, thresholds=thresholds, bins=args.bins)
+    report = AuditReport.assemble(
+        drift=drift,
+        reference=ref_source,
+        current=cur_source,
+        contract=check_contract(contract, current) if contract is not None else None,
+    )
+    extra = {}
+    if args.plots:
+        extra["plots"] = plot_histograms(report, reference, current, args.plots)
+    return _finish(report, emit, extra)
+
+
+def _is_file(contract: str) -> bool:
+    return contract.endswith(".json") or "/" in contract or os.sep in contract
+
+
+def _open(spec: str):
+    """A store to read from: a folder that does not exist is not created."""
+    from concord.stores import open_store
+
+    return open_store(spec, create=False)
+
+
+def _open_all(specs: list[str]) -> list:
+    return [_open(s) for s in specs]
+
+
+def store_labels(specs):
+    from concord.audit import store_labels as labels
+
+    return labels(specs)
+
+
+def _compare_replicas(labels, stores, snapshot, args, progress):
+    from concord.replicas import compare_replicas
+
+    return compare_replicas(
+        {label: (store, snapshot) for label, store in zip(labels, stores)},
+        reference=args.reference or None, max_ulps=args.max_ulps, top=args.top, progress=progress,
+    )
+
+
+def _compare_cards(labels, stores, snapshot, args):
+    from concord.model_cards import compare_cards
+
+    kwargs = {"required": tuple(args.require)} if args.require else {}
+    return compare_cards({label: (store, snapshot) for label, store in zip(labels, stores)}, reference=args.reference or None, **kwargs)
+
+
+def cmd_audit_replicas(args, emit, progress) -> int:
+    from concord.audit import AuditReport
+
+    stores = _open_all(args.stores)
+    report = AuditReport.assemble(replicas=_compare_replicas(store_labels(args.stores), stores, args.ref, args, progress))
+    return _finish(report, emit)
+
+
+def cmd_audit_cards(args, emit, progress) -> int:
+    from concord.audit import AuditReport
+
+    stores = _open_all(args.stores)
+    report = AuditReport.assemble(cards=_compare_cards(store_labels(args.stores), stores, args.ref, args))
+    return _finish(report, emit)
+
+
+def cmd_audit_model(args, emit, progress) -> int:
+    from concord.audit import AuditReport, model_holders
+    from concord.cli_lineage import _lineage
+
+    lineage = _lineage(args)
+    lineage.ensure_ready()
+    held = model_holders(lineage, args.name, args.version)
+    labels = store_labels(held["stores"])
+    stores = _open_all(held["stores"])
+    report = AuditReport.assemble(
+        replicas=_compare_replicas(labels, stores, held["root"], args, progress),
+        cards=_compare_cards(labels, stores, held["root"], args),
+        model=held,
+    )
+    return _finish(report, emit)
+
+
+# ----------------------------------------------------------------------------- parser
+
+
+def add_parsers(sub, common) -> None:
+    from concord.cli import STORE_HELP
+    from concord.cli_federate import _positive_int
+    from concord.cli_lineage import _wrap
+    from concord.cli_tier import _step
+
+    lin = argparse.ArgumentParser(add_help=False)
+    lin.add_argument("--tracking-uri", help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else sqlite in $CONCORD_HOME)")
+    reg = argparse.ArgumentParser(add_help=False)
+    reg.add_argument("--registry", help="store of data snapshots and contracts (default: $CONCORD_REGISTRY, else $CONCORD_HOME/registry)")
+    weights = argparse.ArgumentParser(add_help=False)
+    weights.add_argument("--max-ulps", type=_step, default=1, metavar="N", help="a tensor in another dtype passes within N ULPs of the lower precision (default 1)")
+    weights.add_argument("--top", type=_positive_int, default=10, metavar="N", help="worst tensors listed per replica (default 10)")
+    refp = argparse.ArgumentParser(add_help=False)
+    refp.add_argument("--reference", metavar="CLUSTER", help="the cluster the others are compared with (default: the first store)")
+    cards = argparse.ArgumentParser(add_help=False)
+    cards.add_argument("--require", type=_names("license,retention"), metavar="FIELD,...", help="card fields every cluster must have (default: the module's list)")
+
+    audit = sub.add_parser(
+        "audit", help="drift audits: data against its reference, replicas' weights, model cards (exit 3 when critical)"
+    ).add_subparsers(dest="sub", metavar="WHAT", required=True)
+
+    s = audit.add_parser(
+        "data", parents=[common, reg],
+        help="per-column drift of CURRENT from REFERENCE (PSI, KL, JS, KS, Wasserstein, chi-squared); exit 3 when critical",
+    )
+    s.add_argument("reference", metavar="REFERENCE", help="a .parquet or .csv file, a data snapshot id, or data/NAME in the data store")
+    s.add_argument("current", metavar="CURRENT", help="the same kinds as REFERENCE")
+    s.add_argument("--contract", metavar="NAME[@VERSION]", help="also validate CURRENT against this contract of the registry (or a .json file)")
+    s.add_argument("--columns", type=_names("body_mass_g,species"), metavar="A,B", help="only these columns (default: all)")
+    s.add_argument("--bins", type=_positive_int, default=10, metavar="N", help="reference quantile bins per numeric column (default 10)")
+    s.add_argument("--psi-warning", type=_float, metavar="X", help="PSI above this is a warning, P1 (default 0.25)")
+    s.add_argument("--psi-critical", type=_float, metavar="Y", help="PSI above this is critical, P0 (default 0.55)")
+    s.add_argument("--plots", metavar="DIR", help="write a PNG histogram overlay per drifted column into DIR")
+    s.add_argument("--data-store", metavar="STORE", help="store holding data snapshots named by id or data/NAME (default: the registry)")
+    s.set_defaults(func=_wrap(cmd_audit_data))
+
+    s = audit.add_parser(
+        "replicas", parents=[common, weights, refp],
+        help="compare a snapshot's weights across stores: Merkle roots, then tensors in ULPs; exit 3 when critical",
+    )
+    s.add_argument("--ref", required=True, metavar="REF", help="ref (or 64-hex root) of the snapshot, in every store")
+    s.add_argument("stores", metavar="STORE", nargs="+", help=STORE_HELP)
+    s.set_defaults(func=_wrap(cmd_audit_replicas))
+
+    s = audit.add_parser(
+        "cards", parents=[common, cards, refp], help="compare a snapshot's model card (README, metadata) across stores; exit 3 when critical"
+    )
+    s.add_argument("--ref", required=True, metavar="REF", help="ref (or 64-hex root) of the snapshot, in every store")
+    s.add_argument("stores", metavar="STORE", nargs="+", help=STORE_HELP)
+    s.set_defaults(func=_wrap(cmd_audit_cards))
+
+    s = audit.add_parser(
+        "model", parents=[common, lin, weights, cards, refp],
+        help="audit a registered model version: its replicas and model cards on every store lineage records",
+    )
+    s.add_argument("name", metavar="NAME")
+    s.add_argument("version", metavar="VERSION")
+    s.set_defaults(func=_wrap(cmd_audit_model))
