@@ -1,0 +1,407 @@
+"""Drift audit tasks: data drift with its nightly history, contract validation, replica weights,
+model cards, the MLflow run of an audit and its event.
+
+Thin wrappers over :mod:`concord.audit`, :mod:`concord.drift`, :mod:`concord.replicas` and
+:mod:`concord.model_cards`: each opens its stores from their specs, calls the core and returns a
+plain dict. Reading is safe to repeat, so every task that reads a store is retried when the store
+does not answer; recording a night twice replaces the first record.
+
+Logging an audit to MLflow never fails the audit: when MLflow cannot be written, a warning is
+logged and the report stands on its Prefect artifacts.
+
+Events (an automation notifies on ``concord.drift.detected``)::
+
+    concord.drift.detected   resource concord.audit.<name>   severity warning (P1) or critical (P0)
+    concord.drift.audited    resource concord.audit.<name>   severity ok
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import TYPE_CHECKING, Any, Sequence
+
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+
+from tasks import events
+from tasks.common import RETRIES, RETRY_DELAYS, open_stores, retry_if_transient
+from tasks.progress import PrefectProgress, run_logger
+
+if TYPE_CHECKING:  # pragma: no cover
+    from concord.lineage import Lineage
+
+DRIFT_DETECTED = "concord.drift.detected"
+DRIFT_AUDITED = "concord.drift.audited"
+#: the MLflow experiment every audit is logged to, one run per audit
+AUDIT_EXPERIMENT = "concord-drift-audits"
+#: drifted columns, failing expectations and replicas carried in an event's payload at most
+EVENT_ITEMS = 20
+#: MLflow keeps a tag value of at most this many characters (the run's description is a tag)
+NOTE_CHARS = 5000
+
+
+def audit_resource(name: str) -> str:
+    return f"concord.audit.{name}"
+
+
+def _audit(name: str, role: str | None = None) -> dict[str, str]:
+    out = {"prefect.resource.id": audit_resource(name), "prefect.resource.name": name}
+    if role is not None:
+        out["prefect.resource.role"] = role
+    return out
+
+
+def _related(report: dict, name: str) -> list[dict[str, str]]:
+    """The data snapshots, contract, model version and stores an audit speaks about."""
+    out = []
+    for side in ("reference", "current"):
+        src = report.get(side) or {}
+        if src.get("kind") == "snapshot" and src.get("id"):
+            out.append({"prefect.resource.id": f"concord.data.{src['id']}", "prefect.resource.name": src.get("name") or src["id"][:12], "prefect.resource.role": side})
+    contract = report.get("contract") or {}
+    if contract.get("ref"):
+        out.append({"prefect.resource.id": f"concord.contract.{contract['ref']}", "prefect.resource.name": contract["ref"], "prefect.resource.role": "contract"})
+    model = report.get("model") or {}
+    if model.get("name") and model.get("version"):
+        mid = f"{model['name']}/{model['version']}"
+        out.append({"prefect.resource.id": f"concord.model.{mid}", "prefect.resource.name": mid, "prefect.resource.role": "model"})
+    if model.get("root"):
+        out.append(events.snapshot(model["root"], "snapshot"))
+    for r in (report.get("replicas") or {}).get("replicas", []):
+        if r.get("store"):
+            out.append(events.store(r["store"], f"replica-{r.get('cluster')}"))
+    return out
+
+
+# ----------------------------------------------------------------------------- data
+
+
+@task(
+    name="data-drift",
+    retries=RETRIES,
+    retry_delay_seconds=RETRY_DELAYS,
+    retry_condition_fn=retry_if_transient,
+    cache_policy=NO_CACHE,
+)
+def data_drift_task(
+    reference: str,
+    current: str,
+    data_store: str | None = None,
+    history_store: str | None = None,
+    name: str | None = None,
+    night: str | None = None,
+    thresholds: dict | None = None,
+    bins: int = 10,
+    columns: Sequence[str] | None = None,
+    plots_dir: str | None = None,
+    draw_plots: bool = True,
+) -> dict:
+    """Compare the current table with its reference column by column, with the previous nights.
+
+    ``reference`` and ``current`` are .parquet/.csv files, data snapshot ids or ``data/<name>``
+    refs in ``data_store``. With ``history_store``, the column severities of the unbroken run of
+    nights before ``night`` (YYYY-MM-DD, UTC; default today) under the audit ``name`` (default:
+    from the two tables' names) escalate lasting warnings, and tonight's are recorded there. With
+    ``draw_plots``, a PNG overlay per drifted column is written into ``plots_dir`` (default
+    ``$CONCORD_HOME/audits/<name>/<night>``).
+
+    Returns ``{name, night, drift: DriftReport.to_dict(), reference, current: TableSource dicts,
+    history, history_key, plots: {column: path}}``.
+    """
+    from concord.audit import audit_name, load_table, night_of, plot_histograms_by_column, previous_nights, record_night
+    from concord.drift import DriftThresholds, data_drift
+
+    limits = DriftThresholds(**(thresholds or {}))
+    log = run_logger()
+    with open_stores(data_store, history_store) as (ds, hs):
+        ref_df, ref_src = load_table(reference, ds, which="reference")
+        cur_df, cur_src = load_table(current, ds, which="current")
+        name = name or audit_name(ref_src.name, cur_src.name)
+        history = previous_nights(hs, name, night) if hs is not None else {}
+        report = data_drift(ref_df, cur_df, columns=list(columns) if columns else None, thresholds=limits, bins=bins, history=history)
+        key = record_night(hs, name, report.severities(), night, severity=report.severity) if hs is not None else None
+    tonight = night_of(night).isoformat()
+    plots = plot_histograms_by_column(report, ref_df, cur_df, plots_dir or default_plots_dir(name, tonight)) if draw_plots else {}
+    for c in report.drifted:
+        (log.error if c.severity == "critical" else log.warning)("%s: %s", c.column, c.finding)
+    log.info(
+        "data drift %s → %s: %s, %d of %d column(s) drifted; %d PNG(s)",
+        ref_src.label, cur_src.label, report.severity, len(report.drifted), report.compared, len(plots),
+    )
+    return {
+        "name": name,
+        "night": tonight,
+        "drift": report.to_dict(),
+        "reference": ref_src.to_dict(),
+        "current": cur_src.to_dict(),
+        "history": history,
+        "history_key": key,
+        "plots": plots,
+    }
+
+
+@task(
+    name="audit-contract",
+    retries=RETRIES,
+    retry_delay_seconds=RETRY_DELAYS,
+    retry_condition_fn=retry_if_transient,
+    cache_policy=NO_CACHE,
+)
+def audit_contract_task(contract: str, contracts_store: str, current: str, data_store: str | None = None) -> dict:
+    """Validate the current table (a file, a data snapshot id or ``data/<name>`` in
+    ``data_store``) against ``contract`` (``name@version``, ``name`` for its latest, or a .json
+    file) of ``contracts_store`` with great-expectations. Returns the audit's contract section
+    (``check_contract``): a violation is reported, not raised."""
+    from concord.audit import check_contract, load_table
+    from concord.contracts import load_contract
+
+    with open_stores(contracts_store, data_store) as (cs, ds):
+        c = load_contract(cs, contract)
+        df, src = load_table(current, ds, which="current")
+    out = check_contract(c, df) | {"data": src.to_dict()}
+    log = run_logger()
+    if out["ok"]:
+        log.info("%s meets contract %s (%d expectations)", src.label, c.ref, out["evaluated"])
+    else:
+        log.error("%s violates contract %s: %d of %d expectation(s) failed", src.label, c.ref, len(out["failed"]), out["evaluated"])
+    return out
+
+
+# ----------------------------------------------------------------------------- weights and cards
+
+
+@task(
+    name="model-holders",
+    retries=RETRIES,
+    retry_delay_seconds=RETRY_DELAYS,
+    retry_condition_fn=retry_if_transient,
+    cache_policy=NO_CACHE,
+)
+def model_holders_task(model: str, version: str, tracking_uri: str | None = None) -> dict:
+    """The snapshot root of model version ``model``/``version`` (a number or an alias such as
+    champion) and the stores lineage records as holding it: ``{name, version, root, stores}``."""
+    from concord.audit import model_holders
+    from concord.lineage import Lineage
+
+    os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
+
+    lineage = Lineage(tracking_uri)
+    lineage.ensure_ready()
+    out = model_holders(lineage, model, version)
+    run_logger().info("%s/%s: root %s held by %s", out["name"], out["version"], out["root"][:12], ", ".join(out["stores"]))
+    return out
+
+
+@task(
+    name="audit-replicas",
+    retries=RETRIES,
+    retry_delay_seconds=RETRY_DELAYS,
+    retry_condition_fn=retry_if_transient,
+    cache_policy=NO_CACHE,
+)
+def audit_replicas_task(snapshot: str, stores: Sequence[str], reference: str | None = None, max_ulps: int = 1, top: int = 10) -> dict:
+    """Compare snapshot ``snapshot`` (a ref or a root) on every store with the first store's (or
+    ``reference``'s, a cluster label): by Merkle root, then tensor by tensor in ULPs of the lower
+    precision. Clusters are labelled by the stores' last path segments. Returns
+    ``ReplicaReport.to_dict()``: differences are reported, not raised."""
+    from concord.audit import store_labels
+    from concord.replicas import compare_replicas
+
+    specs = list(stores)
+    labels = store_labels(specs)
+    with open_stores(*specs) as opened:
+        r = compare_replicas(
+            {label: (s, snapshot) for label, s in zip(labels, opened)},
+            reference=reference or None, max_ulps=max_ulps, top=top, progress=PrefectProgress(),
+        ).to_dict()
+    log = run_logger()
+    for x in r["replicas"]:
+        (log.info if x["severity"] == "ok" else log.error if x["severity"] == "critical" else log.warning)("%s: %s", x["cluster"], x["finding"])
+    return r
+
+
+@task(
+    name="audit-cards",
+    retries=RETRIES,
+    retry_delay_seconds=RETRY_DELAYS,
+    retry_condition_fn=retry_if_transient,
+    cache_policy=NO_CACHE,
+)
+def audit_cards_task(snapshot: str, stores: Sequence[str], required: Sequence[str] | None = None, reference: str | None = None) -> dict:
+    """Compare the model card of snapshot ``snapshot`` on every store with the first store's (or
+    ``reference``'s, a cluster label), and check the required fields (``required``; default: the
+    core's list). Returns ``CardReport.to_dict()``."""
+    from concord.audit import store_labels
+    from concord.model_cards import compare_cards
+
+    specs = list(stores)
+    labels = store_labels(specs)
+    kwargs = {"required": tuple(required)} if required else {}
+    with open_stores(*specs) as opened:
+        r = compare_cards({label: (s, snapshot) for label, s in zip(labels, opened)}, reference=reference or None, **kwargs).to_dict()
+    run_logger().info("model cards of %s across %d store(s): %s", snapshot, len(specs), r.get("severity"))
+    return r
+
+
+# ----------------------------------------------------------------------------- MLflow and the event
+
+
+@task(name="log-audit", cache_policy=NO_CACHE)
+def log_audit_task(
+    report: dict,
+    markdown: str,
+    name: str,
+    night: str,
+    plots: Sequence[str] = (),
+    params: dict | None = None,
+    tracking_uri: str | None = None,
+) -> str | None:
+    """Log an audit as one run of the MLflow experiment ``concord-drift-audits``: per column
+    ``psi/<column>``, ``ks/<column>``, ``js/<column>`` (where they apply), ``drift_share`` and
+    the counts as metrics; thresholds and inputs as parameters; the PNGs under ``histograms/``,
+    ``report.json`` and ``report.md`` as artifacts; the markdown also as the run's description.
+    Returns the run id.
+
+    Never fails the audit: when MLflow cannot be written, a warning is logged and None returned.
+    """
+    from concord.lineage import Lineage
+
+    log = run_logger()
+    lineage = Lineage(tracking_uri)
+    try:
+        run_id = _log_audit(lineage, report, markdown, name, night, list(plots), params or {})
+    except Exception as exc:  # the report stands on its Prefect artifacts without MLflow
+        log.warning("audit %s not logged to MLflow at %r: %s", name, lineage, " ".join(str(exc).split())[:500])
+        return None
+    log.info("audit %s logged to MLflow run %s (experiment %s)", name, run_id, AUDIT_EXPERIMENT)
+    return run_id
+
+
+def _metric_key(prefix: str, column: str) -> str:
+    import re
+
+    return f"{prefix}/" + (re.sub(r"[^\w.\- :/]", "_", column)[:200] or "_")
+
+
+def _log_audit(lineage: "Lineage", report: dict, markdown: str, name: str, night: str, plots: list[str], params: dict) -> str:
+    experiment = lineage.experiment_id(AUDIT_EXPERIMENT)
+    client = lineage.client
+    tags = {
+        "concord.audit.name": name,
+        "concord.audit.night": night,
+        "concord.audit.severity": report["severity"],
+        "concord.audit.priority": report.get("priority") or "",
+        "mlflow.note.content": _note(markdown),
+    }
+    run = client.create_run(experiment, run_name=f"{name}-{night}", tags=tags)
+    run_id = run.info.run_id
+    try:
+        _log_audit_run(client, run_id, report, markdown, plots, params)
+    except Exception:
+        client.set_terminated(run_id, "FAILED")
+        raise
+    client.set_terminated(run_id, "FINISHED")
+    return run_id
+
+
+def _note(markdown: str) -> str:
+    if len(markdown) <= NOTE_CHARS:
+        return markdown
+    cut = markdown[: NOTE_CHARS - 200].rsplit("\n", 1)[0]
+    return cut + "\n\n… (the whole report is the artifact report.md)\n"
+
+
+def _log_audit_run(client, run_id: str, report: dict, markdown: str, plots: list[str], params: dict) -> None:
+    from mlflow.entities import Metric, Param
+
+    from concord.drift import SEVERITIES
+
+    now = int(time.time() * 1000)
+    metrics = {"severity_rank": float(SEVERITIES.index(report["severity"]))}
+    if report.get("drift_share") is not None:
+        metrics["drift_share"] = float(report["drift_share"])
+    if "columns" in report:
+        metrics["columns_drifted"] = float(report.get("columns_drifted", 0))
+        metrics["columns_compared"] = float(report.get("columns_compared", 0))
+    for c in report.get("columns", []):
+        for stat in ("psi", "ks", "js"):
+            if c.get(stat) is not None:
+                metrics[_metric_key(stat, c["column"])] = float(c[stat])
+    contract = report.get("contract")
+    if contract:
+        metrics["contract_failed"] = float(len(contract.get("failed", [])))
+    replicas = report.get("replicas")
+    if replicas:
+        metrics["replicas_not_ok"] = float(sum(1 for r in replicas.get("replicas", []) if r.get("severity") != "ok"))
+    logged_params = {k: ("" if v is None else str(v))[:500] for k, v in params.items()}
+    for k, v in (report.get("thresholds") or {}).items():
+        logged_params.setdefault(k, str(v))
+    if report.get("bins") is not None:
+        logged_params.setdefault("bins", str(report["bins"]))
+    client.log_batch(
+        run_id,
+        metrics=[Metric(k, v, now, 0) for k, v in metrics.items()],
+        params=[Param(k, v) for k, v in logged_params.items()],
+    )
+    for path in plots:
+        client.log_artifact(run_id, path, "histograms")
+    client.log_text(run_id, json.dumps(report, indent=1, sort_keys=True, default=str), "report.json")
+    client.log_text(run_id, markdown, "report.md")
+
+
+@task(name="audit-event", cache_policy=NO_CACHE)
+def audit_event_task(report: dict, name: str, night: str, run_id: str | None = None, plots: Sequence[str] = ()) -> str | None:
+    """Emit ``concord.drift.detected`` (severity and priority in the payload) when the audit's
+    severity is not ok, else ``concord.drift.audited``; resource ``concord.audit.<name>``.
+    Returns the event's id."""
+    from concord.audit import column_order
+
+    drifted = [
+        {k: c.get(k) for k in ("column", "severity", "priority", "psi", "escalated", "finding")}
+        for c in sorted((c for c in report.get("columns", []) if c["severity"] != "ok"), key=column_order)
+    ]
+    payload: dict[str, Any] = {
+        "audit": name,
+        "night": night,
+        "severity": report["severity"],
+        "priority": report.get("priority"),
+        "verdict": report.get("verdict"),
+        "sections": report.get("sections"),
+        "errors": report.get("errors") or {},
+        "drift_share": report.get("drift_share"),
+        "drifted_columns": drifted[:EVENT_ITEMS],
+        "drifted_count": len(drifted),
+        "mlflow_run_id": run_id,
+        "plots": list(plots),
+    }
+    contract = report.get("contract")
+    if contract:
+        payload["contract"] = {"ref": contract.get("ref"), "ok": contract.get("ok"), "failed": contract.get("failed", [])[:EVENT_ITEMS], "failed_count": len(contract.get("failed", []))}
+    replicas = report.get("replicas")
+    if replicas:
+        payload["replicas"] = [
+            {k: r.get(k) for k in ("cluster", "store", "severity", "identical", "finding")} for r in replicas.get("replicas", [])
+        ][:EVENT_ITEMS]
+    cards = report.get("cards")
+    if cards:
+        payload["cards"] = {"severity": cards.get("severity"), "clusters": cards.get("clusters", [])[:EVENT_ITEMS]}
+    for side in ("reference", "current"):
+        if report.get(side):
+            payload[side] = {k: report[side].get(k) for k in ("label", "kind", "id", "path")}
+    if report.get("model"):
+        payload["model"] = report["model"]
+    event = DRIFT_AUDITED if report["severity"] == "ok" else DRIFT_DETECTED
+    event_id = events.emit(event, _audit(name), _related(report, name), payload)
+    log = run_logger()
+    if report["severity"] == "ok":
+        log.info("audit %s: %s", name, report.get("verdict"))
+    else:
+        log.error("audit %s: %s", name, report.get("verdict"))
+    return event_id
+
+
+def default_plots_dir(name: str, night: str) -> str:
+    """Where an audit's PNGs go unless told: ``$CONCORD_HOME/audits/<name>/<night>``."""
+    return os.path.join(os.environ.get("CONCORD_HOME") or "data", "audits", name, night)
