@@ -25,6 +25,7 @@ _WHERE = {
     "tier_checkpoints": "flows.tiering",
     "restore_checkpoint_flow": "flows.tiering",
     "restore_drill": "flows.tiering",
+    "nightly_drift_audit": "flows.audit",
 }
 
 __all__ = sorted(_WHERE)
