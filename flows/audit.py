@@ -80,7 +80,15 @@ class Thresholds(BaseModel):
 
 
 class AuditFailed(RuntimeError):
-    """The audit's verdict reached the run's failure level (the report is in the run's artifacts)."""
+    """The audit's verdict reached the run's failure level. The report is in the run's artifacts,
+    and in ``report`` (the dict the run would have returned)."""
+
+    def __init__(self, message: str, report: dict | None = None) -> None:
+        super().__init__(message)
+        self.report = report or {}
+
+    def __reduce__(self):
+        return (type(self), (str(self), self.report))
 
 
 def _outcome(task, *args, **kwargs) -> tuple[dict | None, str | None]:
@@ -253,5 +261,5 @@ def nightly_drift_audit(
     }
     levels = {"critical": ("critical",), "warning": ("warning", "critical"), "never": ()}
     if report.severity in levels[fail_on]:
-        raise AuditFailed(f"drift audit {name} ({tonight}): {report.verdict()}")
+        raise AuditFailed(f"drift audit {name} ({tonight}): {report.verdict()}", result)
     return result

@@ -224,6 +224,9 @@ def test_a_store_that_cannot_be_read_is_reported_not_lost(tmp_path, name, pengui
         tracking_uri=no_mlflow, return_state=True,
     )
     assert state.is_failed()
+    with pytest.raises(AuditFailed) as caught:  # the failure carries the report the run would have returned
+        state.result()
+    assert caught.value.report["sections"] == {"data": "critical"} and caught.value.report["name"] == name
     report = _by_key(artifacts_of(state.state_details.flow_run_id), "drift-report").data
     assert "## Data drift: could not be audited" in report and "missing.parquet: no such file" in report
     (detected,) = events_about("concord.drift.detected", f"concord.audit.{name}")
