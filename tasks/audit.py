@@ -13,6 +13,9 @@ Events (an automation notifies on ``concord.drift.detected``)::
 
     concord.drift.detected   resource concord.audit.<name>   severity warning (P1) or critical (P0)
     concord.drift.audited    resource concord.audit.<name>   severity ok
+
+The resource carries the labels ``concord.severity`` and ``concord.priority`` (P0, P1, or
+"none"), so an automation's trigger can match a P0 alone without reading the payload.
 """
 
 from __future__ import annotations
@@ -46,11 +49,13 @@ def audit_resource(name: str) -> str:
     return f"concord.audit.{name}"
 
 
-def _audit(name: str, role: str | None = None) -> dict[str, str]:
-    out = {"prefect.resource.id": audit_resource(name), "prefect.resource.name": name}
-    if role is not None:
-        out["prefect.resource.role"] = role
-    return out
+def _audit(name: str, severity: str, priority: str | None) -> dict[str, str]:
+    return {
+        "prefect.resource.id": audit_resource(name),
+        "prefect.resource.name": name,
+        "concord.severity": severity,
+        "concord.priority": priority or "none",
+    }
 
 
 def _related(report: dict, name: str) -> list[dict[str, str]]:
@@ -393,7 +398,8 @@ def audit_event_task(report: dict, name: str, night: str, run_id: str | None = N
     if report.get("model"):
         payload["model"] = report["model"]
     event = DRIFT_AUDITED if report["severity"] == "ok" else DRIFT_DETECTED
-    event_id = events.emit(event, _audit(name), _related(report, name), payload)
+    resource = _audit(name, report["severity"], report.get("priority"))
+    event_id = events.emit(event, resource, _related(report, name), payload)
     log = run_logger()
     if report["severity"] == "ok":
         log.info("audit %s: %s", name, report.get("verdict"))

@@ -83,6 +83,7 @@ def test_two_halves_of_the_penguins_are_audited_without_drift(tmp_path, name, pe
     assert all(row["severity"] == "ok" for row in rows)
     (audited,) = events_about("concord.drift.audited", f"concord.audit.{name}")
     assert audited.payload["severity"] == "ok" and audited.payload["drifted_columns"] == []
+    assert audited.resource["concord.priority"] == "none"
     assert detected_events(prefect_client, name) == []
 
 
@@ -113,6 +114,11 @@ def test_drift_between_species_is_detected_logged_and_fails_the_night(
     (detected,) = events_about("concord.drift.detected", f"concord.audit.{name}")
     p = detected.payload
     assert p["severity"] == "critical" and p["priority"] == "P0" and p["night"] == "2025-03-01"
+    assert detected.resource["concord.priority"] == "P0" and detected.resource["concord.severity"] == "critical"
+    from prefect.events.schemas.events import ResourceSpecification
+
+    # the trigger docs/drift.md gives for paging on P0 matches it
+    assert ResourceSpecification({"prefect.resource.id": "concord.audit.*", "concord.priority": "P0"}).matches(detected.resource)
     assert {c["column"] for c in p["drifted_columns"]} == drifted and p["drifted_count"] == len(drifted)
     run_id = p["mlflow_run_id"]
     assert run_id and f"run `{run_id}`" in report
