@@ -31,6 +31,17 @@ from prefect import flow
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from pydantic import BaseModel, Field, model_validator
 
+from concord.audit import (
+    AuditReport,
+    audit_name,
+    column_rows,
+    night_of,
+    render_markdown,
+    replica_rows,
+    spec_name,
+    worst_tensor_rows,
+)
+from concord.cli_lineage import default_registry
 from tasks.audit import (
     AUDIT_EXPERIMENT,
     audit_cards_task,
@@ -164,13 +175,12 @@ def nightly_drift_audit(
         tracking_uri: MLflow tracking URI; empty for the worker's MLFLOW_TRACKING_URI (else the
             embedded sqlite database). MLflow being down leaves a warning, never loses the report.
     """
-    from concord.audit import AuditReport, audit_name, column_rows, night_of, render_markdown, replica_rows, spec_name, worst_tensor_rows
-    from concord.cli_lineage import default_registry
-
     if (reference is None) != (current is None):
         raise ValueError("give both reference and current (the data to compare), or neither")
     if reference is None and not model and not ref:
         raise ValueError("nothing to audit: give reference and current, a model, or a ref and its stores")
+    if contract and current is None:
+        raise ValueError(f"contract {contract!r} given without current: name the data to validate")
     if ref and not model and not stores:
         raise ValueError(f"ref {ref!r} given without stores: list the cluster stores that hold it")
     registry = registry or default_registry()

@@ -190,10 +190,8 @@ def model_holders_task(model: str, version: str, tracking_uri: str | None = None
     from concord.audit import model_holders
     from concord.lineage import Lineage
 
-    os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
-
     lineage = Lineage(tracking_uri)
-    lineage.ensure_ready()
+    lineage.ensure_ready()  # an unreachable server is a ConnectionError: retried
     out = model_holders(lineage, model, version)
     run_logger().info("%s/%s: root %s held by %s", out["name"], out["version"], out["root"][:12], ", ".join(out["stores"]))
     return out
@@ -391,7 +389,19 @@ def audit_event_task(report: dict, name: str, night: str, run_id: str | None = N
         ][:EVENT_ITEMS]
     cards = report.get("cards")
     if cards:
-        payload["cards"] = {"severity": cards.get("severity"), "clusters": cards.get("clusters", [])[:EVENT_ITEMS]}
+        payload["cards"] = {
+            "severity": cards.get("severity"),
+            "clusters": [
+                {
+                    "cluster": c.get("cluster"),
+                    "severity": c.get("severity"),
+                    "finding": c.get("finding"),
+                    "missing_required": c.get("missing_required", []),
+                    "differing": [d.get("field") for d in c.get("differing", [])],
+                }
+                for c in cards.get("clusters", [])[:EVENT_ITEMS]
+            ],
+        }
     for side in ("reference", "current"):
         if report.get(side):
             payload[side] = {k: report[side].get(k) for k in ("label", "kind", "id", "path")}

@@ -221,6 +221,7 @@ def test_replicas_and_cards_in_the_same_audit(tmp_path, name, penguins, no_mlflo
     p = detected.payload
     assert p["sections"] == {"data": "ok", "replicas": "critical", "cards": "critical"}
     assert {r["cluster"]: r["severity"] for r in p["replicas"]} == {"us-east": "ok", "eu-central": "ok", "ap-south": "critical"}
+    assert {c["cluster"]: c["differing"] for c in p["cards"]["clusters"]} == {"us-east": [], "eu-central": [], "ap-south": ["license"]}
     assert ("concord.store." + os.path.abspath(stores["ap-south"]), "replica-ap-south") in {(x.id, x.role) for x in detected.related}
 
 
@@ -237,3 +238,22 @@ def test_a_store_that_cannot_be_read_is_reported_not_lost(tmp_path, name, pengui
     assert "## Data drift: could not be audited" in report and "missing.parquet: no such file" in report
     (detected,) = events_about("concord.drift.detected", f"concord.audit.{name}")
     assert detected.payload["severity"] == "critical" and "no such file" in detected.payload["errors"]["data"]
+
+
+def test_parameters_are_checked_before_anything_runs():
+    from pydantic import ValidationError
+
+    with pytest.raises(ValueError, match="both reference and current"):
+        nightly_drift_audit.fn(reference="a.parquet")
+    with pytest.raises(ValueError, match="nothing to audit"):
+        nightly_drift_audit.fn()
+    with pytest.raises(ValueError, match="without current"):
+        nightly_drift_audit.fn(contract="penguins@1", model="minilm")
+    with pytest.raises(ValueError, match="without stores"):
+        nightly_drift_audit.fn(ref="models/minilm")
+    with pytest.raises(ValidationError, match="must be below psi_critical"):
+        Thresholds(psi_warning=0.6, psi_critical=0.5)
+    from prefect.exceptions import ParameterTypeError
+
+    with pytest.raises(ParameterTypeError, match="fail_on"):  # what a deployment's form would refuse
+        nightly_drift_audit.validate_parameters({"reference": "a.csv", "current": "b.csv", "fail_on": "sometimes"})
