@@ -26,6 +26,11 @@ every cluster and appends it to acme's hash-chained ledger; peft loads the resul
 weights equal the weighted average of the clients' merged weights; the ledger verifies, and an
 edited round in a copy of the store is caught.
 
+Last, the nightly drift audit (``flows.demo_audit``): two random halves of the penguins do not
+drift; a heavier Gentoo slice is flagged as P1, escalated to P0 the next night and found to break
+the contract; MiniLM is served in fp32, in bf16 and with one tensor negated, and one cluster's card
+is relicensed: the audit finds the tensor by name, passes bf16 within 1 ULP and flags the license.
+
 Every claim is checked; the exit status is non-zero if any check fails. Re-running starts
 from clean stores (and a clean embedded MLflow database). ``-v`` shows Prefect's and MLflow's
 own logs on the console too.
@@ -282,6 +287,10 @@ def run(home: Path, story: Story) -> None:
 
     lineage_story(home, story, stores, v1["root"], v2["root"])
     federation_story(home, story, stores, base)
+
+    from flows.demo_audit import audit_story
+
+    audit_story(home, story, stores, base)
 
 
 def lineage_folders(home: Path) -> tuple[Path, ...]:
