@@ -160,6 +160,7 @@ def audit_story(home: Path, story, stores: dict[str, str], base_folder: Path) ->
 
     story.step("Audit the replicas and the model cards across the clusters (the flow, as every night)")
     story.say(f"(the same from a terminal: concord audit replicas --ref {SERVING} STORE...; concord audit cards ...)")
+    story.say("(Prefect logs this failing audit run as an ERROR on stderr too)")
     state = nightly_drift_audit(ref=SERVING, stores=[us, eu, ap], card_fields=CARD_FIELDS, name="minilm-serving", registry=registry, return_state=True)
     audited = _report(state)
     replicas, cards = audited.get("replicas"), audited.get("cards")

@@ -21,6 +21,7 @@ The resource carries the labels ``concord.severity`` and ``concord.priority`` (P
 from __future__ import annotations
 
 import json
+import logging
 import os
 import time
 from typing import TYPE_CHECKING, Any, Sequence
@@ -410,11 +411,8 @@ def audit_event_task(report: dict, name: str, night: str, run_id: str | None = N
     event = DRIFT_AUDITED if report["severity"] == "ok" else DRIFT_DETECTED
     resource = _audit(name, report["severity"], report.get("priority"))
     event_id = events.emit(event, resource, _related(report, name), payload)
-    log = run_logger()
-    if report["severity"] == "ok":
-        log.info("audit %s: %s", name, report.get("verdict"))
-    else:
-        log.error("audit %s: %s", name, report.get("verdict"))
+    level = {"ok": logging.INFO, "warning": logging.WARNING}.get(report["severity"], logging.ERROR)
+    run_logger().log(level, "audit %s: %s", name, report.get("verdict"))
     return event_id
 
 
