@@ -175,6 +175,7 @@ def corrupt_chunk(store_path: str, cid: str) -> str:
 def run(home: Path, story: Story) -> None:
     from concord.refs import load_manifest
     from concord.stores import open_store
+    from flows.demo_tiering import tiering_folders, tiering_story
     from flows.replicate import replicate_snapshot
     from flows.snapshot import diff_snapshots, restore_snapshot, rollback_ref, snapshot_checkpoint
     from flows.verify import StoreDamaged, verify_store
@@ -185,7 +186,9 @@ def run(home: Path, story: Story) -> None:
     us, eu, ap = (stores[c] for c in CLUSTERS)
     tuned_dir = home / "checkpoints" / "minilm-ft"
     restored_dir = home / "restores" / "minilm-ft-from-eu-central"
-    for path in (home / "stores", tuned_dir, restored_dir, *lineage_folders(home), *federation_folders(home)):
+    for path in (
+        home / "stores", tuned_dir, restored_dir, *lineage_folders(home), *federation_folders(home), *tiering_folders(home)
+    ):
         shutil.rmtree(path, ignore_errors=True)
     if embedded_tracking(home):
         for name in ("mlflow.db", "mlflow.db.lock"):
@@ -287,6 +290,7 @@ def run(home: Path, story: Story) -> None:
 
     lineage_story(home, story, stores, v1["root"], v2["root"])
     federation_story(home, story, stores, base)
+    tiering_story(home, story, base)
 
     from flows.demo_audit import audit_story
 
