@@ -1,4 +1,4 @@
-"""Run the benchmarks and print one table per benchmark: ``python -m bench [snapshot|sync|diff|lora] ...``."""
+"""Run the benchmarks and print one table per benchmark: ``python -m bench [snapshot|sync|diff|lora|tier] ...``."""
 
 from __future__ import annotations
 
@@ -6,23 +6,28 @@ import argparse
 import os
 import sys
 import time
+from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
 
 from bench.common import DEFAULT_OUT, Options, Table, machine_summary
 
-BENCHMARKS = ("snapshot", "sync", "diff", "lora")
+BENCHMARKS = ("snapshot", "sync", "diff", "lora", "tier")
+DEFAULT_SIZE_GB = 2.1
 QUICK_SIZE_GB = 0.1
+#: benchmarks whose checkpoint defaults to another size (when neither --size-gb nor --quick is given)
+SIZE_GB_OF = {"tier": 1.1}
 
 
-def parse_args(argv: list[str] | None) -> tuple[list[str], Options]:
+def parse_args(argv: list[str] | None) -> tuple[list[str], Options, dict[str, Options]]:
+    """The benchmarks to run, the options, and the options of those whose default size differs."""
     p = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
-    p.add_argument("which", nargs="*", metavar="{snapshot,sync,diff,lora}", help="benchmarks to run (default: all)")
+    p.add_argument("which", nargs="*", metavar="{snapshot,sync,diff,lora,tier}", help="benchmarks to run (default: all)")
     p.add_argument(
         "--size-gb",
         type=float,
         default=None,
-        help="checkpoint size in GB of 10^9 bytes (default 2.1; 0.1 with --quick)",
+        help="checkpoint size in GB of 10^9 bytes (default 2.1, tier 1.1; 0.1 with --quick)",
     )
     p.add_argument("--quick", action="store_true", help="small sizes and one run each: a smoke run in seconds")
     p.add_argument(
@@ -39,20 +44,20 @@ def parse_args(argv: list[str] | None) -> tuple[list[str], Options]:
         help="before each timed round, wait up to this long for other processes to leave the CPUs idle (default 0)",
     )
     a = p.parse_args(argv)
-    size = a.size_gb if a.size_gb is not None else (QUICK_SIZE_GB if a.quick else 2.1)
+    size = a.size_gb if a.size_gb is not None else (QUICK_SIZE_GB if a.quick else DEFAULT_SIZE_GB)
     runs = a.runs if a.runs is not None else (1 if a.quick else 3)
     unknown = [w for w in a.which if w not in BENCHMARKS]
     if unknown:
         p.error(f"unknown benchmark {unknown[0]!r}: choose from {', '.join(BENCHMARKS)}")
     if size <= 0 or runs < 1:
         p.error("--size-gb must be positive and --runs at least 1")
-    return list(dict.fromkeys(a.which or BENCHMARKS)), Options(
-        a.out.resolve(), size, runs, a.quick, max(0.0, a.wait_idle)
-    )
+    opts = Options(a.out.resolve(), size, runs, a.quick, max(0.0, a.wait_idle))
+    own = {} if a.size_gb is not None or a.quick else {b: replace(opts, size_gb=gb) for b, gb in SIZE_GB_OF.items()}
+    return list(dict.fromkeys(a.which or BENCHMARKS)), opts, own
 
 
 def main(argv: list[str] | None = None) -> int:
-    which, opts = parse_args(argv)
+    which, opts, own = parse_args(argv)
     os.environ.setdefault("CONCORD_NO_PROGRESS", "1")
     opts.out.mkdir(parents=True, exist_ok=True)
     print(f"# Concord benchmarks ({', '.join(which)})\n\n{machine_summary()}; data in {opts.out}\n", flush=True)
@@ -61,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
         module = __import__(f"bench.{name}_bench", fromlist=["run"])
         print(f"running {name} ...", file=sys.stderr, flush=True)
         t0 = time.perf_counter()
-        for table in module.run(opts):
+        for table in module.run(own.get(name, opts)):
             tables.append(table)
             print(table.render() + "\n", flush=True)
         print(f"{name} done in {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
