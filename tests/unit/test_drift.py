@@ -89,6 +89,15 @@ def test_ks_and_wasserstein_equal_scipy(n_ref, n_cur, decimals):
     assert col.n_reference == n_ref and col.n_current == n_cur
 
 
+def test_ks_pvalue_of_large_samples_is_kolmogorovs_limit_close_to_scipy():
+    rng = np.random.default_rng(3)
+    ref, cur = rng.normal(0.0, 1.0, 500_000), rng.normal(0.004, 1.0, 500_000)
+    col = data_drift(pd.DataFrame({"x": ref}), pd.DataFrame({"x": cur})).column("x")
+    expected = stats.ks_2samp(ref, cur, method="asymp")
+    assert col.ks == pytest.approx(float(expected.statistic), rel=1e-12)
+    assert col.ks_pvalue == pytest.approx(float(expected.pvalue), rel=0.01)
+
+
 @pytest.mark.filterwarnings(EXACT_KS_FALLBACK)
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
