@@ -27,6 +27,7 @@ TIER_RESTORED = "concord.tier.restored"
 TIER_VIOLATION = "concord.tier.violation"
 DRILL_COMPLETED = "concord.drill.completed"
 DRILL_FAILED = "concord.drill.failed"
+CHECKPOINT_CREATED = "concord.checkpoint.created"
 
 
 def snapshot_resource(root: str) -> str:

@@ -1,0 +1,325 @@
+"""Watching folders and S3 prefixes for checkpoints that have finished being written.
+
+A *source* is a local folder or an ``s3://bucket/prefix`` whose immediate subfolders are
+checkpoints (``runs/llama/step-0100``). :meth:`Watcher.scan` returns the checkpoints that became
+complete since the last scan, as :class:`Announcement` records, and remembers them in a small
+JSON state file (written atomically), so a restarted watcher does not announce them again.
+
+Complete means, for a local folder, that :func:`~concord.tiering.engine.checkpoint_ready`
+passes (marker present, no half-written files, whole safetensors files, sizes stable). For an
+S3 subfolder it means the completion marker object exists under it or, without a marker, that
+at least one ``*.safetensors`` object exists and no object changed (size, ETag, LastModified)
+between two scans at least ``settle_seconds`` apart.
+
+A checkpoint is identified by its path and its *fingerprint*, a hash of its sorted
+``(relative name, size)`` list (the marker left out). The same checkpoint is announced once; one
+whose fingerprint changed under the same path is announced again with ``changed=True``.
+
+This module is plain Python: the entry point that sends the announcements as Prefect events
+lives with the deployments.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import re
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from typing import Any, Callable, Iterable
+
+from concord.errors import CheckpointNotReadyError, ConcordError
+
+log = logging.getLogger(__name__)
+
+STATE_VERSION = 1
+
+
+class WatchStateError(ConcordError, ValueError):
+    """The watcher's state file cannot be read as watcher state."""
+
+    def __init__(self, path: str, problem: str) -> None:
+        self.path = str(path)
+        self.problem = problem
+        super().__init__(
+            f"watcher state file {path} is unusable: {problem}. Fix it, or delete it (every complete "
+            "checkpoint is then announced again; the flows they trigger are idempotent)."
+        )
+
+
+@dataclass(frozen=True)
+class Announcement:
+    """A checkpoint that has become complete (or changed since it was last announced)."""
+
+    source: str
+    store: str  # "local" or "s3"
+    path: str  # the checkpoint folder, or its s3:// URI
+    name: str
+    step: int | None
+    model: str
+    bytes: int
+    files: int
+    fingerprint: str
+    changed: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def fingerprint(entries: Iterable[tuple[str, int]]) -> str:
+    """A stable hash of ``(relative name, size)`` pairs, whatever their order."""
+    h = hashlib.sha256()
+    for rel, size in sorted((str(r), int(s)) for r, s in entries):
+        h.update(json.dumps([rel, size]).encode())
+        h.update(b"\n")
+    return h.hexdigest()
+
+
+def step_of(name: str) -> int | None:
+    """The trailing digits of a checkpoint's name (``step-0100`` → 100), or None."""
+    m = re.search(r"(\d+)$", name)
+    return int(m.group(1)) if m else None
+
+
+# --------------------------------------------------------------------------- state file
+
+
+def _load_state(path: str) -> dict[str, dict[str, Any]]:
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except FileNotFoundError:
+        return {}
+    except OSError as exc:
+        raise WatchStateError(path, f"cannot be read ({exc})") from exc
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        raise WatchStateError(path, f"not JSON ({exc})") from exc
+    if not isinstance(data, dict) or data.get("version") != STATE_VERSION:
+        raise WatchStateError(path, f"not a version {STATE_VERSION} watcher state object")
+    announced = data.get("announced")
+    if not isinstance(announced, dict) or not all(
+        isinstance(v, dict) and isinstance(v.get("fingerprint"), str) for v in announced.values()
+    ):
+        raise WatchStateError(path, "'announced' must map each checkpoint path to {'fingerprint': ...}")
+    return announced
+
+
+def _save_state(path: str, announced: dict[str, dict[str, Any]]) -> None:
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".watch-state-", suffix=".tmp", dir=folder)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump({"version": STATE_VERSION, "announced": announced}, f, indent=1, sort_keys=True)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+# --------------------------------------------------------------------------- sources
+
+
+@dataclass(frozen=True)
+class _Candidate:
+    name: str
+    path: str
+    entries: dict[str, tuple]  # relative name -> (size, ...more to detect change)
+
+
+class Watcher:
+    """Find checkpoints that became complete under ``sources`` since the last scan."""
+
+    def __init__(
+        self,
+        sources: list[str],
+        *,
+        state_path: str,
+        marker: str | None = "COMPLETE",
+        settle_seconds: float = 2.0,
+        model: str | None = None,
+        endpoint_url: str | None = None,
+        sleep: Callable[[float], None] = time.sleep,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if not sources:
+            raise ValueError("give at least one folder or s3:// prefix to watch")
+        if settle_seconds < 0:
+            raise ValueError(f"settle_seconds must be zero or more, got {settle_seconds!r}")
+        self.sources = [s if s.startswith("s3://") else os.path.abspath(os.path.expanduser(s)) for s in sources]
+        self.state_path = os.fspath(state_path)
+        self.marker = marker or None
+        self.settle_seconds = float(settle_seconds)
+        self.model = model
+        self.endpoint_url = endpoint_url
+        self._sleep = sleep
+        self._clock = clock
+        self._announced = _load_state(self.state_path)  # fails now, not at the first scan
+        self._s3_seen: dict[str, tuple[tuple, float]] = {}  # path -> (listing, first seen)
+        self._s3_stores: dict[str, Any] = {}
+
+    @property
+    def pending(self) -> int:
+        """S3 checkpoints (without a marker) seen once and waiting for a second, settled look."""
+        return len(self._s3_seen)
+
+    def close(self) -> None:
+        for store in self._s3_stores.values():
+            store.close()
+        self._s3_stores.clear()
+
+    def scan(self) -> list[Announcement]:
+        """The checkpoints newly complete (or changed) since the last scan; recorded as announced."""
+        out: list[Announcement] = []
+        for source in self.sources:
+            if source.startswith("s3://"):
+                out.extend(self._scan_s3(source))
+            else:
+                out.extend(self._scan_local(source))
+        if out:
+            for a in out:
+                self._announced[a.path] = {
+                    "fingerprint": a.fingerprint,
+                    "name": a.name,
+                    "model": a.model,
+                    "announced_at": time.time(),
+                }
+            _save_state(self.state_path, self._announced)
+        return out
+
+    # ------------------------------------------------------------------ shared
+
+    def _model_for(self, source: str) -> str:
+        if self.model:
+            return self.model
+        if source.startswith("s3://"):
+            from concord.stores import parse_s3_uri
+
+            bucket, prefix = parse_s3_uri(source)
+            return prefix.rsplit("/", 1)[-1] if prefix else bucket
+        return os.path.basename(source.rstrip(os.sep)) or source
+
+    def _content(self, entries: dict[str, tuple]) -> list[tuple[str, int]]:
+        return [(rel, int(v[0])) for rel, v in entries.items() if rel != self.marker]
+
+    def _announcement(self, source: str, kind: str, c: _Candidate, fp: str) -> Announcement:
+        content = self._content(c.entries)
+        previous = self._announced.get(c.path)
+        return Announcement(
+            source=source,
+            store=kind,
+            path=c.path,
+            name=c.name,
+            step=step_of(c.name),
+            model=self._model_for(source),
+            bytes=sum(size for _, size in content),
+            files=len(content),
+            fingerprint=fp,
+            changed=previous is not None,
+        )
+
+    def _already(self, c: _Candidate) -> tuple[bool, str]:
+        fp = fingerprint(self._content(c.entries))
+        previous = self._announced.get(c.path)
+        return previous is not None and previous["fingerprint"] == fp, fp
+
+    # ------------------------------------------------------------------ local folders
+
+    def _scan_local(self, source: str) -> list[Announcement]:
+        from concord.tiering.engine import checkpoint_ready
+
+        try:
+            names = sorted(e.name for e in os.scandir(source) if e.is_dir() and not e.name.startswith("."))
+        except FileNotFoundError:
+            log.warning("watched folder %s does not exist (yet)", source)
+            return []
+        out = []
+        for name in names:
+            path = os.path.join(source, name)
+            seen, _ = self._already(_Candidate(name, path, _list_local(path)))
+            if seen:
+                continue
+            try:
+                scan = checkpoint_ready(path, marker=self.marker, settle_seconds=self.settle_seconds, sleep=self._sleep)
+            except CheckpointNotReadyError as exc:
+                log.debug("not yet: %s", exc.reason)
+                continue
+            except FileNotFoundError:
+                continue  # removed while we looked
+            c = _Candidate(name, path, {rel.replace(os.sep, "/"): v for rel, v in scan.items()})
+            seen, fp = self._already(c)
+            if not seen:
+                out.append(self._announcement(source, "local", c, fp))
+        return out
+
+    # ------------------------------------------------------------------ S3 prefixes
+
+    def _store(self, source: str):
+        store = self._s3_stores.get(source)
+        if store is None:
+            from concord.stores import parse_s3_uri
+            from concord.stores.s3 import S3ObjectStore
+
+            bucket, prefix = parse_s3_uri(source)
+            store = self._s3_stores[source] = S3ObjectStore(bucket, prefix, endpoint_url=self.endpoint_url)
+        return store
+
+    def _scan_s3(self, source: str) -> list[Announcement]:
+        store = self._store(source)
+        base = f"{store.prefix}/" if store.prefix else ""
+        with store._translate("list", base or "/"):
+            client = store._client()
+            pages = client.get_paginator("list_objects_v2").paginate(Bucket=store.bucket, Prefix=base, Delimiter="/")
+            subfolders = [p["Prefix"] for page in pages for p in page.get("CommonPrefixes", ())]
+        out = []
+        now = self._clock()
+        for sub in sorted(subfolders):
+            name = sub[len(base) :].rstrip("/")
+            path = f"s3://{store.bucket}/{sub.rstrip('/')}"
+            entries: dict[str, tuple] = {}
+            with store._translate("list", sub):
+                for page in client.get_paginator("list_objects_v2").paginate(Bucket=store.bucket, Prefix=sub):
+                    for obj in page.get("Contents", ()):
+                        if not obj["Key"].endswith("/"):
+                            rel = obj["Key"][len(sub) :]
+                            entries[rel] = (int(obj.get("Size", 0)), obj.get("ETag"), obj["LastModified"].isoformat())
+            c = _Candidate(name, path, entries)
+            seen, fp = self._already(c)
+            if seen or not self._content(entries):
+                self._s3_seen.pop(path, None)
+                continue
+            if self.marker:
+                if self.marker in entries:
+                    out.append(self._announcement(source, "s3", c, fp))
+                continue
+            if not any(rel.endswith(".safetensors") for rel in entries):
+                self._s3_seen.pop(path, None)
+                continue
+            listing = tuple(sorted(entries.items()))
+            before = self._s3_seen.get(path)
+            if before is not None and before[0] == listing and now - before[1] >= self.settle_seconds:
+                del self._s3_seen[path]
+                out.append(self._announcement(source, "s3", c, fp))
+            elif before is None or before[0] != listing:
+                self._s3_seen[path] = (listing, now)
+        return out
+
+
+def _list_local(path: str) -> dict[str, tuple]:
+    out: dict[str, tuple] = {}
+    for dirpath, _, filenames in os.walk(path, followlinks=True):
+        for fn in filenames:
+            full = os.path.join(dirpath, fn)
+            try:
+                size = os.stat(full).st_size
+            except FileNotFoundError:
+                continue
+            out[os.path.relpath(full, path).replace(os.sep, "/")] = (size,)
+    return out
