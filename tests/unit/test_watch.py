@@ -167,3 +167,32 @@ def test_the_entry_point_refuses_a_corrupt_state_file(tmp_path):
         cwd=ROOT, capture_output=True, text=True, timeout=120,
     )
     assert out.returncode == 2 and "state.json is unusable" in out.stderr
+
+
+def test_the_loop_stops_cleanly_on_sigterm(tmp_path):
+    import signal
+    import time
+
+    folder = checkpoint(tmp_path)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
+    env.update(PREFECT_HOME=str(tmp_path / "prefect"), PREFECT_SERVER_ANALYTICS_ENABLED="false",
+               PYTHONPATH=str(ROOT))
+    state = tmp_path / "state.json"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "deployments.watcher", "--watch", str(folder.parent), "--state", str(state), "--interval", "0.2"],
+        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not state.exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        time.sleep(0.5)  # a few more scans: nothing more to announce
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, err
+    assert [json.loads(line)["name"] for line in out.splitlines()] == ["step-0100"]
+    assert "SIGTERM: stopping after the current scan" in err
