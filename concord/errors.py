@@ -611,3 +611,18 @@ class ModelCardError(ConcordError, ValueError):
             f"model card {where}: {problem}. Fix the file: README.md front matter is a YAML mapping between "
             "two '---' lines at the very top; card.json and model_card.json hold one JSON object."
         )
+
+
+# --------------------------------------------------------------------------- checkpoint watcher
+
+
+class WatchStateError(ConcordError, ValueError):
+    """The watcher's state file cannot be read as watcher state."""
+
+    def __init__(self, path: str, problem: str) -> None:
+        self.path = str(path)
+        self.problem = problem
+        super().__init__(
+            f"watcher state file {path} is unusable: {problem}. Fix it, or delete it (every complete "
+            "checkpoint is then announced again; the flows they trigger are idempotent)."
+        )

@@ -31,23 +31,11 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any, Callable, Iterable
 
-from concord.errors import CheckpointNotReadyError, ConcordError
+from concord.errors import CheckpointNotReadyError, WatchStateError
 
 log = logging.getLogger(__name__)
 
 STATE_VERSION = 1
-
-
-class WatchStateError(ConcordError, ValueError):
-    """The watcher's state file cannot be read as watcher state."""
-
-    def __init__(self, path: str, problem: str) -> None:
-        self.path = str(path)
-        self.problem = problem
-        super().__init__(
-            f"watcher state file {path} is unusable: {problem}. Fix it, or delete it (every complete "
-            "checkpoint is then announced again; the flows they trigger are idempotent)."
-        )
 
 
 @dataclass(frozen=True)
