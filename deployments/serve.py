@@ -1,0 +1,338 @@
+"""Run Concord for real on one machine, and stop exactly what was started.
+
+    python -m deployments.serve [--dir data/serve] start [--port 4200] [--watch DIR ...] [--interval 30]
+    python -m deployments.serve [--dir data/serve] status
+    python -m deployments.serve [--dir data/serve] stop [--timeout 15]
+
+``start`` uses the Prefect server at ``$PREFECT_API_URL`` when it is set, otherwise starts
+``prefect server start`` on 127.0.0.1 (its home, database included, under ``<dir>/prefect``,
+analytics off) and waits until it is healthy. Then it creates the ``concord-process`` work pool
+if missing, registers the project's blocks, deploys everything in ``prefect.yaml``, and starts a
+process worker and the checkpoint watcher. Every process it starts runs in its own process group,
+logs to ``<dir>/logs/<name>.log`` and is recorded (pid, start time, command, log) in
+``<dir>/processes.json`` the moment it starts, so ``stop`` can end it even after a failed start.
+
+``stop`` ends only the recorded processes (their process groups: SIGTERM, then SIGKILL after the
+timeout) and removes the record. A recorded pid that is no longer the recorded process (it exited,
+and the number may since belong to someone else) is left alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Mapping, Sequence
+
+PROJECT_DIR = Path(__file__).resolve().parent.parent
+DEFAULT_DIR = PROJECT_DIR / "data" / "serve"
+DEFAULT_WATCH = PROJECT_DIR / "data" / "checkpoints"
+WORK_POOL = "concord-process"
+RECORD = "processes.json"
+
+
+class ServeError(RuntimeError):
+    """A step of ``start`` failed; the message says which and where its output is."""
+
+
+# ----------------------------------------------------------------------------- the record
+
+
+@dataclass(frozen=True)
+class Started:
+    """One process started by ``start``: enough to find it again, and only it."""
+
+    name: str
+    pid: int
+    command: list[str]
+    log: str
+    started_at: float | None  # the kernel's start time of the pid (None where it cannot be read)
+
+
+def _proc_start_time(pid: int) -> float | None:
+    """The start time of ``pid`` in clock ticks since boot (Linux), None where unknown."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat[stat.rindex(")") + 2 :].split()
+    return float(fields[19])  # field 22 of stat(5), counted after the command name
+
+
+def _proc_state(pid: int) -> str | None:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat[stat.rindex(")") + 2]
+
+
+def is_alive(p: Started) -> bool:
+    """True while the recorded process itself runs: the pid exists, is no zombie, and (where the
+    start time can be read) started when the recorded one did."""
+    try:
+        os.kill(p.pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return False  # not ours: a pid reused by another user's process
+    if _proc_state(p.pid) == "Z":
+        return False
+    if p.started_at is not None and _proc_start_time(p.pid) != p.started_at:
+        return False  # the pid now belongs to another process
+    return True
+
+
+def read_record(state_dir: Path) -> dict:
+    path = Path(state_dir) / RECORD
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        return {"processes": []}
+    except ValueError as exc:
+        raise ServeError(f"{path} is not valid JSON ({exc}); stop the processes by hand and remove it") from exc
+    data["processes"] = [Started(**p) for p in data.get("processes", [])]
+    return data
+
+
+def write_record(state_dir: Path, data: Mapping) -> None:
+    """Write the record atomically (temp name in the same folder, then rename)."""
+    state_dir = Path(state_dir)
+    state_dir.mkdir(parents=True, exist_ok=True)
+    out = dict(data, processes=[asdict(p) for p in data.get("processes", [])])
+    fd, tmp = tempfile.mkstemp(prefix=f".{RECORD}.", dir=state_dir)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(out, f, indent=2)
+        os.replace(tmp, state_dir / RECORD)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def spawn(state_dir: Path, name: str, command: Sequence[str], *, env: Mapping[str, str] | None = None,
+          cwd: Path | None = None) -> Started:
+    """Start ``command`` in its own process group, logging to ``logs/<name>.log``, and add it to
+    the record before returning."""
+    state_dir = Path(state_dir)
+    logs = state_dir / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    log_path = logs / f"{name}.log"
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen(list(command), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True, env=dict(env) if env is not None else None, cwd=cwd)
+    started = Started(name, proc.pid, list(command), str(log_path), _proc_start_time(proc.pid))
+    data = read_record(state_dir)
+    data["processes"] = [*data["processes"], started]
+    write_record(state_dir, data)
+    return started
+
+
+def _group_exists(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except (ProcessLookupError, PermissionError):
+        return False
+    return True
+
+
+def terminate(p: Started, *, timeout: float = 15.0) -> str:
+    """End a recorded process and its process group; what happened, in a word."""
+    if not is_alive(p):
+        return "not running"
+    try:
+        group = os.getpgid(p.pid)
+    except ProcessLookupError:
+        return "not running"
+    own_group = group == p.pid  # started with start_new_session: the group is the process's own
+    kill = (lambda sig: os.killpg(group, sig)) if own_group else (lambda sig: os.kill(p.pid, sig))
+    try:
+        kill(signal.SIGTERM)
+    except ProcessLookupError:
+        return "not running"
+    deadline = time.monotonic() + timeout
+    while is_alive(p) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    how = "stopped"
+    if is_alive(p):
+        how = "killed"
+    if is_alive(p) or (own_group and _group_exists(group)):  # the process, or children it left
+        try:
+            kill(signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return how
+
+
+def stop_all(state_dir: Path, *, timeout: float = 15.0, out=sys.stdout) -> int:
+    """Stop every recorded process, the last started first, and remove the record."""
+    state_dir = Path(state_dir)
+    data = read_record(state_dir)
+    if not data["processes"]:
+        print("nothing recorded as started: nothing to stop", file=out)
+    for p in reversed(data["processes"]):
+        print(f"{p.name} (pid {p.pid}): {terminate(p, timeout=timeout)}", file=out)
+    (state_dir / RECORD).unlink(missing_ok=True)
+    return 0
+
+
+def status(state_dir: Path, *, out=sys.stdout) -> int:
+    """Print the recorded processes and whether each still runs; 0 when all run, 3 otherwise."""
+    data = read_record(state_dir)
+    if not data["processes"]:
+        print("not running (nothing recorded)", file=out)
+        return 3
+    if data.get("ui_url"):
+        print(f"Prefect UI: {data['ui_url']}", file=out)
+    alive = [is_alive(p) for p in data["processes"]]
+    for p, up in zip(data["processes"], alive):
+        print(f"{p.name:<10} pid {p.pid:<8} {'running' if up else 'dead':<8} log {p.log}", file=out)
+    return 0 if all(alive) else 3
+
+
+# ----------------------------------------------------------------------------- start
+
+
+def _healthy(api_url: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"{api_url.rstrip('/')}/health", timeout=2) as resp:
+            return resp.status == 200
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+def _wait_healthy(api_url: str, p: Started | None, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not _healthy(api_url):
+        if p is not None and not is_alive(p):
+            raise ServeError(f"the Prefect server exited; see {p.log}")
+        if time.monotonic() > deadline:
+            raise ServeError(f"no healthy Prefect API at {api_url} after {timeout:.0f} s" + (f"; see {p.log}" if p else ""))
+        time.sleep(0.5)
+
+
+def _run(state_dir: Path, name: str, command: Sequence[str], env: Mapping[str, str], *, check: bool = True) -> int:
+    """Run a one-off command to completion, its output appended to ``logs/<name>.log``."""
+    log_path = Path(state_dir) / "logs" / f"{name}.log"
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "ab") as log:
+        rc = subprocess.run(list(command), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                            env=dict(env), cwd=PROJECT_DIR).returncode
+    if check and rc != 0:
+        raise ServeError(f"`{' '.join(command)}` failed with exit code {rc}; see {log_path}")
+    return rc
+
+
+def _prefect() -> str:
+    exe = Path(sys.executable).parent / "prefect"
+    return str(exe) if exe.exists() else "prefect"
+
+
+def start(state_dir: Path, *, port: int = 4200, watch: Sequence[str] = (), interval: float = 30.0,
+          server_timeout: float = 120.0, out=sys.stdout) -> int:
+    state_dir = Path(state_dir).resolve()
+    data = read_record(state_dir)
+    running = [p for p in data["processes"] if is_alive(p)]
+    if running:
+        print(f"already running ({', '.join(p.name for p in running)}); UI at {data.get('ui_url')}. "
+              "`make stop` first to start again.", file=out)
+        return 0
+    if data["processes"]:  # a stale record: everything in it has exited
+        print("removing the record of processes that are no longer running", file=out)
+    write_record(state_dir, {"processes": []})
+
+    env = dict(os.environ, CONCORD_PROJECT_DIR=str(PROJECT_DIR), PREFECT_SERVER_ANALYTICS_ENABLED="false")
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PROJECT_DIR), env.get("PYTHONPATH")]))
+    prefect = _prefect()
+    try:
+        server = None
+        if env.get("PREFECT_API_URL"):
+            api_url = env["PREFECT_API_URL"].rstrip("/")
+            ui_url = api_url[: -len("/api")] if api_url.endswith("/api") else api_url
+            print(f"using the Prefect server at {api_url}", file=out)
+        else:
+            env["PREFECT_HOME"] = str(state_dir / "prefect")
+            api_url, ui_url = f"http://127.0.0.1:{port}/api", f"http://127.0.0.1:{port}"
+            if _healthy(api_url):
+                raise ServeError(f"a Prefect server already answers on port {port} and was not started here: "
+                                 f"set PREFECT_API_URL={api_url} to use it, or pass --port")
+            env["PREFECT_API_URL"] = api_url
+            print(f"starting a Prefect server on 127.0.0.1:{port}", file=out)
+            server = spawn(state_dir, "server", [prefect, "server", "start", "--host", "127.0.0.1", "--port", str(port)],
+                           env=env, cwd=state_dir)
+        write_record(state_dir, dict(read_record(state_dir), api_url=api_url, ui_url=ui_url))
+        _wait_healthy(api_url, server, server_timeout)
+
+        if _run(state_dir, "setup", [prefect, "work-pool", "inspect", WORK_POOL], env, check=False) != 0:
+            print(f"creating the work pool {WORK_POOL}", file=out)
+            _run(state_dir, "setup", [prefect, "work-pool", "create", WORK_POOL, "--type", "process"], env)
+        print("registering blocks", file=out)
+        _run(state_dir, "setup", [prefect, "block", "register", "-m", "blocks"], env)
+        print("deploying everything in prefect.yaml", file=out)
+        _run(state_dir, "setup", [prefect, "--no-prompt", "deploy", "--all"], env)
+
+        print(f"starting a worker on {WORK_POOL}", file=out)
+        spawn(state_dir, "worker", [prefect, "worker", "start", "--pool", WORK_POOL], env=env, cwd=PROJECT_DIR)
+        watched = [str(Path(w).resolve()) for w in watch] or [str(DEFAULT_WATCH)]
+        for w in watched:
+            if "://" not in w:
+                Path(w).mkdir(parents=True, exist_ok=True)
+        print(f"starting the checkpoint watcher on {', '.join(watched)}", file=out)
+        spawn(state_dir, "watcher",
+              [sys.executable, "-m", "deployments.watcher", *(a for w in watched for a in ("--watch", w)),
+               "--state", str(state_dir / "watcher-state.json"), "--interval", str(interval)],
+              env=env, cwd=PROJECT_DIR)
+        time.sleep(1.0)
+        dead = [p.name for p in read_record(state_dir)["processes"] if not is_alive(p)]
+        if dead:
+            raise ServeError(f"{', '.join(dead)} exited right after starting; see {state_dir / 'logs'}")
+    except (ServeError, KeyboardInterrupt) as exc:
+        print(f"start failed: {exc}; stopping what was started", file=out)
+        stop_all(state_dir, out=out)
+        return 1
+    print(f"Concord is running. Prefect UI: {ui_url}  (logs in {state_dir / 'logs'}; `make stop` ends it)", file=out)
+    return 0
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m deployments.serve", description=__doc__.split("\n\n")[0])
+    p.add_argument("--dir", type=Path, default=DEFAULT_DIR,
+                   help="where the record, the logs, the watcher state and the server's home go (default data/serve)")
+    sub = p.add_subparsers(dest="action", required=True)
+    s = sub.add_parser("start", help="start (or reuse) a Prefect server, deploy, start a worker and the watcher")
+    s.add_argument("--port", type=int, default=int(os.environ.get("CONCORD_SERVE_PORT", "4200")),
+                   help="port of the Prefect server started here (default 4200, or $CONCORD_SERVE_PORT)")
+    s.add_argument("--watch", action="append", default=[], metavar="PATH_OR_S3_PREFIX",
+                   help="what the watcher watches (repeatable; default data/checkpoints)")
+    s.add_argument("--interval", type=float, default=30.0, help="seconds between the watcher's scans (default 30)")
+    s.add_argument("--server-timeout", type=float, default=120.0, help="seconds to wait for the server (default 120)")
+    t = sub.add_parser("stop", help="stop every process start started, and only those")
+    t.add_argument("--timeout", type=float, default=15.0, help="seconds between SIGTERM and SIGKILL (default 15)")
+    sub.add_parser("status", help="list the processes start started and whether each runs")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        if args.action == "start":
+            return start(args.dir, port=args.port, watch=args.watch, interval=args.interval, server_timeout=args.server_timeout)
+        if args.action == "stop":
+            return stop_all(args.dir, timeout=args.timeout)
+        return status(args.dir)
+    except ServeError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

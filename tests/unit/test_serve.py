@@ -1,0 +1,154 @@
+"""The bookkeeping of ``python -m deployments.serve``: what ``start`` records is what ``stop`` ends,
+and nothing else. The processes here are ``sleep``s the tests start themselves."""
+
+from __future__ import annotations
+
+import io
+import json
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from deployments import serve
+
+SLEEP = ["sleep", "300"]
+
+
+def _reap(started: serve.Started) -> None:
+    """The sleeps are children of this process: collect their exit status once they end."""
+    import os
+
+    try:
+        os.waitpid(started.pid, os.WNOHANG)
+    except ChildProcessError:
+        pass
+
+
+def _wait_dead(started: serve.Started, timeout: float = 10) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        _reap(started)
+        if not serve.is_alive(started):
+            return True
+        time.sleep(0.05)
+    return False
+
+
+@pytest.fixture
+def state(tmp_path):
+    yield tmp_path / "serve"
+    # whatever a failing test left running
+    for p in serve.read_record(tmp_path / "serve")["processes"]:
+        serve.terminate(p, timeout=2)
+        _reap(p)
+
+
+def test_spawn_records_each_process_with_its_log(state):
+    a = serve.spawn(state, "one", [sys.executable, "-c", "print('hello', flush=True); import time; time.sleep(300)"])
+    b = serve.spawn(state, "two", SLEEP)
+    record = json.loads((state / serve.RECORD).read_text())
+    assert [p["name"] for p in record["processes"]] == ["one", "two"]
+    assert [p["pid"] for p in record["processes"]] == [a.pid, b.pid]
+    assert record["processes"][1]["command"] == SLEEP
+    assert serve.is_alive(a) and serve.is_alive(b)
+    deadline = time.monotonic() + 10
+    while "hello" not in (state / "logs" / "one.log").read_text() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert "hello" in (state / "logs" / "one.log").read_text()
+
+
+def test_stop_ends_recorded_processes_and_removes_the_record(state):
+    started = [serve.spawn(state, f"p{i}", SLEEP) for i in range(3)]
+    out = io.StringIO()
+    assert serve.stop_all(state, timeout=5, out=out) == 0
+    assert all(_wait_dead(p) for p in started)
+    assert not (state / serve.RECORD).exists()
+    assert out.getvalue().count("stopped") == 3
+
+
+def test_stop_ends_the_whole_process_group(state, tmp_path):
+    # a shell that starts a child of its own and waits: the child must go too
+    pid_file = tmp_path / "child.pid"
+    shell = serve.spawn(state, "shell", ["sh", "-c", f"sleep 300 & echo $! > {pid_file}.tmp; mv {pid_file}.tmp {pid_file}; wait"])
+    deadline = time.monotonic() + 10
+    while not pid_file.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    child = int(pid_file.read_text())
+    child_rec = serve.Started("child", child, SLEEP, "", serve._proc_start_time(child))
+    serve.stop_all(state, timeout=5, out=io.StringIO())
+    assert _wait_dead(shell)
+    assert _wait_dead(child_rec)
+
+
+def test_stop_never_touches_an_unrecorded_process(state):
+    recorded = serve.spawn(state, "recorded", SLEEP)
+    bystander = subprocess.Popen(SLEEP, start_new_session=True)
+    try:
+        serve.stop_all(state, timeout=5, out=io.StringIO())
+        assert _wait_dead(recorded)
+        time.sleep(0.2)
+        assert bystander.poll() is None
+    finally:
+        bystander.kill()
+        bystander.wait()
+
+
+def test_sigkill_after_the_timeout_when_sigterm_is_ignored(state):
+    stubborn = serve.spawn(state, "stubborn", [sys.executable, "-c",
+                           "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('ready', flush=True); time.sleep(300)"])
+    deadline = time.monotonic() + 10
+    while "ready" not in (state / "logs" / "stubborn.log").read_text() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    out = io.StringIO()
+    serve.stop_all(state, timeout=0.5, out=out)
+    assert _wait_dead(stubborn)
+    assert "killed" in out.getvalue()
+
+
+def test_a_stale_record_of_a_dead_pid_is_left_alone(state):
+    gone = serve.spawn(state, "gone", ["true"])
+    assert _wait_dead(gone)
+    out = io.StringIO()
+    assert serve.status(state, out=out) == 3
+    assert "dead" in out.getvalue()
+    assert serve.stop_all(state, timeout=1, out=out) == 0
+    assert "not running" in out.getvalue()
+    assert not (state / serve.RECORD).exists()
+
+
+def test_a_reused_pid_is_not_the_recorded_process(state):
+    # the pid runs, but it started at another time than the recorded process: not ours
+    bystander = subprocess.Popen(SLEEP, start_new_session=True)
+    try:
+        started_at = serve._proc_start_time(bystander.pid)
+        if started_at is None:
+            pytest.skip("process start times are not readable here")
+        impostor = serve.Started("server", bystander.pid, SLEEP, "", started_at - 1)
+        serve.write_record(state, {"processes": [impostor]})
+        assert not serve.is_alive(impostor)
+        serve.stop_all(state, timeout=1, out=io.StringIO())
+        time.sleep(0.2)
+        assert bystander.poll() is None
+    finally:
+        bystander.send_signal(signal.SIGKILL)
+        bystander.wait()
+
+
+def test_start_when_already_running_says_so_and_starts_nothing(state):
+    serve.spawn(state, "server", SLEEP)
+    before = (state / serve.RECORD).read_text()
+    out = io.StringIO()
+    assert serve.start(state, out=out) == 0
+    assert "already running" in out.getvalue()
+    assert json.loads((state / serve.RECORD).read_text())["processes"] == json.loads(before)["processes"]
+
+
+def test_status_lists_running_processes(state):
+    serve.spawn(state, "worker", SLEEP)
+    out = io.StringIO()
+    assert serve.status(state, out=out) == 0
+    assert "worker" in out.getvalue() and "running" in out.getvalue()
+    assert serve.status(state / "elsewhere", out=io.StringIO()) == 3
