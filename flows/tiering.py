@@ -9,6 +9,8 @@ drill, it only leaves a warning.
 
 from __future__ import annotations
 
+import os
+import re
 from typing import Annotated, Literal
 
 from prefect import flow
@@ -32,10 +34,11 @@ Policy = Annotated[
     str,
     Field(min_length=1, description="The tier policy: a YAML file, or block:NAME of a saved Concord Tier Policy block."),
 ]
+NAME_PATTERN = r"^[A-Za-z0-9_-][A-Za-z0-9._-]{0,127}$"
 CheckpointName = Annotated[
     str,
     Field(
-        pattern=r"^[A-Za-z0-9_-][A-Za-z0-9._-]{0,127}$",
+        pattern=NAME_PATTERN,
         description="The checkpoint's name in every tier (letters, digits, '.', '_' or '-').",
     ),
 ]
@@ -49,6 +52,46 @@ class TieringFailed(RuntimeError):
 
 class DrillFailed(RuntimeError):
     """A restore drill missed an objective, could not restore, or found damage (see its report)."""
+
+
+class BadCheckpointArguments(ValueError):
+    """tier-checkpoints was given a checkpoint it cannot take in (typically a malformed
+    ``concord.checkpoint.created`` event whose payload was templated into the parameters)."""
+
+    def __init__(self, problems: list[str]):
+        self.problems = problems
+        super().__init__(
+            "tier-checkpoints refused its parameters before touching any store: " + "; ".join(problems)
+            + ". If an event started this run, check the payload the checkpoint watcher sent "
+            "(path, name, step); otherwise run it again with a finished local checkpoint folder."
+        )
+
+
+def check_checkpoint_arguments(checkpoint_dir: object, name: object, step: object) -> None:
+    """Refuse, with every reason at once, a checkpoint that cannot be taken in.
+
+    ``checkpoint_dir`` must be an absolute path of an existing local folder (an S3 URI or a
+    relative path is refused: the worker's working folder is not the watcher's), ``name`` a
+    checkpoint name, ``step`` a non-negative integer. Empty values mean "not given"; a name or
+    step without a folder is refused, since a sweep has no use for them.
+    """
+    problems = []
+    given = checkpoint_dir not in (None, "")
+    if given:
+        if not isinstance(checkpoint_dir, str):
+            problems.append(f"checkpoint_dir must be a folder path, got {type(checkpoint_dir).__name__} {checkpoint_dir!r}")
+        elif "://" in checkpoint_dir or not os.path.isabs(checkpoint_dir):
+            problems.append(f"checkpoint_dir must be an absolute local folder path, got {checkpoint_dir!r}")
+        elif not os.path.isdir(checkpoint_dir):
+            problems.append(f"checkpoint_dir {checkpoint_dir!r} is not a folder on this worker")
+    if name not in (None, "") and not (isinstance(name, str) and re.fullmatch(NAME_PATTERN, name)):
+        problems.append(f"name must be a checkpoint name (letters, digits, '.', '_' or '-'; at most 128), got {name!r}")
+    if step is not None and (isinstance(step, bool) or not isinstance(step, int) or step < 0):
+        problems.append(f"step must be a non-negative integer, got {type(step).__name__} {step!r}")
+    if not given and (name not in (None, "") or step is not None):
+        problems.append("name and step only apply with a checkpoint_dir, which is empty")
+    if problems:
+        raise BadCheckpointArguments(problems)
 
 
 def _mark(tier: dict) -> str:
@@ -143,6 +186,7 @@ def tier_checkpoints(
         tracking_uri: MLflow tracking URI; empty for the worker's MLFLOW_TRACKING_URI (else the
             embedded sqlite database).
     """
+    check_checkpoint_arguments(checkpoint_dir, name, step)
     pinned = promoted_roots_task(tracking_uri or None) if pin_promoted else []
     added = None
     if checkpoint_dir:

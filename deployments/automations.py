@@ -1,0 +1,198 @@
+"""Concord's Prefect automations, declared as code.
+
+    python -m deployments.automations [--dry-run | --apply] [--notify BLOCK]
+
+Three automations, one per event that needs a person:
+
+    concord: P0 drift              concord.drift.detected with concord.priority P0
+    concord: restore drill failed  concord.drill.failed
+    concord: replication failed    concord.replica.failed
+
+``--notify`` names a saved notification block as ``<block type slug>/<name>`` (for example
+``slack-webhook/oncall`` or ``email/sre``; default ``$CONCORD_NOTIFY_BLOCK``): each automation then
+sends it a message. Without one, each automation's action is Prefect's ``do-nothing``, which is
+available on every server: the automation still fires and is listed, with the event that
+triggered it, in the UI's event feed (``prefect.automation.triggered``), so it is visible until a
+block is set up and the automations are applied again.
+
+``--dry-run`` (the default) prints the automations as JSON. ``--apply`` creates or updates them on
+the server at ``PREFECT_API_URL``, by name: applying twice updates each automation in place and
+never duplicates it (extra copies of one name, left by hand, are deleted).
+
+The event triggers of deployments (a new checkpoint starts snapshot-and-replicate and
+tier-checkpoints) are declared in ``prefect.yaml`` instead and created by ``prefect deploy``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+from uuid import UUID
+
+if TYPE_CHECKING:
+    from prefect.client.orchestration import SyncPrefectClient
+    from prefect.events.schemas.automations import AutomationCore
+
+NOTIFY_ENV = "CONCORD_NOTIFY_BLOCK"
+
+DRIFT_DETECTED = "concord.drift.detected"
+DRILL_FAILED = "concord.drill.failed"
+REPLICA_FAILED = "concord.replica.failed"
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One automation: which events fire it, and the message a notification carries."""
+
+    name: str
+    description: str
+    event: str
+    match: dict[str, str]
+    subject: str
+    body: str
+
+
+RULES: tuple[Rule, ...] = (
+    Rule(
+        name="concord: P0 drift",
+        description=(
+            "The nightly drift audit found critical (P0) drift: data, contract, replicas or model "
+            "cards. Read the audit's report artifact; the run failed after writing it."
+        ),
+        event=DRIFT_DETECTED,
+        match={"prefect.resource.id": "concord.audit.*", "concord.priority": "P0"},
+        subject="P0 drift: {{ event.resource.name }}",
+        body="{{ event.payload.verdict }}\n\nEvent {{ event.id }} at {{ event.occurred }}.",
+    ),
+    Rule(
+        name="concord: restore drill failed",
+        description=(
+            "A restore drill missed an RTO or RPO objective, could not restore, or found damage. "
+            "Read the drill's report artifact, fix the tier, and run restore-drill again."
+        ),
+        event=DRILL_FAILED,
+        match={"prefect.resource.id": "concord.tiers.*"},
+        subject="Restore drill failed: {{ event.resource.name }}",
+        body=(
+            "{{ event.payload.finding_count }} finding(s): {{ event.payload.findings | join('; ') }}"
+            "\n\nEvent {{ event.id }} at {{ event.occurred }}."
+        ),
+    ),
+    Rule(
+        name="concord: replication failed",
+        description=(
+            "A replication to a cluster store failed after its retries. Fix the store, then re-run "
+            "replicate-snapshot: it sends only what is still missing."
+        ),
+        event=REPLICA_FAILED,
+        match={"prefect.resource.id": "concord.store.*"},
+        subject="Replication to {{ event.payload.target }} failed",
+        body=(
+            "{{ event.payload.ref }} from {{ event.payload.source }}: {{ event.payload.error_type }}: "
+            "{{ event.payload.error }}\n\nEvent {{ event.id }} at {{ event.occurred }}."
+        ),
+    ),
+)
+
+
+def build(rule: Rule, notify_block_id: UUID | None = None) -> AutomationCore:
+    """The Prefect automation of a rule: notify through a block if given, else do nothing."""
+    from prefect.events.actions import DoNothing, SendNotification
+    from prefect.events.schemas.automations import AutomationCore, EventTrigger, Posture
+
+    trigger = EventTrigger(
+        match=rule.match,
+        expect={rule.event},
+        posture=Posture.Reactive,
+        threshold=1,
+        within=timedelta(0),
+    )
+    if notify_block_id is not None:
+        action: Any = SendNotification(block_document_id=notify_block_id, subject=rule.subject, body=rule.body)
+    else:
+        action = DoNothing()
+    return AutomationCore(name=rule.name, description=rule.description, enabled=True, trigger=trigger, actions=[action])
+
+
+def automations(notify_block_id: UUID | None = None) -> list[AutomationCore]:
+    return [build(rule, notify_block_id) for rule in RULES]
+
+
+class NotifyBlockNotFound(LookupError):
+    """The notification block named by --notify is not saved on the server."""
+
+
+def resolve_block(client: SyncPrefectClient, ref: str) -> UUID:
+    """The id of a saved block named ``<block type slug>/<name>``."""
+    from prefect.exceptions import ObjectNotFound
+
+    slug, sep, name = ref.partition("/")
+    if not sep or not slug or not name:
+        raise NotifyBlockNotFound(
+            f"--notify {ref!r} is not <block type slug>/<name>, e.g. slack-webhook/oncall "
+            "(`prefect block ls` lists the saved blocks)"
+        )
+    try:
+        return client.read_block_document_by_name(name=name, block_type_slug=slug).id
+    except ObjectNotFound as exc:
+        raise NotifyBlockNotFound(
+            f"no {slug} block named {name!r} on the server; create it (`prefect block create {slug}`) "
+            "or leave --notify out to apply the automations without notifications"
+        ) from exc
+
+
+def apply(client: SyncPrefectClient, wanted: list[AutomationCore]) -> list[dict[str, str]]:
+    """Create or update each automation by name; one automation per name afterwards."""
+    done = []
+    for automation in wanted:
+        existing = sorted(client.read_automations_by_name(automation.name), key=lambda a: str(a.id))
+        if existing:
+            keep, *extra = existing
+            client.update_automation(keep.id, automation)
+            for duplicate in extra:
+                client.delete_automation(duplicate.id)
+            done.append({"name": automation.name, "id": str(keep.id), "action": "updated"})
+        else:
+            new_id = client.create_automation(automation)
+            done.append({"name": automation.name, "id": str(new_id), "action": "created"})
+    return done
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m deployments.automations", description=__doc__.split("\n\n")[0])
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--apply", action="store_true", help="create or update the automations on the Prefect server")
+    mode.add_argument("--dry-run", action="store_true", help="print the automations as JSON (the default)")
+    p.add_argument(
+        "--notify",
+        default=os.environ.get(NOTIFY_ENV) or None,
+        help=f"notification block as <block type slug>/<name>, e.g. slack-webhook/oncall (default: ${NOTIFY_ENV})",
+    )
+    args = p.parse_args(argv)
+
+    if not args.apply:
+        # a dry run needs no server: a named block shows as a placeholder id
+        block = UUID(int=0) if args.notify else None
+        print(json.dumps([a.model_dump(mode="json") for a in automations(block)], indent=2))
+        return 0
+
+    from prefect.client.orchestration import get_client
+
+    with get_client(sync_client=True) as client:
+        try:
+            block = resolve_block(client, args.notify) if args.notify else None
+        except NotifyBlockNotFound as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        for line in apply(client, automations(block)):
+            print(json.dumps(line))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,318 @@
+"""Event triggers of prefect.yaml and the automations of ``deployments.automations``, checked with
+Prefect's own models and matching code, on sample events built the way Concord emits them; no server.
+
+Trigger parameters are rendered from an event the way the server's run-deployment action renders
+them, so what a malformed event does to tier-checkpoints is tested here too.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import uuid
+from datetime import datetime, timezone
+from pathlib import Path
+
+import jinja2
+import pytest
+import yaml
+from servers import free_port
+
+from concord.watch import Announcement
+from deployments import automations as auto
+from deployments.watcher import event_of
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(autouse=True)
+def no_server():
+    """A unit test that reached for an API would fail at once."""
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    with temporary_settings(updates={PREFECT_API_URL: f"http://127.0.0.1:{free_port()}/api"}):
+        yield
+
+
+def received(event: str, resource: dict, payload: dict | None = None, related: list | None = None):
+    """A server-side event, as triggers see it."""
+    from prefect.server.events.schemas.events import ReceivedEvent
+
+    return ReceivedEvent(
+        occurred=datetime.now(timezone.utc),
+        event=event,
+        resource=resource,
+        related=related or [],
+        payload=payload or {},
+        id=uuid.uuid4(),
+    )
+
+
+def server_trigger(trigger):
+    """The server's trigger model of a client trigger (it holds the matching code)."""
+    from prefect.server.events.schemas.automations import EventTrigger
+
+    plain = trigger.trigger_type(**trigger.model_dump()) if hasattr(trigger, "trigger_type") else trigger
+    return EventTrigger.model_validate(plain.model_dump(mode="json"))
+
+
+def announcement(path: str, **kw) -> Announcement:
+    fields = dict(source="/runs/llama", store="local", path=path, name="step-200", step=200, model="llama",
+                  bytes=1234, files=2, fingerprint="f" * 64)
+    return Announcement(**(fields | kw))
+
+
+def checkpoint_event(a: Announcement):
+    e = event_of(a)
+    return received(e["event"], e["resource"], e["payload"], e["related"])
+
+
+def render(parameters: dict, event) -> dict:
+    """Trigger parameters rendered from an event, as the server's run-deployment action does."""
+    from prefect.server.events.actions import RunDeployment
+    from prefect.utilities.schema_tools.hydration import HydrationContext, hydrate
+
+    params = copy.deepcopy(parameters)
+    RunDeployment._upgrade_v1_templates(params)
+    return hydrate(params, HydrationContext(raise_on_error=True, render_jinja=True, jinja_context={"event": event}))
+
+
+# ----------------------------------------------------------------------------- prefect.yaml triggers
+
+
+def _deployments_with_triggers() -> dict[str, dict]:
+    doc = yaml.safe_load((ROOT / "prefect.yaml").read_text())
+    return {d["entrypoint"]: d for d in doc["deployments"] if d.get("triggers")}
+
+
+def _triggers(d: dict) -> list:
+    from prefect.cli.deploy._triggers import _initialize_deployment_triggers
+
+    return _initialize_deployment_triggers(d["name"], copy.deepcopy(d["triggers"]))
+
+
+def test_new_checkpoints_trigger_snapshot_and_replicate_and_tiering():
+    from prefect.events import DeploymentEventTrigger
+
+    found = _deployments_with_triggers()
+    assert set(found) == {"flows/replicate.py:snapshot_and_replicate", "flows/tiering.py:tier_checkpoints"}
+    for d in found.values():
+        (t,) = _triggers(d)
+        assert isinstance(t, DeploymentEventTrigger) and t.enabled and t.name
+        assert t.expect == {"concord.checkpoint.created"}
+        assert t.posture == "Reactive" and t.threshold == 1
+        t.set_deployment_id(uuid.uuid4())
+        (action,) = t.as_automation().actions
+        assert action.type == "run-deployment" and action.parameters == d["triggers"][0]["parameters"]
+
+
+def test_the_triggers_match_local_checkpoints_only(tmp_path):
+    local = checkpoint_event(announcement(str(tmp_path / "step-200")))
+    s3 = checkpoint_event(announcement("s3://bucket/runs/llama/step-200", store="s3", source="s3://bucket/runs/llama"))
+    other = received("concord.snapshot.created", {"prefect.resource.id": "concord.snapshot.abc"})
+    for d in _deployments_with_triggers().values():
+        (t,) = _triggers(d)
+        covers = server_trigger(t).covers
+        assert (covers(local), covers(s3), covers(other)) == (True, False, False)
+
+
+def _flow_and_parameters(entrypoint: str, event, monkeypatch) -> tuple:
+    from prefect.flows import load_flow_from_entrypoint
+
+    monkeypatch.chdir(ROOT)
+    d = _deployments_with_triggers()[entrypoint]
+    (t,) = _triggers(d)
+    return load_flow_from_entrypoint(entrypoint), d["parameters"] | render(t.parameters, event)
+
+
+def test_a_watcher_event_renders_valid_parameters(tmp_path, monkeypatch):
+    folder = tmp_path / "step-200"
+    folder.mkdir()
+    event = checkpoint_event(announcement(str(folder)))
+
+    fl, params = _flow_and_parameters("flows/tiering.py:tier_checkpoints", event, monkeypatch)
+    assert (params["checkpoint_dir"], params["name"], params["step"]) == (str(folder), "step-200", 200)
+    fl.validate_parameters(params)
+    from flows.tiering import check_checkpoint_arguments
+
+    check_checkpoint_arguments(params["checkpoint_dir"], params["name"], params["step"])
+
+    fl, params = _flow_and_parameters("flows/replicate.py:snapshot_and_replicate", event, monkeypatch)
+    assert (params["source"], params["ref"]) == (str(folder), "models/llama")
+    assert str(event.id) in params["message"] and params["targets"]
+    fl.validate_parameters(params)
+
+
+def test_a_checkpoint_without_a_step_renders_none(tmp_path, monkeypatch):
+    folder = tmp_path / "final"
+    folder.mkdir()
+    event = checkpoint_event(announcement(str(folder), name="final", step=None))
+    fl, params = _flow_and_parameters("flows/tiering.py:tier_checkpoints", event, monkeypatch)
+    assert params["step"] is None
+    fl.validate_parameters(params)
+
+
+# ----------------------------------------------------------------------------- malformed payloads
+
+
+@pytest.fixture
+def touched(monkeypatch):
+    """The tasks of tier-checkpoints replaced by recorders: what a run would have touched."""
+    import flows.tiering as tiering
+
+    calls: list[str] = []
+    for name in ("promoted_roots_task", "add_checkpoint_task", "sweep_task", "tier_status_task"):
+        monkeypatch.setattr(tiering, name, lambda *a, _n=name, **k: calls.append(_n))
+    return calls
+
+
+@pytest.mark.parametrize(
+    "payload, problem",
+    [
+        ({"path": "runs/llama/step-200"}, "absolute local folder"),
+        ({"path": "s3://bucket/runs/llama/step-200"}, "absolute local folder"),
+        ({"path": "/no/such/folder/step-200"}, "not a folder"),
+        ({"name": "../../etc"}, "checkpoint name"),
+        ({"name": ""}, None),  # empty: the folder's name
+        ({"step": "two hundred"}, "non-negative integer"),
+        ({"step": -1}, "non-negative integer"),
+        ({"step": True}, "non-negative integer"),
+        ({"path": ""}, "only apply with a checkpoint_dir"),
+    ],
+)
+def test_a_malformed_payload_fails_tiering_before_any_store_is_touched(tmp_path, monkeypatch, touched, payload, problem):
+    from flows.tiering import BadCheckpointArguments, tier_checkpoints
+
+    folder = tmp_path / "step-200"
+    folder.mkdir()
+    good = {"source": "/runs/llama", "store": "local", "path": str(folder), "name": "step-200", "step": 200}
+    event = received("concord.checkpoint.created", {"prefect.resource.id": "concord.checkpoint.llama/step-200"}, good | payload)
+    _, params = _flow_and_parameters("flows/tiering.py:tier_checkpoints", event, monkeypatch)
+    if problem is None:  # accepted: the check passes (the rest of the run is tested with real stores)
+        from flows.tiering import check_checkpoint_arguments
+
+        check_checkpoint_arguments(params["checkpoint_dir"], params["name"], params["step"])
+        return
+    with pytest.raises(BadCheckpointArguments, match=problem) as err:
+        tier_checkpoints.fn(**params)
+    assert touched == []
+    assert "before touching any store" in str(err.value) and err.value.problems
+
+
+def test_every_problem_is_named_at_once(touched):
+    from flows.tiering import BadCheckpointArguments, tier_checkpoints
+
+    with pytest.raises(BadCheckpointArguments) as err:
+        tier_checkpoints.fn("policy.yaml", checkpoint_dir="rel/dir", name="a b", step="7")
+    assert len(err.value.problems) == 3 and touched == []
+
+
+def test_typed_parameters_refuse_a_bad_name_or_step_before_the_run_starts():
+    from prefect.exceptions import ParameterTypeError
+
+    from flows.tiering import tier_checkpoints
+
+    for bad in ({"name": "../x"}, {"step": "two hundred"}, {"step": -3}):
+        with pytest.raises(ParameterTypeError):
+            tier_checkpoints.validate_parameters({"policy": "p.yaml", "checkpoint_dir": "/x"} | bad)
+
+
+# ----------------------------------------------------------------------------- automations
+
+
+def test_event_names_are_the_ones_concord_emits():
+    from tasks import events
+    from tasks.audit import DRIFT_DETECTED
+
+    assert (auto.DRIFT_DETECTED, auto.DRILL_FAILED, auto.REPLICA_FAILED) == (
+        DRIFT_DETECTED, events.DRILL_FAILED, events.REPLICA_FAILED,
+    )
+
+
+@pytest.mark.parametrize("block", [None, uuid.UUID(int=7)])
+def test_the_automations_validate_with_prefects_models(block):
+    from prefect.events.schemas.automations import AutomationCore
+
+    built = auto.automations(block)
+    assert [a.name for a in built] == [r.name for r in auto.RULES] and len({a.name for a in built}) == 3
+    for a in built:
+        again = AutomationCore.model_validate(json.loads(a.model_dump_json()))
+        assert again == a and a.enabled
+        (action,) = a.actions
+        assert action.type == ("do-nothing" if block is None else "send-notification")
+        if block is not None:
+            assert action.block_document_id == block
+
+
+def _drift(priority: str, severity: str):
+    return received(
+        "concord.drift.detected",
+        {"prefect.resource.id": "concord.audit.penguins", "prefect.resource.name": "penguins",
+         "concord.severity": severity, "concord.priority": priority},
+        {"verdict": "critical: bill_length_mm PSI 0.9"},
+    )
+
+
+def _drill(ok: bool):
+    from tasks import events
+
+    return received(
+        events.DRILL_FAILED if not ok else events.DRILL_COMPLETED,
+        events.tiers("llama"),
+        {"namespace": "llama", "ok": ok, "findings": ["cold: RTO 7200 s over 3600 s"], "finding_count": 1},
+    )
+
+
+def _replica_failed():
+    from tasks import events
+
+    return received(
+        events.REPLICA_FAILED,
+        events.store("s3://eu/store"),
+        {"source": "/s/us", "target": "s3://eu/store", "ref": "models/llama", "root": None,
+         "error_type": "StoreUnreachableError", "error": "connection refused"},
+        [events.store("/s/us", "source")],
+    )
+
+
+def test_each_automation_fires_on_its_event_only():
+    samples = {
+        "P0 drift": _drift("P0", "critical"),
+        "P1 drift": _drift("P1", "warning"),
+        "drill failed": _drill(False),
+        "drill passed": _drill(True),
+        "replica failed": _replica_failed(),
+    }
+    fired = {
+        a.name: {k for k, e in samples.items() if server_trigger(a.trigger).covers(e)}
+        for a in auto.automations()
+    }
+    assert fired == {
+        "concord: P0 drift": {"P0 drift"},
+        "concord: restore drill failed": {"drill failed"},
+        "concord: replication failed": {"replica failed"},
+    }
+
+
+def test_notification_templates_render_from_sample_events():
+    samples = {
+        "concord: P0 drift": _drift("P0", "critical"),
+        "concord: restore drill failed": _drill(False),
+        "concord: replication failed": _replica_failed(),
+    }
+    env = jinja2.Environment(undefined=jinja2.StrictUndefined)
+    for a in auto.automations(uuid.UUID(int=1)):
+        (action,) = a.actions
+        event = samples[a.name]
+        subject = env.from_string(action.subject).render(event=event)
+        body = env.from_string(action.body).render(event=event)
+        assert str(event.id) in body and "{{" not in subject + body
+    assert "penguins" in env.from_string(auto.RULES[0].subject).render(event=samples["concord: P0 drift"])
+
+
+def test_dry_run_prints_the_automations_without_a_server(capsys):
+    assert auto.main(["--dry-run"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert [a["name"] for a in printed] == [r.name for r in auto.RULES]
+    assert auto.main(["--notify", "slack-webhook/oncall"]) == 0
+    assert {a["actions"][0]["type"] for a in json.loads(capsys.readouterr().out)} == {"send-notification"}
