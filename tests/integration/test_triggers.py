@@ -3,7 +3,7 @@
 ``python -m deployments.automations --apply`` run twice leaves each automation exactly once and
 readable by name; a notification block given by name is resolved; the triggers of prefect.yaml
 are accepted by the server as the automations ``prefect deploy`` creates; a P0 drift event fires
-its automation.
+its automation; a tier-checkpoints run with malformed parameters fails before any task runs.
 """
 
 from __future__ import annotations
@@ -111,3 +111,27 @@ def test_a_p0_drift_event_fires_its_automation(prefect_client, capsys, events_ab
     EventsWorker.drain_all()
     fired = events_about("prefect.automation.triggered", f"prefect.automation.{ids['concord: P0 drift']}", timeout=60)
     assert fired
+
+
+
+@pytest.mark.parametrize(
+    "bad, said",
+    [
+        ({"checkpoint_dir": "runs/llama/step-200"}, "absolute local folder path"),  # refused by the flow's check
+        ({"name": "llama/step-200"}, "name: String should match pattern"),  # refused by the typed parameter
+        ({"step": "two hundred"}, "step: Input should be a valid integer"),
+    ],
+)
+def test_a_malformed_payload_fails_the_tiering_run_before_any_task(prefect_client, tmp_path, bad, said):
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    from flows.tiering import tier_checkpoints
+
+    folder = tmp_path / "step-200"
+    folder.mkdir()
+    params = {"checkpoint_dir": str(folder), "name": "step-200", "step": 200} | bad
+    state = tier_checkpoints(str(tmp_path / "policy.yaml"), **params, return_state=True)
+    assert state.is_failed()
+    assert said in f"{state.message} {state.result(raise_on_failure=False)}"
+    run_id = state.state_details.flow_run_id
+    assert prefect_client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[run_id]))) == []
