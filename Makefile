@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed
 # pytest workers and per-test timeout can be tuned from the environment
 PYTEST_ARGS ?=
 
-.PHONY: install demo test test-unit test-integration bench clean stop
+.PHONY: install demo test test-unit test-integration e2e bench clean serve stop status
 
 install: $(STAMP)
 
@@ -28,6 +28,21 @@ test-unit: install
 
 test-integration: install
 	$(VENV)/bin/pytest -q tests/integration $(PYTEST_ARGS)
+
+# End to end against a real Prefect server, worker and watcher (about a minute; also part of `make test`)
+e2e: install
+	$(VENV)/bin/pytest -q tests/e2e -m e2e $(PYTEST_ARGS)
+
+# Run it for real: a Prefect server (or $$PREFECT_API_URL), the work pool, blocks, every deployment,
+# a worker and the checkpoint watcher; `make stop` ends what `make serve` started, and only that.
+serve: install
+	$(PY) -m deployments.serve start
+
+stop:
+	@if [ -x $(PY) ]; then $(PY) -m deployments.serve stop; else echo "nothing to stop (no $(VENV))"; fi
+
+status:
+	$(PY) -m deployments.serve status
 
 bench: install
 	$(PY) -m bench

@@ -1,16 +1,19 @@
 """Run Concord for real on one machine, and stop exactly what was started.
 
     python -m deployments.serve [--dir data/serve] start [--port 4200] [--watch DIR ...] [--interval 30]
+                                                         [--project-dir .]
     python -m deployments.serve [--dir data/serve] status
     python -m deployments.serve [--dir data/serve] stop [--timeout 15]
 
 ``start`` uses the Prefect server at ``$PREFECT_API_URL`` when it is set, otherwise starts
 ``prefect server start`` on 127.0.0.1 (its home, database included, under ``<dir>/prefect``,
 analytics off) and waits until it is healthy. Then it creates the ``concord-process`` work pool
-if missing, registers the project's blocks, deploys everything in ``prefect.yaml``, and starts a
-process worker and the checkpoint watcher. Every process it starts runs in its own process group,
-logs to ``<dir>/logs/<name>.log`` and is recorded (pid, start time, command, log) in
-``<dir>/processes.json`` the moment it starts, so ``stop`` can end it even after a failed start.
+if missing, registers the project's blocks, deploys everything in ``prefect.yaml`` (their
+triggers included), applies the automations (``deployments.automations``, notifying the block
+named by ``$CONCORD_NOTIFY_BLOCK`` if set), and starts a process worker and the checkpoint
+watcher. Every process it starts runs in its own process group, logs to ``<dir>/logs/<name>.log``
+and is recorded (pid, start time, command, log) in ``<dir>/processes.json`` the moment it starts,
+so ``stop`` can end it even after a failed start.
 
 ``stop`` ends only the recorded processes (their process groups: SIGTERM, then SIGKILL after the
 timeout) and removes the record. A recorded pid that is no longer the recorded process (it exited,
@@ -35,7 +38,6 @@ from typing import Mapping, Sequence
 
 PROJECT_DIR = Path(__file__).resolve().parent.parent
 DEFAULT_DIR = PROJECT_DIR / "data" / "serve"
-DEFAULT_WATCH = PROJECT_DIR / "data" / "checkpoints"
 WORK_POOL = "concord-process"
 RECORD = "processes.json"
 
@@ -220,13 +222,14 @@ def _wait_healthy(api_url: str, p: Started | None, timeout: float) -> None:
         time.sleep(0.5)
 
 
-def _run(state_dir: Path, name: str, command: Sequence[str], env: Mapping[str, str], *, check: bool = True) -> int:
+def _run(state_dir: Path, name: str, command: Sequence[str], env: Mapping[str, str], *, cwd: Path = PROJECT_DIR,
+         check: bool = True) -> int:
     """Run a one-off command to completion, its output appended to ``logs/<name>.log``."""
     log_path = Path(state_dir) / "logs" / f"{name}.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "ab") as log:
         rc = subprocess.run(list(command), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                            env=dict(env), cwd=PROJECT_DIR).returncode
+                            env=dict(env), cwd=cwd).returncode
     if check and rc != 0:
         raise ServeError(f"`{' '.join(command)}` failed with exit code {rc}; see {log_path}")
     return rc
@@ -238,8 +241,11 @@ def _prefect() -> str:
 
 
 def start(state_dir: Path, *, port: int = 4200, watch: Sequence[str] = (), interval: float = 30.0,
-          server_timeout: float = 120.0, out=sys.stdout) -> int:
-    state_dir = Path(state_dir).resolve()
+          project_dir: Path = PROJECT_DIR, server_timeout: float = 120.0, out=sys.stdout) -> int:
+    """Start everything (see the module's docstring). ``project_dir`` holds the ``prefect.yaml``
+    deployed and is where flow runs start, so the relative store paths of the deployments'
+    parameters resolve under it; the code is imported from this project whatever it is."""
+    state_dir, project_dir = Path(state_dir).resolve(), Path(project_dir).resolve()
     data = read_record(state_dir)
     running = [p for p in data["processes"] if is_alive(p)]
     if running:
@@ -250,7 +256,7 @@ def start(state_dir: Path, *, port: int = 4200, watch: Sequence[str] = (), inter
         print("removing the record of processes that are no longer running", file=out)
     write_record(state_dir, {"processes": []})
 
-    env = dict(os.environ, CONCORD_PROJECT_DIR=str(PROJECT_DIR), PREFECT_SERVER_ANALYTICS_ENABLED="false")
+    env = dict(os.environ, CONCORD_PROJECT_DIR=str(project_dir), PREFECT_SERVER_ANALYTICS_ENABLED="false")
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PROJECT_DIR), env.get("PYTHONPATH")]))
     prefect = _prefect()
     try:
@@ -278,11 +284,14 @@ def start(state_dir: Path, *, port: int = 4200, watch: Sequence[str] = (), inter
         print("registering blocks", file=out)
         _run(state_dir, "setup", [prefect, "block", "register", "-m", "blocks"], env)
         print("deploying everything in prefect.yaml", file=out)
-        _run(state_dir, "setup", [prefect, "--no-prompt", "deploy", "--all"], env)
+        _run(state_dir, "setup", [prefect, "--no-prompt", "deploy", "--all"], env, cwd=project_dir)
+
+        print("applying the automations", file=out)
+        _run(state_dir, "setup", [sys.executable, "-m", "deployments.automations", "--apply"], env)
 
         print(f"starting a worker on {WORK_POOL}", file=out)
         spawn(state_dir, "worker", [prefect, "worker", "start", "--pool", WORK_POOL], env=env, cwd=PROJECT_DIR)
-        watched = [str(Path(w).resolve()) for w in watch] or [str(DEFAULT_WATCH)]
+        watched = [w if "://" in w else str(Path(w).resolve()) for w in watch] or [str(project_dir / "data" / "checkpoints")]
         for w in watched:
             if "://" not in w:
                 Path(w).mkdir(parents=True, exist_ok=True)
@@ -290,7 +299,7 @@ def start(state_dir: Path, *, port: int = 4200, watch: Sequence[str] = (), inter
         spawn(state_dir, "watcher",
               [sys.executable, "-m", "deployments.watcher", *(a for w in watched for a in ("--watch", w)),
                "--state", str(state_dir / "watcher-state.json"), "--interval", str(interval)],
-              env=env, cwd=PROJECT_DIR)
+              env=env, cwd=project_dir)
         time.sleep(1.0)
         dead = [p.name for p in read_record(state_dir)["processes"] if not is_alive(p)]
         if dead:
@@ -314,6 +323,8 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--watch", action="append", default=[], metavar="PATH_OR_S3_PREFIX",
                    help="what the watcher watches (repeatable; default data/checkpoints)")
     s.add_argument("--interval", type=float, default=30.0, help="seconds between the watcher's scans (default 30)")
+    s.add_argument("--project-dir", type=Path, default=PROJECT_DIR,
+                   help="the folder with the prefect.yaml to deploy, where flow runs start (default: this project)")
     s.add_argument("--server-timeout", type=float, default=120.0, help="seconds to wait for the server (default 120)")
     t = sub.add_parser("stop", help="stop every process start started, and only those")
     t.add_argument("--timeout", type=float, default=15.0, help="seconds between SIGTERM and SIGKILL (default 15)")
@@ -325,7 +336,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
         if args.action == "start":
-            return start(args.dir, port=args.port, watch=args.watch, interval=args.interval, server_timeout=args.server_timeout)
+            return start(args.dir, port=args.port, watch=args.watch, interval=args.interval,
+                         project_dir=args.project_dir, server_timeout=args.server_timeout)
         if args.action == "stop":
             return stop_all(args.dir, timeout=args.timeout)
         return status(args.dir)

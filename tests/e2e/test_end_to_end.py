@@ -1,0 +1,101 @@
+"""End to end on real processes: what ``make serve`` starts runs deployments from ``prefect.yaml``,
+keeps their schedules, and hears new checkpoints; ``make stop`` ends all of it."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+pytestmark = pytest.mark.e2e
+
+
+def _checkpoint(path, seed: int = 0):
+    import torch
+    from safetensors.torch import save_file
+
+    g = torch.Generator().manual_seed(seed)
+    path.mkdir(parents=True)
+    save_file({"embed.weight": torch.randn(256, 64, generator=g), "head.weight": torch.randn(64, 64, generator=g)},
+              str(path / "model.safetensors"), metadata={"format": "pt"})
+    (path / "config.json").write_text(json.dumps({"model_type": "tiny"}))
+    return path
+
+
+def test_a_manual_run_with_parameters_snapshots_into_the_store(served, tmp_path):
+    from prefect.deployments import run_deployment
+
+    from concord.stores.local import LocalDirStore
+
+    source = _checkpoint(tmp_path / "step-10")
+    store = tmp_path / "stores" / "us-east"
+    run = run_deployment(
+        "snapshot-checkpoint/default",
+        parameters={"source": str(source), "store": str(store), "ref": "models/tiny", "chunk_size_mib": 1},
+        timeout=180,
+    )
+    assert run.state is not None and run.state.is_completed(), f"flow run ended {run.state}"
+    ref = LocalDirStore(store).read_ref("models/tiny")
+    assert ref is not None, "the run completed but the store holds no ref models/tiny"
+    assert LocalDirStore(store).has_manifest(ref.root)
+
+
+def test_the_nightly_audit_is_scheduled(client):
+    deployment = client.read_deployment_by_name("nightly-drift-audit/default")
+    crons = [getattr(s.schedule, "cron", None) for s in deployment.schedules if s.active]
+    assert "0 2 * * *" in crons
+
+
+def test_every_deployment_is_on_the_process_pool(client):
+    deployments = client.read_deployments()
+    assert len(deployments) >= 10
+    assert {d.work_pool_name for d in deployments} == {"concord-process"}
+
+
+def test_the_automations_and_the_triggers_are_on_the_server(client):
+    names = {a.name for a in client.read_automations()}
+    assert {"concord: P0 drift", "concord: restore drill failed", "concord: replication failed"} <= names
+    assert "snapshot-and-replicate on new checkpoint" in names  # a deployment's trigger is an automation too
+
+
+def _wait_for(what: str, look, timeout: float):
+    deadline = time.monotonic() + timeout
+    while True:
+        found = look()
+        if found:
+            return found
+        assert time.monotonic() < deadline, f"{what} within {timeout:.0f} s"
+        time.sleep(0.5)
+
+
+def test_a_completed_checkpoint_is_snapshotted_and_replicated_by_itself(served, client):
+    from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterName, FlowRunFilter
+    from prefect.events.filters import EventFilter, EventNameFilter
+
+    from concord.stores.local import LocalDirStore
+
+    ckpt = _checkpoint(served.watched / "step-20", seed=1)
+    (ckpt / "COMPLETE").write_text("")
+
+    def announced():
+        # a filter's time window ends when it is built: build it anew on every look
+        flt = EventFilter(event=EventNameFilter(name=["concord.checkpoint.created"]))
+        return [e for e in client.read_events(filter=flt, limit=50).events if e.payload.get("name") == "step-20"]
+
+    event = _wait_for("the watcher's event reached the server", announced, 60)[0]
+    assert event.payload["path"] == str(ckpt)
+
+    deployment = client.read_deployment_by_name("snapshot-and-replicate/default")
+
+    def finished_runs():
+        runs = client.read_flow_runs(flow_run_filter=FlowRunFilter(deployment_id={"any_": [deployment.id]}))
+        return [r for r in runs if r.state is not None and r.state.is_final()]
+
+    runs = _wait_for("a triggered snapshot-and-replicate run finished", finished_runs, 180)
+    assert runs[0].state.is_completed(), f"the triggered run ended {runs[0].state}"
+    assert runs[0].parameters["source"] == str(ckpt)
+    stores = served.project_dir / "data" / "stores"
+    roots = {name: LocalDirStore(stores / name).read_ref("models/checkpoints") for name in ("us-east", "eu-central", "ap-south")}
+    assert all(ref is not None for ref in roots.values()), roots
+    assert len({ref.root for ref in roots.values()}) == 1
