@@ -19,6 +19,17 @@ PROJECT_DIR = Path(__file__).resolve().parents[2]
 #: what a flow run needs from the project: the code and the deployments
 _LINKED = ("concord", "blocks", "tasks", "flows", "deployments", "prefect.yaml")
 
+#: a tier policy on local folders only (relative to the policy file: <project>/data/tiers/...):
+#: warm declared on a NAS and cold on off-site tape, so that 3-2-1 holds without S3
+TIER_POLICY = """\
+namespace: e2e
+hot: {store: ../tiers/hot, keep: 2}
+warm: {store: ../tiers/warm, keep: 4, media: nas}
+cold: {store: ../tiers/cold, media: tape, offsite: true}
+gc_grace: 0
+ready: {marker: COMPLETE}
+"""
+
 
 @dataclass(frozen=True)
 class Served:
@@ -26,6 +37,7 @@ class Served:
     state_dir: Path
     watched: Path
     project_dir: Path  # where flow runs start: the deployments' relative store paths resolve here
+    tier_policy: Path  # the tier policy the tier-checkpoints deployment reads (data/tiering/policy.yaml)
 
 
 def _serve(state_dir: Path, *args: str, timeout: float) -> subprocess.CompletedProcess:
@@ -44,6 +56,10 @@ def served(tmp_path_factory):
     project_dir.mkdir()
     for name in _LINKED:
         (project_dir / name).symlink_to(PROJECT_DIR / name)
+    # the tier-checkpoints deployment's default policy, also taken in by a new-checkpoint event
+    tier_policy = project_dir / "data" / "tiering" / "policy.yaml"
+    tier_policy.parent.mkdir(parents=True)
+    tier_policy.write_text(TIER_POLICY)
     port = free_port()
     try:
         started = _serve(state_dir, "start", "--port", str(port), "--watch", str(watched), "--interval", "1",
@@ -55,7 +71,7 @@ def served(tmp_path_factory):
         from prefect.settings import PREFECT_API_URL, temporary_settings
 
         with patched_environ({"PREFECT_API_URL": api_url}), temporary_settings(updates={PREFECT_API_URL: api_url}):
-            yield Served(api_url, state_dir, watched, project_dir)
+            yield Served(api_url, state_dir, watched, project_dir, tier_policy)
     finally:
         from deployments import serve
 

@@ -69,33 +69,70 @@ def _wait_for(what: str, look, timeout: float):
         time.sleep(0.5)
 
 
-def test_a_completed_checkpoint_is_snapshotted_and_replicated_by_itself(served, client):
-    from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterName, FlowRunFilter
+@pytest.fixture(scope="module")
+def dropped(served):
+    """A completed checkpoint dropped into the watched folder, once its event reached the server."""
+    from prefect.client.orchestration import get_client
     from prefect.events.filters import EventFilter, EventNameFilter
-
-    from concord.stores.local import LocalDirStore
 
     ckpt = _checkpoint(served.watched / "step-20", seed=1)
     (ckpt / "COMPLETE").write_text("")
 
-    def announced():
-        # a filter's time window ends when it is built: build it anew on every look
-        flt = EventFilter(event=EventNameFilter(name=["concord.checkpoint.created"]))
-        return [e for e in client.read_events(filter=flt, limit=50).events if e.payload.get("name") == "step-20"]
+    with get_client(sync_client=True) as client:
 
-    event = _wait_for("the watcher's event reached the server", announced, 60)[0]
+        def announced():
+            # a filter's time window ends when it is built: build it anew on every look
+            flt = EventFilter(event=EventNameFilter(name=["concord.checkpoint.created"]))
+            return [e for e in client.read_events(filter=flt, limit=50).events if e.payload.get("name") == "step-20"]
+
+        event = _wait_for("the watcher's event reached the server", announced, 60)[0]
     assert event.payload["path"] == str(ckpt)
+    return ckpt
 
-    deployment = client.read_deployment_by_name("snapshot-and-replicate/default")
 
-    def finished_runs():
+def _finished_runs(client, deployment_name: str, timeout: float, **parameters):
+    """The finished runs of a deployment (those with these parameters, if any are given)."""
+    from prefect.client.schemas.filters import FlowRunFilter
+
+    deployment = client.read_deployment_by_name(deployment_name)
+
+    def finished():
         runs = client.read_flow_runs(flow_run_filter=FlowRunFilter(deployment_id={"any_": [deployment.id]}))
-        return [r for r in runs if r.state is not None and r.state.is_final()]
+        return [r for r in runs if r.state is not None and r.state.is_final()
+                and all(r.parameters.get(k) == v for k, v in parameters.items())]
 
-    runs = _wait_for("a triggered snapshot-and-replicate run finished", finished_runs, 180)
+    return _wait_for(f"a triggered {deployment_name} run finished", finished, timeout)
+
+
+def test_a_completed_checkpoint_is_snapshotted_and_replicated_by_itself(served, client, dropped):
+    from concord.stores.local import LocalDirStore
+
+    runs = _finished_runs(client, "snapshot-and-replicate/default", 180)
     assert runs[0].state.is_completed(), f"the triggered run ended {runs[0].state}"
-    assert runs[0].parameters["source"] == str(ckpt)
+    assert runs[0].parameters["source"] == str(dropped)
     stores = served.project_dir / "data" / "stores"
     roots = {name: LocalDirStore(stores / name).read_ref("models/checkpoints") for name in ("us-east", "eu-central", "ap-south")}
     assert all(ref is not None for ref in roots.values()), roots
     assert len({ref.root for ref in roots.values()}) == 1
+
+
+def test_a_completed_checkpoint_is_tiered_hot_warm_and_cold_by_itself(served, client, dropped):
+    from concord.tiering import load_policy, tier_status
+
+    # the hourly sweep runs of the same deployment take no checkpoint_dir: look for the triggered one
+    runs = _finished_runs(client, "tier-checkpoints/default", 180, checkpoint_dir=str(dropped))
+    assert runs[0].state.is_completed(), f"the triggered run ended {runs[0].state}"
+    assert runs[0].parameters["name"] == "step-20"
+
+    status = tier_status(load_policy(served.tier_policy))
+    assert status["violations"] == [], status["violations"]
+    tiers = served.project_dir / "data" / "tiers"
+    assert status["stores"] == {t: str(tiers / t) for t in ("hot", "warm", "cold")}
+    rows = {c["name"]: c for c in status["checkpoints"]}
+    assert set(rows) == {"step-20"}, rows
+    row = rows["step-20"]
+    assert row["step"] == 20
+    assert row["copies"] == 3
+    for t in ("hot", "warm", "cold"):
+        assert row["tiers"][t]["present"], (t, row["tiers"][t])
+        assert row["tiers"][t]["verified"], (t, row["tiers"][t])
