@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from datetime import date, timedelta
 from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 
-from concord.drift import PRIORITIES, SEVERITIES, ColumnHistogram, DriftReport, column_histograms
+from concord.drift import PRIORITIES, SEVERITIES, ColumnHistogram, DriftReport, Prioritised, column_histograms
 from concord.errors import DataFormatError, DriftConfigError
 from concord.hashing import is_digest
 
@@ -243,7 +243,7 @@ def _section_severity(section: dict) -> str:
 
 
 @dataclass(frozen=True)
-class AuditReport:
+class AuditReport(Prioritised):
     """One audit's sections and its overall severity (the worst section's).
 
     ``data`` is ``DriftReport.to_dict()`` plus ``reference`` and ``current`` (each
@@ -309,10 +309,6 @@ class AuditReport:
     @property
     def severity(self) -> str:
         return worst(self.sections.values())
-
-    @property
-    def priority(self) -> str | None:
-        return PRIORITIES.get(self.severity)
 
     @property
     def ok(self) -> bool:

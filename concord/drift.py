@@ -89,6 +89,16 @@ MAX_LISTED_CATEGORIES = 50
 SEVERITIES = ("ok", "warning", "critical")
 #: the paging priority of each severity that is not ok
 PRIORITIES = {"warning": "P1", "critical": "P0"}
+
+
+class Prioritised:
+    """Anything graded by a ``severity``: its priority, P1 for a warning and P0 for critical."""
+
+    severity: str
+
+    @property
+    def priority(self) -> str | None:
+        return PRIORITIES.get(self.severity)
 _RANK = {s: i for i, s in enumerate(SEVERITIES)}
 
 
@@ -188,7 +198,7 @@ class ColumnHistogram:
 
 
 @dataclass(frozen=True)
-class ColumnDrift:
+class ColumnDrift(Prioritised):
     """One column's comparison. Statistics that do not apply to it are None."""
 
     column: str
@@ -217,9 +227,6 @@ class ColumnDrift:
     def drifted(self) -> bool:
         return self.severity != "ok"
 
-    @property
-    def priority(self) -> str | None:
-        return PRIORITIES.get(self.severity)
 
     def to_dict(self) -> dict:
         d: dict[str, Any] = {}

@@ -31,7 +31,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
-from concord.drift import PRIORITIES, SEVERITIES
+from concord.drift import SEVERITIES, Prioritised
 from concord.errors import ConcordError, ModelCardError, ModelCardNotFoundError, ReplicaConfigError
 from concord.manifest import FileEntry, Manifest
 from concord.refs import load_manifest, resolve_root
@@ -227,7 +227,7 @@ def normalise(value: Any) -> Any:
 
 
 @dataclass(frozen=True)
-class ClusterCard:
+class ClusterCard(Prioritised):
     """One cluster's card against the reference's. ``fields`` is the card as read (not in to_dict)."""
 
     cluster: str
@@ -242,9 +242,6 @@ class ClusterCard:
     differing: tuple[dict, ...] = ()  # {field, reference, value}: values as read, None where absent
     fields: dict = field(default_factory=dict, repr=False, compare=False)
 
-    @property
-    def priority(self) -> str | None:
-        return PRIORITIES.get(self.severity)
 
     def to_dict(self) -> dict:
         return {
@@ -263,7 +260,7 @@ class ClusterCard:
 
 
 @dataclass(frozen=True)
-class CardReport:
+class CardReport(Prioritised):
     reference: str
     required: tuple[str, ...]
     critical: tuple[str, ...]
@@ -274,9 +271,6 @@ class CardReport:
     def ok(self) -> bool:
         return self.severity == "ok"
 
-    @property
-    def priority(self) -> str | None:
-        return PRIORITIES.get(self.severity)
 
     def cluster(self, label: str) -> ClusterCard:
         for c in self.clusters:

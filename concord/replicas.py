@@ -59,7 +59,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
-from concord.drift import PRIORITIES, SEVERITIES
+from concord.drift import SEVERITIES, Prioritised
 from concord.errors import ConcordError, ManifestError, ManifestNotFoundError, ReplicaConfigError
 from concord.hashing import ChunkHasher
 from concord.manifest import FileEntry, Manifest, Part
@@ -153,7 +153,7 @@ class TensorComparison:
 
 
 @dataclass(frozen=True)
-class ReplicaResult:
+class ReplicaResult(Prioritised):
     """One cluster's replica compared with the reference replica.
 
     The tensor and file counts are None where they do not apply: for the reference itself, for a
@@ -178,9 +178,6 @@ class ReplicaResult:
     files_extra: tuple[str, ...] = ()
     worst: tuple[TensorComparison, ...] = ()  # failures first, then by max_ulp, at most ``top``
 
-    @property
-    def priority(self) -> str | None:
-        return PRIORITIES.get(self.severity)
 
     def to_dict(self) -> dict:
         d: dict[str, Any] = {}
@@ -196,7 +193,7 @@ class ReplicaResult:
 
 
 @dataclass(frozen=True)
-class ReplicaReport:
+class ReplicaReport(Prioritised):
     """Every cluster's replica against the reference replica."""
 
     reference: str  # the reference's cluster label
@@ -209,9 +206,6 @@ class ReplicaReport:
     def ok(self) -> bool:
         return self.severity == "ok"
 
-    @property
-    def priority(self) -> str | None:
-        return PRIORITIES.get(self.severity)
 
     def replica(self, cluster: str) -> ReplicaResult:
         for r in self.replicas:
