@@ -23,8 +23,13 @@ from concord.stores.base import Store, chunk_key
 TMP_PREFIX = ".tmp-"
 
 
-def atomic_write(path: str, data: bytes | memoryview, *, fsync: bool = False) -> None:
-    """Write ``data`` to ``path`` through a unique temp name in the same folder and ``os.replace``."""
+def atomic_write(path: str, data: bytes | memoryview, *, fsync: bool = False, exclusive: bool = False) -> bool:
+    """Write ``data`` to ``path`` through a unique temp name in the same folder and ``os.replace``.
+
+    With ``exclusive`` the file appears only if ``path`` does not exist yet, decided atomically by
+    the filesystem (a hard link of the finished temp file), so of two writers racing for one name
+    exactly one wins and the other's bytes are never seen. Returns whether ``data`` was written.
+    """
     folder = os.path.dirname(path)
     os.makedirs(folder, exist_ok=True)
     tmp = os.path.join(folder, f"{TMP_PREFIX}{uuid.uuid4().hex}")
@@ -34,7 +39,21 @@ def atomic_write(path: str, data: bytes | memoryview, *, fsync: bool = False) ->
             if fsync:
                 f.flush()
                 os.fsync(f.fileno())
-        os.replace(tmp, path)
+        if not exclusive:
+            os.replace(tmp, path)
+            return True
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            return False
+        except OSError as exc:
+            if exc.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EXDEV):
+                raise
+            # a filesystem without hard links: fall back to check-then-replace (a narrow window)
+            if os.path.exists(path):
+                return False
+            os.replace(tmp, path)
+        return True
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
@@ -79,10 +98,9 @@ class LocalDirStore(Store):
         if not overwrite and os.path.exists(path):
             return False
         try:
-            atomic_write(path, data, fsync=self.fsync)
+            return atomic_write(path, data, fsync=self.fsync, exclusive=not overwrite)
         except OSError as exc:
             raise StoreAccessError(self.uri, f"cannot write {key} ({exc.strerror})") from exc
-        return True
 
     def put_chunk_from_file(self, cid: str, fd: int, offset: int, length: int, data: memoryview) -> bool:
         path = self._path(chunk_key(cid))

@@ -69,6 +69,27 @@ def test_put_chunk_twice_writes_once_and_keeps_the_first(any_store):
     assert any_store.get_chunk(cid) == data
 
 
+def test_writers_racing_for_one_new_document_one_wins_and_its_bytes_are_kept(any_store):
+    # the ledger relies on this: of two rounds written under one number, exactly one is kept whole
+    for attempt in range(20):
+        key = f"ledger/race/{attempt:06d}.json"
+        barrier = threading.Barrier(4, timeout=10)
+        won: dict[int, bool] = {}
+
+        def write(i: int) -> None:
+            barrier.wait()
+            won[i] = any_store.put_document(key, f"writer {i} ".encode() * (1000 + i))
+
+        threads = [threading.Thread(target=write, args=(i,)) for i in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        winners = [i for i, ok in won.items() if ok]
+        assert len(won) == 4 and len(winners) == 1, (attempt, won)
+        assert any_store.get_document(key) == f"writer {winners[0]} ".encode() * (1000 + winners[0])
+
+
 def test_put_object_never_replaces_without_overwrite(any_store):
     assert any_store._put_object("ledger/t/1.json", b"first", overwrite=False) is True
     assert any_store._put_object("ledger/t/1.json", b"second!", overwrite=False) is False

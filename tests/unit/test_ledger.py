@@ -23,6 +23,7 @@ from concord.ledger import (
     verify_ledger,
 )
 from concord.stores import LocalDirStore
+from concord.stores.local import atomic_write
 
 
 def _record(i: int) -> dict:
@@ -320,3 +321,15 @@ def test_a_retried_append_after_a_failed_head_move_is_the_same_round(tmp_path):
     assert again["prev"] == first["hash"] and verify_ledger(store, "t").ok
     other = append_round(store, "t", _record(3))
     assert other["round"] == 3 and other["prev"] == again["hash"]
+
+
+def test_an_exclusive_write_never_replaces_a_file_that_appeared_after_the_check(tmp_path):
+    # the window the ledger race hit: the name was free when checked, taken by the time of writing
+    path = tmp_path / "ledger" / "t" / "000002.json"
+    path.parent.mkdir(parents=True)
+    path.write_bytes(b"the winner's round")
+    assert atomic_write(str(path), b"the loser's round", exclusive=True) is False
+    assert path.read_bytes() == b"the winner's round"
+    assert [p.name for p in path.parent.iterdir()] == ["000002.json"]  # no temp file left
+    assert atomic_write(str(path.with_name("000003.json")), b"next", exclusive=True) is True
+    assert path.with_name("000003.json").read_bytes() == b"next"
