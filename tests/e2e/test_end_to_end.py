@@ -136,3 +136,51 @@ def test_a_completed_checkpoint_is_tiered_hot_warm_and_cold_by_itself(served, cl
     for t in ("hot", "warm", "cold"):
         assert row["tiers"][t]["present"], (t, row["tiers"][t])
         assert row["tiers"][t]["verified"], (t, row["tiers"][t])
+
+
+def _prefect_cli(served, *args: str) -> str:
+    """Prefect's own CLI against the served API, as docs/operations.md tells a person to run it."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    env = {k: v for k, v in os.environ.items() if k != "PREFECT_PROFILE"}
+    env.update(PREFECT_API_URL=served.api_url, COLUMNS="250")
+    prefect = str(Path(sys.executable).with_name("prefect"))
+    done = subprocess.run([prefect, *args], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, f"prefect {' '.join(args)} failed:\n{done.stdout}\n{done.stderr}"
+    return done.stdout
+
+
+def test_what_the_operations_guide_shows_a_person_is_there(served):
+    """docs/operations.md: the UI answers, `prefect deployment ls` lists every deployment of
+    prefect.yaml, `inspect` shows the schedules with their time zone, `prefect automation ls` the
+    automations."""
+    import urllib.request
+
+    import yaml
+
+    from prefect.flows import load_flow_from_entrypoint
+
+    with urllib.request.urlopen(served.api_url.removesuffix("/api") + "/", timeout=30) as page:
+        html = page.read().decode()
+    assert page.status == 200 and "<title>Prefect" in html, html[:500]
+
+    declared = yaml.safe_load((served.project_dir / "prefect.yaml").read_text())["deployments"]
+    listed = json.loads(_prefect_cli(served, "deployment", "ls", "-o", "json"))
+    missing = {d["entrypoint"] for d in declared} - {d["entrypoint"] for d in listed}
+    assert not missing, f"declared in prefect.yaml, not listed by `prefect deployment ls`: {sorted(missing)}"
+    assert all(d["description"] for d in listed), [d["entrypoint"] for d in listed if not d["description"]]
+    assert {load_flow_from_entrypoint(d["entrypoint"]).name for d in declared} >= {"lora-federation", "promote"}
+
+    # (not `-o json`: prefect 3.9's JSON output fails on a deployment that has triggers)
+    for name, cron in (("nightly-drift-audit/default", "0 2 * * *"), ("restore-drill/default", "0 3 * * 0"),
+                       ("tier-checkpoints/default", "0 * * * *")):
+        shown = _prefect_cli(served, "deployment", "inspect", name)
+        assert f"'cron': '{cron}'" in shown and "'timezone': 'UTC'" in shown and "'active': True" in shown, shown
+
+    automations = _prefect_cli(served, "automation", "ls")
+    for name in ("concord: P0 drift", "concord: restore drill failed", "concord: replication failed",
+                 "snapshot-and-replicate on new checkpoint", "tier-checkpoints on new checkpoint"):
+        assert name in automations, f"{name!r} not in `prefect automation ls`:\n{automations}"
