@@ -1,16 +1,32 @@
-"""Re-hash what a store holds; report missing and corrupt chunks; repair from another store."""
+"""Re-hash what a store holds; report missing and corrupt chunks; repair from another store.
+
+:func:`verify` does it all in one call. Its three steps are public too, so that an orchestrator
+can fan the hashing out: :func:`plan` (which snapshots, which chunks, at what lengths; damaged
+manifests are repaired here), :meth:`VerifyPlan.batches` and :func:`check` (re-hash one batch of
+chunks, anywhere the store can be read), and :func:`conclude` (repair what the checks found and
+combine them, in order, into one :class:`VerifyResult`).
+"""
 
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Mapping, Sequence
 
 from concord.errors import ChunkNotFoundError, IntegrityError, ManifestError, ManifestNotFoundError
 from concord.hashing import chunk_id
-from concord.manifest import Manifest
+from concord.manifest import DEFAULT_CHUNK_SIZE, Manifest
 from concord.progress import Progress, ensure
 from concord.refs import resolve_root
 from concord.stores.base import Store
+
+#: chunks in one batch at the most, whatever their size (bounds what a batch task carries)
+MAX_BATCH_CHUNKS = 4096
+
+
+def _plain(obj) -> dict:
+    """A frozen result's fields as a dict of JSON types (tuples become lists)."""
+    return {k: (list(v) if isinstance(v, tuple) else v) for k, v in obj.__dict__.items()}
 
 
 @dataclass(frozen=True)
@@ -30,9 +46,58 @@ class VerifyResult:
         return broken <= set(self.repaired)
 
     def to_dict(self) -> dict:
-        d = {k: (list(v) if isinstance(v, tuple) else v) for k, v in self.__dict__.items()}
-        d["ok"] = self.ok
-        return d
+        return _plain(self) | {"ok": self.ok}
+
+
+@dataclass(frozen=True)
+class VerifyPlan:
+    """What a verify checks: the snapshots, every chunk with the length its manifest gives (-1
+    for a chunk no manifest names), and the manifests found damaged (and those repaired)."""
+
+    store: str
+    roots: tuple[str, ...]
+    lengths: Mapping[str, int]
+    bad_manifests: tuple[str, ...] = ()
+    repaired: tuple[str, ...] = ()
+
+    @property
+    def total_bytes(self) -> int:
+        """Bytes the manifests say the chunks hold (chunks no manifest names not counted)."""
+        return sum(n for n in self.lengths.values() if n > 0)
+
+    def batches(self, max_bytes: int, *, max_chunks: int = MAX_BATCH_CHUNKS) -> list[dict[str, int]]:
+        """The chunks in id order, cut into batches of at most ``max_bytes`` (a chunk larger
+        than that is a batch of its own) and ``max_chunks``. A chunk of unknown length counts
+        as the default chunk size. Concatenated, the batches are the plan's chunks in id order."""
+        if max_bytes <= 0 or max_chunks <= 0:
+            raise ValueError(f"a batch needs room: max_bytes={max_bytes!r} and max_chunks={max_chunks!r} must be positive")
+        out: list[dict[str, int]] = []
+        batch: dict[str, int] = {}
+        size = 0
+        for cid in sorted(self.lengths):
+            n = self.lengths[cid]
+            weight = n if n >= 0 else DEFAULT_CHUNK_SIZE
+            if batch and (size + weight > max_bytes or len(batch) >= max_chunks):
+                out.append(batch)
+                batch, size = {}, 0
+            batch[cid] = n
+            size += weight
+        if batch:
+            out.append(batch)
+        return out
+
+
+@dataclass(frozen=True)
+class Checked:
+    """What re-hashing a batch of chunks found, in chunk id order."""
+
+    missing: tuple[str, ...]
+    corrupt: tuple[str, ...]
+    chunks: int
+    bytes_read: int
+
+    def to_dict(self) -> dict:
+        return _plain(self)
 
 
 def _load(store: Store, root: str, repair_from: Store | None, repaired: list[str], bad: list[str]) -> Manifest | None:
@@ -49,16 +114,10 @@ def _load(store: Store, root: str, repair_from: Store | None, repaired: list[str
         return manifest
 
 
-def verify(
-    store: Store,
-    *,
-    ref: str | None = None,
-    root: str | None = None,
-    repair_from: Store | None = None,
-    progress: Progress | None = None,
-) -> VerifyResult:
-    """Check every chunk the snapshot named by ``ref``/``root`` needs, or with neither, every
-    manifest and chunk in the store. With ``repair_from``, fetch good copies of what is bad."""
+def plan(store: Store, *, ref: str | None = None, root: str | None = None, repair_from: Store | None = None) -> VerifyPlan:
+    """The chunks the snapshot named by ``ref``/``root`` needs, or with neither, every manifest's
+    chunks and every chunk in the store. Reading the manifests checks them; with ``repair_from``,
+    a damaged or missing one is replaced by a good copy first."""
     repaired: list[str] = []
     bad_manifests: list[str] = []
     if ref or root:
@@ -73,30 +132,56 @@ def verify(
     if not (ref or root):
         for cid in store.iter_chunks():
             lengths.setdefault(cid, -1)
+    return VerifyPlan(store.uri, tuple(roots), lengths, tuple(bad_manifests), tuple(repaired))
+
+
+def check(store: Store, lengths: Mapping[str, int], *, progress: Progress | None = None) -> Checked:
+    """Re-hash the chunks ``lengths`` names (on the store's threads): which are missing, and
+    which are corrupt (wrong hash, or a length other than the expected one when it is known)."""
     prog = ensure(progress)
     prog.start(sum(n for n in lengths.values() if n > 0), "verify")
+    read = 0
 
-    def check(cid: str) -> str | None:
+    def one(cid: str) -> tuple[str | None, int]:
         data = store.read_chunk_raw(cid)
         if data is None:
-            return "missing"
+            return "missing", 0
         prog.advance(len(data))
         expected_len = lengths[cid]
         if chunk_id(data) != cid or (expected_len >= 0 and len(data) != expected_len):
-            return "corrupt"
-        return None
+            return "corrupt", len(data)
+        return None, len(data)
 
     missing, corrupt = [], []
     ids = sorted(lengths)
     try:
         with ThreadPoolExecutor(store.parallelism, thread_name_prefix="concord-verify") as pool:
-            for cid, state in zip(ids, pool.map(check, ids)):
+            for cid, (state, n) in zip(ids, pool.map(one, ids)):
+                read += n
                 if state == "missing":
                     missing.append(cid)
                 elif state == "corrupt":
                     corrupt.append(cid)
     finally:
         prog.close()
+    return Checked(tuple(missing), tuple(corrupt), len(ids), read)
+
+
+def conclude(
+    store: Store,
+    *,
+    roots: Sequence[str],
+    checks: Sequence[Checked],
+    bad_manifests: Sequence[str] = (),
+    repaired: Sequence[str] = (),
+    repair_from: Store | None = None,
+) -> VerifyResult:
+    """Combine the checks of a plan's batches (in batch order) into one result; with
+    ``repair_from``, first fetch good copies of every missing and corrupt chunk. ``repaired``
+    are the manifests the plan already repaired."""
+    missing = [c for part in checks for c in part.missing]
+    corrupt = [c for part in checks for c in part.corrupt]
+    fixed = list(repaired)
     if repair_from is not None:
         for cid in missing + corrupt:
             try:
@@ -104,13 +189,29 @@ def verify(
             except (ChunkNotFoundError, IntegrityError):
                 continue  # reported as still broken: ok is False
             store.put_chunk(cid, data, verify=False, overwrite=True)
-            repaired.append(cid)
+            fixed.append(cid)
     return VerifyResult(
         store=store.uri,
         roots=tuple(roots),
-        chunks_checked=len(ids),
+        chunks_checked=sum(part.chunks for part in checks),
         missing=tuple(missing),
         corrupt=tuple(corrupt),
-        repaired=tuple(repaired),
+        repaired=tuple(fixed),
         bad_manifests=tuple(bad_manifests),
     )
+
+
+def verify(
+    store: Store,
+    *,
+    ref: str | None = None,
+    root: str | None = None,
+    repair_from: Store | None = None,
+    progress: Progress | None = None,
+) -> VerifyResult:
+    """Check every chunk the snapshot named by ``ref``/``root`` needs, or with neither, every
+    manifest and chunk in the store. With ``repair_from``, fetch good copies of what is bad."""
+    p = plan(store, ref=ref, root=root, repair_from=repair_from)
+    checked = check(store, p.lengths, progress=progress)
+    return conclude(store, roots=p.roots, checks=[checked], bad_manifests=p.bad_manifests, repaired=p.repaired,
+                    repair_from=repair_from)

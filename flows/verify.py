@@ -1,24 +1,40 @@
-"""The integrity pipeline: re-hash a store, repair it from a replica, fail while it is broken."""
+"""The integrity pipeline: re-hash a store, repair it from a replica, fail while it is broken.
+
+The hashing fans out: the chunks to check are cut into batches of ``batch_mib`` and one task
+re-hashes each batch, on the task runner ``CONCORD_TASK_RUNNER`` chooses (threads, or a Dask
+cluster that may span machines; see ``flows._runner``).
+"""
 
 from __future__ import annotations
 
-from prefect import flow
-from prefect.artifacts import create_markdown_artifact
+from typing import Annotated
 
-from flows._report import md_table, short
+from prefect import flow, unmapped
+from prefect.artifacts import create_markdown_artifact, create_progress_artifact, update_progress_artifact
+from prefect.futures import as_completed
+from pydantic import Field
+
+from flows._report import MiB, human, md_table, short
+from flows._runner import task_runner
 from flows.snapshot import DEFAULT_STORE
-from tasks import verify_task
+from tasks import verify_batch_task, verify_conclude_task, verify_plan_task
 
 #: chunk ids listed in the report at most (the counts are always complete)
 LISTED = 50
+
+BatchMiB = Annotated[
+    float, Field(gt=0, description="MiB of chunks one task re-hashes; the batches run in parallel on the task runner.")
+]
 
 
 class StoreDamaged(RuntimeError):
     """A store still has missing or corrupt data after the verify (and any repair)."""
 
 
-@flow(name="verify-store")
-def verify_store(store: str = DEFAULT_STORE, ref: str | None = None, repair_from: str | None = None) -> dict:
+@flow(name="verify-store", task_runner=task_runner())
+def verify_store(
+    store: str = DEFAULT_STORE, ref: str | None = None, repair_from: str | None = None, batch_mib: BatchMiB = 256
+) -> dict:
     """Re-hash what a store holds; repair missing or corrupt chunks from a healthy replica.
 
     The run fails while anything is still missing or corrupt, so a schedule or an automation
@@ -28,8 +44,25 @@ def verify_store(store: str = DEFAULT_STORE, ref: str | None = None, repair_from
         store: The store to check.
         ref: Check only what this ref's snapshot needs; empty to check the whole store.
         repair_from: A store to fetch good copies of bad chunks from; empty to only report.
+        batch_mib: MiB of chunks per hashing task. The batches are re-hashed in parallel on the
+            flow's task runner (CONCORD_TASK_RUNNER on the worker: threads, or a Dask cluster).
     """
-    r = verify_task(store, ref=ref or None, repair_from=repair_from or None)
+    plan = verify_plan_task(store, max(1, int(batch_mib * MiB)), ref=ref or None, repair_from=repair_from or None)
+    batches = plan["batches"]
+    futures = verify_batch_task.map(store=unmapped(store), batch=batches)
+    index = {f: i for i, f in enumerate(futures)}
+    progress = create_progress_artifact(0.0, key="verify-progress", description=_progress(plan, 0, 0))
+    checks: list[dict | None] = [None] * len(batches)
+    done = 0
+    for n, future in enumerate(as_completed(list(futures)), start=1):
+        checks[index[future]] = c = future.result()
+        done += c["bytes_read"]
+        update_progress_artifact(progress, 100.0 * n / len(batches), description=_progress(plan, n, done))
+    if not batches:
+        update_progress_artifact(progress, 100.0, description=_progress(plan, 0, 0))
+    r = verify_conclude_task(store, plan, checks, ref=ref or None, repair_from=repair_from or None)
+    r["batches"] = len(batches)
+
     repaired = set(r["repaired"])
     rows = [("missing", c, "repaired" if c in repaired else "**broken**") for c in r["missing"][:LISTED]]
     rows += [("corrupt", c, "repaired" if c in repaired else "**broken**") for c in r["corrupt"][:LISTED]]
@@ -54,3 +87,10 @@ def verify_store(store: str = DEFAULT_STORE, ref: str | None = None, repair_from
             f"{len(r['bad_manifests'])} damaged manifest(s), {len(r['repaired'])} repaired: {hint}"
         )
     return r
+
+
+def _progress(plan: dict, batches_done: int, bytes_done: int) -> str:
+    return (
+        f"verify: {batches_done} of {len(plan['batches'])} batch(es), "
+        f"{human(bytes_done)} of {human(plan['bytes'])} re-hashed"
+    )

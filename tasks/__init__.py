@@ -2,7 +2,7 @@
 and events live. Every task takes store specs as strings and returns a plain dict."""
 
 from tasks.federation import federate_task, verify_ledger_task
-from tasks.integrity import verify_task
+from tasks.integrity import verify_batch_task, verify_conclude_task, verify_plan_task, verify_task
 from tasks.lineage import (
     model_lineage_task,
     promote_task,
@@ -43,6 +43,9 @@ __all__ = [
     "sweep_task",
     "tier_status_task",
     "validate_contract_task",
+    "verify_batch_task",
+    "verify_conclude_task",
     "verify_ledger_task",
+    "verify_plan_task",
     "verify_task",
 ]

@@ -1,4 +1,11 @@
-"""Check what a store holds, and repair it from a healthy replica."""
+"""Check what a store holds, and repair it from a healthy replica.
+
+``verify_task`` does it in one task. The verify-store flow fans the hashing out instead:
+``verify_plan_task`` lists the chunks and cuts them into batches, ``verify_batch_task`` re-hashes
+one batch (mapped over the batches, so a Dask cluster hashes them on many machines), and
+``verify_conclude_task`` repairs and combines. Both ways give the same report and emit the same
+event.
+"""
 
 from __future__ import annotations
 
@@ -7,34 +14,22 @@ from prefect.cache_policies import NO_CACHE
 
 from tasks import events
 from tasks.common import RETRIES, RETRY_DELAYS, open_stores, retry_if_transient
-from tasks.progress import PrefectProgress, run_logger
+from tasks.progress import PrefectProgress, human_bytes, run_logger
+
+#: the store tasks' retry policy: only errors a later attempt can cure
+_STORE_TASK = dict(retries=RETRIES, retry_delay_seconds=RETRY_DELAYS, retry_condition_fn=retry_if_transient, cache_policy=NO_CACHE)
 
 
-@task(
-    name="verify",
-    retries=RETRIES,
-    retry_delay_seconds=RETRY_DELAYS,
-    retry_condition_fn=retry_if_transient,
-    cache_policy=NO_CACHE,
-)
-def verify_task(store: str, ref: str | None = None, root: str | None = None, repair_from: str | None = None) -> dict:
-    """Re-hash every chunk the snapshot ``ref``/``root`` needs (with neither: everything in the
-    store); with ``repair_from``, fetch good copies of what is missing or corrupt.
-
-    Returns the report (``ok`` is False while anything is still broken) rather than raising:
-    the caller decides what a broken store means. Emits ``concord.store.verified``.
-    """
-    from concord.verify import verify
-
-    with open_stores(store, repair_from) as (s, donor):
-        r = verify(s, ref=ref, root=root, repair_from=donor, progress=PrefectProgress())
+def _reported(result, store, donor, ref: str | None) -> dict:
+    """The report of a verify as a plain dict; emits ``concord.store.verified`` and logs the verdict."""
+    r = result
     out = r.to_dict() | {"repair_from": donor.uri if donor else None}
     related = [events.snapshot(x, "snapshot") for x in r.roots[:20]]
     if donor is not None:
         related.append(events.store(donor.uri, "repair-source"))
     out["event_id"] = events.emit(
         events.STORE_VERIFIED,
-        events.store(s.uri),
+        events.store(store.uri),
         related,
         {
             "ok": r.ok,
@@ -49,6 +44,72 @@ def verify_task(store: str, ref: str | None = None, root: str | None = None, rep
     log = run_logger()
     (log.info if r.ok else log.error)(
         "%s: %d chunk(s) checked, %d missing, %d corrupt, %d repaired",
-        s.uri, r.chunks_checked, len(r.missing), len(r.corrupt), len(r.repaired),
+        store.uri, r.chunks_checked, len(r.missing), len(r.corrupt), len(r.repaired),
     )
     return out
+
+
+@task(name="verify", **_STORE_TASK)
+def verify_task(store: str, ref: str | None = None, root: str | None = None, repair_from: str | None = None) -> dict:
+    """Re-hash every chunk the snapshot ``ref``/``root`` needs (with neither: everything in the
+    store); with ``repair_from``, fetch good copies of what is missing or corrupt.
+
+    Returns the report (``ok`` is False while anything is still broken) rather than raising:
+    the caller decides what a broken store means. Emits ``concord.store.verified``.
+    """
+    from concord.verify import verify
+
+    with open_stores(store, repair_from) as (s, donor):
+        r = verify(s, ref=ref, root=root, repair_from=donor, progress=PrefectProgress())
+        return _reported(r, s, donor, ref)
+
+
+@task(name="verify-plan", **_STORE_TASK)
+def verify_plan_task(
+    store: str, batch_bytes: int, ref: str | None = None, root: str | None = None, repair_from: str | None = None
+) -> dict:
+    """What a verify of ``store`` checks (see ``verify_task``), with the chunks cut into batches of
+    about ``batch_bytes``: ``{store, roots, bad_manifests, repaired, chunks, bytes, batches}``,
+    each batch a ``{chunk id: expected length}`` in id order. Damaged manifests are repaired here."""
+    from concord.verify import plan
+
+    with open_stores(store, repair_from) as (s, donor):
+        p = plan(s, ref=ref, root=root, repair_from=donor)
+    batches = p.batches(batch_bytes)
+    run_logger().info(
+        "%s: %d chunk(s), %s, in %d batch(es) of up to %s",
+        p.store, len(p.lengths), human_bytes(p.total_bytes), len(batches), human_bytes(batch_bytes),
+    )
+    return {
+        "store": p.store,
+        "roots": list(p.roots),
+        "bad_manifests": list(p.bad_manifests),
+        "repaired": list(p.repaired),
+        "chunks": len(p.lengths),
+        "bytes": p.total_bytes,
+        "batches": batches,
+    }
+
+
+@task(name="verify-batch", **_STORE_TASK)
+def verify_batch_task(store: str, batch: dict[str, int]) -> dict:
+    """Re-hash one batch of chunks (``{chunk id: expected length, -1 if unknown}``):
+    ``{missing, corrupt, chunks, bytes_read}``, ids in order. Reads only; repairs nothing."""
+    from concord.verify import check
+
+    with open_stores(store) as (s,):
+        return check(s, batch).to_dict()
+
+
+@task(name="verify-conclude", **_STORE_TASK)
+def verify_conclude_task(store: str, plan: dict, checks: list[dict], ref: str | None = None,
+                         repair_from: str | None = None) -> dict:
+    """Combine the checks of the plan's batches (in batch order) into the report ``verify_task``
+    gives, repairing first from ``repair_from``. Emits ``concord.store.verified``."""
+    from concord.verify import Checked, conclude
+
+    parts = [Checked(tuple(c["missing"]), tuple(c["corrupt"]), c["chunks"], c["bytes_read"]) for c in checks]
+    with open_stores(store, repair_from) as (s, donor):
+        r = conclude(s, roots=plan["roots"], checks=parts, bad_manifests=plan["bad_manifests"],
+                     repaired=plan["repaired"], repair_from=donor)
+        return _reported(r, s, donor, ref)

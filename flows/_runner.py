@@ -1,0 +1,67 @@
+"""The task runner of the flows whose tasks fan out, chosen by the environment.
+
+``CONCORD_TASK_RUNNER``:
+
+- ``threads`` (the default): Prefect's thread pool, inside the flow run's own process.
+- ``dask``: a temporary Dask cluster on the flow run's machine (127.0.0.1 only), started with the
+  run and stopped after it, with ``CONCORD_DASK_WORKERS`` worker processes (default: one per core),
+  one task at a time each.
+- ``tcp://HOST:PORT`` (or ``tls://``): a running Dask scheduler, whose workers may sit on many
+  machines; each must have the project installed and reach the stores and the Prefect API.
+
+The choice is read when the flow's module is imported, which a worker does for every flow run:
+set the variable in the worker's environment, or in a deployment's job variables (``env``).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import TYPE_CHECKING, Mapping
+
+if TYPE_CHECKING:
+    from prefect.task_runners import TaskRunner
+
+RUNNER_VAR = "CONCORD_TASK_RUNNER"
+WORKERS_VAR = "CONCORD_DASK_WORKERS"
+ACCEPTED = "threads (the default), dask (a Dask cluster on this machine), or tcp://HOST:PORT (a running Dask scheduler; tls://HOST:PORT with TLS)"
+_SCHEDULER = re.compile(r"^(tcp|tls)://[^\s:/]+:\d{1,5}$")
+
+
+class TaskRunnerChoiceError(ValueError):
+    """``CONCORD_TASK_RUNNER`` or ``CONCORD_DASK_WORKERS`` holds a value no task runner answers to."""
+
+
+def dask_workers(environ: Mapping[str, str] | None = None) -> int:
+    """``CONCORD_DASK_WORKERS``: the worker processes of a local Dask cluster (default: the cores)."""
+    raw = (os.environ if environ is None else environ).get(WORKERS_VAR, "").strip()
+    if not raw:
+        return os.cpu_count() or 1
+    try:
+        n = int(raw)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise TaskRunnerChoiceError(f"{WORKERS_VAR}={raw!r} is not a number of Dask workers: set a whole number of at least 1, or unset it for one per core")
+    return n
+
+
+def task_runner(environ: Mapping[str, str] | None = None) -> "TaskRunner":
+    """The task runner ``CONCORD_TASK_RUNNER`` names in ``environ`` (default ``os.environ``)."""
+    env = os.environ if environ is None else environ
+    choice = env.get(RUNNER_VAR, "").strip()
+    if choice in ("", "threads"):
+        from prefect.task_runners import ThreadPoolTaskRunner
+
+        return ThreadPoolTaskRunner()
+    if choice == "dask":
+        from prefect_dask import DaskTaskRunner
+
+        # one task per worker process: a batch hashes on the store's own threads
+        cluster = {"n_workers": dask_workers(env), "threads_per_worker": 1, "host": "127.0.0.1", "dashboard_address": None}
+        return DaskTaskRunner(cluster_kwargs=cluster)
+    if _SCHEDULER.match(choice):
+        from prefect_dask import DaskTaskRunner
+
+        return DaskTaskRunner(address=choice)
+    raise TaskRunnerChoiceError(f"{RUNNER_VAR}={choice!r} is not a task runner: set it to {ACCEPTED}")
