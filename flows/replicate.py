@@ -9,10 +9,13 @@ from prefect.artifacts import create_markdown_artifact, create_progress_artifact
 from prefect.futures import as_completed
 from pydantic import Field
 
+from concord.staging import staged_checkpoint
+from flows._arguments import BadArguments, checkpoint_problems, ref_problems, started_by_event, store_problems, targets_problems
 from flows._report import human, md_table, short
 from flows.lineage import record_holders
 from flows.snapshot import DEFAULT_REF, ChunkSizeMiB, snapshot_checkpoint
 from tasks import replicate_task
+from tasks.progress import PrefectProgress
 
 Targets = Annotated[list[str], Field(min_length=1, description="Stores to bring up to date, one per cluster.")]
 
@@ -74,6 +77,35 @@ def replicate_snapshot(source: str, targets: Targets, ref: str = DEFAULT_REF, re
     return [results[t] for t in targets]
 
 
+class BadReplicationArguments(BadArguments):
+    """snapshot-and-replicate was given parameters it cannot run with (typically a malformed
+    ``concord.checkpoint.created`` event whose payload was templated into them)."""
+
+    flow = "snapshot-and-replicate"
+    payload_fields = "path, model, name, step"
+    fix = (
+        "a finished checkpoint (a folder on the worker or an s3://bucket/prefix), a ref like "
+        "models/NAME and the stores of the other clusters as targets"
+    )
+
+
+def check_replication_arguments(source: object, store: object, targets: object, ref: object) -> None:
+    """Refuse, with every reason at once, what snapshot-and-replicate cannot run with, before
+    any store is opened.
+
+    ``source`` must be a folder on the worker holding checkpoint files (a relative path is taken
+    from the working folder and must exist there) or an ``s3://bucket/prefix`` of a checkpoint;
+    ``ref`` a ref name; ``store`` and every target a store address; ``targets`` not empty, each
+    store once, the primary store not among them.
+    """
+    problems = checkpoint_problems(source, "source", relative=True, need_files=True)
+    problems += ref_problems(ref)
+    problems += store_problems(store, "store")
+    problems += targets_problems(targets, store)
+    if problems:
+        raise BadReplicationArguments(problems, event=started_by_event(source, store, ref, *(targets or ())))
+
+
 @flow(name="snapshot-and-replicate")
 def snapshot_and_replicate(
     source: str,
@@ -85,14 +117,23 @@ def snapshot_and_replicate(
 ) -> dict:
     """Snapshot a new checkpoint into the primary store, then replicate it to every cluster.
 
+    The parameters are checked first, every problem named at once (`BadReplicationArguments`),
+    before any store is touched. An s3:// checkpoint is downloaded into a temporary folder on the
+    worker, snapshotted from there, and the folder removed whatever happens. Running it again on
+    the same checkpoint changes nothing: the snapshot has the same root, so no ref moves.
+
     Args:
-        source: The checkpoint folder (or file) to snapshot.
+        source: The checkpoint: a folder on the worker, or s3://bucket/prefix (staged first).
         store: The primary store the snapshot is taken into.
         targets: The stores of the other clusters.
         ref: The ref moved to the new snapshot, here and on every target.
         chunk_size_mib: Chunk size in MiB (keep it stable across snapshots of one model).
         message: A note kept in the ref's history.
     """
-    snap = snapshot_checkpoint(source=source, store=store, ref=ref, chunk_size_mib=chunk_size_mib, message=message)
+    check_replication_arguments(source, store, targets, ref)
+    with staged_checkpoint(source, progress=PrefectProgress(key="checkpoint-staging")) as staged:
+        snap = snapshot_checkpoint(source=staged.path, store=store, ref=ref, chunk_size_mib=chunk_size_mib, message=message)
+    if staged.staged:
+        snap = snap | {"source": source, "staged_files": staged.files, "staged_bytes": staged.bytes}
     replicas = replicate_snapshot(targets=targets, source=store, ref=ref)
     return {"snapshot": snap, "replicas": replicas}

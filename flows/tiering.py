@@ -17,7 +17,10 @@ from prefect import flow
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from pydantic import Field
 
+from concord.staging import staged_checkpoint
+from flows._arguments import BadArguments, checkpoint_problems, started_by_event
 from flows._report import human, md_table, short
+from tasks.progress import PrefectProgress
 from tasks import (
     add_checkpoint_task,
     drill_task,
@@ -54,44 +57,39 @@ class DrillFailed(RuntimeError):
     """A restore drill missed an objective, could not restore, or found damage (see its report)."""
 
 
-class BadCheckpointArguments(ValueError):
+class BadCheckpointArguments(BadArguments):
     """tier-checkpoints was given a checkpoint it cannot take in (typically a malformed
     ``concord.checkpoint.created`` event whose payload was templated into the parameters)."""
 
-    def __init__(self, problems: list[str]):
-        self.problems = problems
-        super().__init__(
-            "tier-checkpoints refused its parameters before touching any store: " + "; ".join(problems)
-            + ". If an event started this run, check the payload the checkpoint watcher sent "
-            "(path, name, step); otherwise run it again with a finished local checkpoint folder."
-        )
+    flow = "tier-checkpoints"
+    payload_fields = "path, name, step"
+    fix = "a finished checkpoint: an absolute local folder or an s3://bucket/prefix"
 
 
 def check_checkpoint_arguments(checkpoint_dir: object, name: object, step: object) -> None:
     """Refuse, with every reason at once, a checkpoint that cannot be taken in.
 
-    ``checkpoint_dir`` must be an absolute path of an existing local folder (an S3 URI or a
-    relative path is refused: the worker's working folder is not the watcher's), ``name`` a
-    checkpoint name, ``step`` a non-negative integer. Empty values mean "not given"; a name or
-    step without a folder is refused, since a sweep has no use for them.
+    ``checkpoint_dir`` must be an absolute path of an existing local folder (a relative path is
+    refused: the worker's working folder is not the watcher's) or an ``s3://bucket/prefix`` of a
+    checkpoint (staged into a temporary folder when the run takes it in), ``name`` a checkpoint
+    name (empty: the folder's or prefix's last part, which must be one then), ``step`` a
+    non-negative integer. Empty values mean "not given"; a name or step without a checkpoint is
+    refused, since a sweep has no use for them.
     """
-    problems = []
     given = checkpoint_dir not in (None, "")
-    if given:
-        if not isinstance(checkpoint_dir, str):
-            problems.append(f"checkpoint_dir must be a folder path, got {type(checkpoint_dir).__name__} {checkpoint_dir!r}")
-        elif "://" in checkpoint_dir or not os.path.isabs(checkpoint_dir):
-            problems.append(f"checkpoint_dir must be an absolute local folder path, got {checkpoint_dir!r}")
-        elif not os.path.isdir(checkpoint_dir):
-            problems.append(f"checkpoint_dir {checkpoint_dir!r} is not a folder on this worker")
+    problems = checkpoint_problems(checkpoint_dir, "checkpoint_dir", relative=False, need_files=False) if given else []
     if name not in (None, "") and not (isinstance(name, str) and re.fullmatch(NAME_PATTERN, name)):
         problems.append(f"name must be a checkpoint name (letters, digits, '.', '_' or '-'; at most 128), got {name!r}")
+    elif name in (None, "") and given and not problems:
+        last = os.path.basename(checkpoint_dir.rstrip("/" + os.sep))
+        if not re.fullmatch(NAME_PATTERN, last):
+            problems.append(f"name is empty and the checkpoint's last part {last!r} is no checkpoint name; give a name")
     if step is not None and (isinstance(step, bool) or not isinstance(step, int) or step < 0):
         problems.append(f"step must be a non-negative integer, got {type(step).__name__} {step!r}")
     if not given and (name not in (None, "") or step is not None):
         problems.append("name and step only apply with a checkpoint_dir, which is empty")
     if problems:
-        raise BadCheckpointArguments(problems)
+        raise BadCheckpointArguments(problems, event=started_by_event(checkpoint_dir, name, step))
 
 
 def _mark(tier: dict) -> str:
@@ -177,7 +175,8 @@ def tier_checkpoints(
 
     Args:
         policy: The tier policy: a YAML file, or block:NAME of a saved Concord Tier Policy block.
-        checkpoint_dir: A finished checkpoint folder to add; empty for a sweep only.
+        checkpoint_dir: A finished checkpoint to add: an absolute folder on the worker, or an
+            s3://bucket/prefix (downloaded into a temporary folder first); empty for a sweep only.
         name: The checkpoint's name; empty for the folder's name.
         step: The training step; empty for the number the name ends with.
         pin_promoted: Keep the snapshots of MLflow model versions that hold an alias hot and warm,
@@ -190,7 +189,9 @@ def tier_checkpoints(
     pinned = promoted_roots_task(tracking_uri or None) if pin_promoted else []
     added = None
     if checkpoint_dir:
-        added = add_checkpoint_task(policy, checkpoint_dir, name=name or None, step=step, pinned_roots=pinned)
+        # an s3:// checkpoint is staged into a temporary local folder, removed whatever happens
+        with staged_checkpoint(checkpoint_dir, progress=PrefectProgress(key="checkpoint-staging")) as staged:
+            added = add_checkpoint_task(policy, staged.path, name=name or None, step=step, pinned_roots=pinned)
         swept = added["sweep"]
         namespace = added["namespace"]
     else:

@@ -106,14 +106,15 @@ def test_new_checkpoints_trigger_snapshot_and_replicate_and_tiering():
         assert action.type == "run-deployment" and action.parameters == d["triggers"][0]["parameters"]
 
 
-def test_the_triggers_match_local_checkpoints_only(tmp_path):
+def test_the_triggers_match_local_and_s3_checkpoints(tmp_path):
     local = checkpoint_event(announcement(str(tmp_path / "step-200")))
     s3 = checkpoint_event(announcement("s3://bucket/runs/llama/step-200", store="s3", source="s3://bucket/runs/llama"))
+    elsewhere = checkpoint_event(announcement("gs://bucket/runs/llama/step-200", store="gcs", source="gs://bucket/runs/llama"))
     other = received("concord.snapshot.created", {"prefect.resource.id": "concord.snapshot.abc"})
     for d in _deployments_with_triggers().values():
         (t,) = _triggers(d)
         covers = server_trigger(t).covers
-        assert (covers(local), covers(s3), covers(other)) == (True, False, False)
+        assert (covers(local), covers(s3), covers(elsewhere), covers(other)) == (True, True, False, False)
 
 
 def _flow_and_parameters(entrypoint: str, event, monkeypatch) -> tuple:
@@ -170,7 +171,8 @@ def touched(monkeypatch):
     "payload, problem",
     [
         ({"path": "runs/llama/step-200"}, "absolute local folder"),
-        ({"path": "s3://bucket/runs/llama/step-200"}, "absolute local folder"),
+        ({"path": "s3://bucket"}, "whole bucket"),
+        ({"path": "{{ event.payload.path }}"}, "did not fill in"),
         ({"path": "/no/such/folder/step-200"}, "not a folder"),
         ({"name": "../../etc"}, "checkpoint name"),
         ({"name": ""}, None),  # empty: the folder's name
