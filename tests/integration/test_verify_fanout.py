@@ -1,0 +1,94 @@
+"""verify-store's hashing fanned out in batches, on threads and on a local Dask cluster, on a real
+temporary Prefect server: the same findings and repairs as one verify in a single call."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from concord.hashing import chunk_id
+from concord.refs import load_manifest
+from concord.stores import open_store
+from concord.stores.base import chunk_key
+from concord.verify import verify
+from flows._runner import task_runner
+from flows.replicate import replicate_snapshot
+from flows.snapshot import snapshot_checkpoint
+from flows.verify import StoreDamaged, verify_store
+
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("prefect_harness"), pytest.mark.timeout(300)]
+
+REF = "models/tiny"
+#: small enough that the tiny checkpoint's chunks need several batches
+BATCH_MIB = 0.25
+COMPARED = ("roots", "chunks_checked", "missing", "corrupt", "repaired", "bad_manifests", "ok")
+
+
+def _damage(store: str, missing: str, corrupt: list[str]) -> None:
+    os.unlink(os.path.join(store, *chunk_key(missing).split("/")))
+    for cid in corrupt:
+        path = os.path.join(store, *chunk_key(cid).split("/"))
+        data = bytearray(open(path, "rb").read())
+        data[len(data) // 2] ^= 0xFF
+        with open(path, "wb") as f:
+            f.write(data)
+
+
+@pytest.fixture
+def damaged(checkpoints, tmp_path):
+    """A primary store and three replicas damaged alike (one chunk gone, two corrupt, and a valid
+    chunk that no manifest names), with the ids of the damage."""
+    primary = str(tmp_path / "stores" / "primary")
+    replicas = [str(tmp_path / "stores" / name) for name in ("a", "b", "c")]
+    state = snapshot_checkpoint(str(checkpoints("v1")), primary, REF, chunk_size_mib=1, return_state=True)
+    root = state.result()["root"]
+    replicate_snapshot(primary, replicas, REF, record_lineage=False)
+    ids = sorted(load_manifest(open_store(primary), root).chunk_lengths())
+    orphan = b"a chunk no snapshot names"
+    for store in replicas:
+        _damage(store, ids[0], [ids[1], ids[-1]])
+        open_store(store).put_chunk(chunk_id(orphan), orphan)
+    return primary, replicas, {"missing": [ids[0]], "corrupt": [ids[1], ids[-1]], "chunks": len(ids) + 1}
+
+
+def _runs_with(runner_env: dict[str, str]):
+    return verify_store.with_options(task_runner=task_runner(runner_env))
+
+
+def test_batches_on_threads_and_on_dask_find_and_repair_what_one_verify_does(damaged, artifacts_of):
+    primary, (a, b, c), damage = damaged
+    expected = verify(open_store(a), repair_from=open_store(primary)).to_dict()
+    assert (expected["missing"], sorted(expected["corrupt"])) == (damage["missing"], sorted(damage["corrupt"]))
+    assert expected["chunks_checked"] == damage["chunks"]
+
+    threads = _runs_with({"CONCORD_TASK_RUNNER": "threads"})(b, repair_from=primary, batch_mib=BATCH_MIB, return_state=True)
+    dask = _runs_with({"CONCORD_TASK_RUNNER": "dask", "CONCORD_DASK_WORKERS": "2"})(
+        c, repair_from=primary, batch_mib=BATCH_MIB, return_state=True
+    )
+    for state in (threads, dask):
+        assert state.is_completed(), state
+        r = state.result()
+        assert r["batches"] > 2, r["batches"]
+        assert {k: r[k] for k in COMPARED} == {k: expected[k] for k in COMPARED}
+        progress = [x for x in artifacts_of(state.state_details.flow_run_id) if x.key == "verify-progress"]
+        assert progress and progress[-1].data == 100.0
+    for store in (b, c):
+        assert verify(open_store(store)).ok, f"{store} still damaged after the repair"
+
+
+def test_a_damaged_store_fails_with_every_batch_counted(damaged):
+    _, (a, _, _), _ = damaged
+    state = verify_store(a, batch_mib=BATCH_MIB, return_state=True)
+    assert state.is_failed()
+    with pytest.raises(StoreDamaged, match="1 missing and 2 corrupt"):
+        state.result()
+
+
+def test_a_ref_verify_in_one_batch_or_many_checks_the_same_chunks(damaged):
+    primary, _, damage = damaged
+    whole = verify_store(primary, ref=REF, batch_mib=1024)
+    fine = verify_store(primary, ref=REF, batch_mib=BATCH_MIB)
+    assert whole["batches"] == 1 and fine["batches"] > 2
+    assert {k: whole[k] for k in COMPARED} == {k: fine[k] for k in COMPARED}
+    assert whole["ok"] and whole["chunks_checked"] == damage["chunks"] - 1
