@@ -1,4 +1,5 @@
-"""Shared fixtures: a real ``moto_server`` process, and stores of every kind on top of it."""
+"""Shared fixtures: a real ``moto_server`` process, stores of every kind on top of it, and a real
+``mlflow server`` process."""
 
 from __future__ import annotations
 
@@ -90,3 +91,31 @@ def local_store(tmp_path):
 def any_store(request):
     """Each store implementation in turn: the contract must hold for all of them."""
     return request.getfixturevalue(f"{request.param}_store")
+
+
+# ----------------------------------------------------------------------------- mlflow server
+
+_MLFLOW_ENV = {"MLFLOW_DISABLE_TELEMETRY": "true", "DO_NOT_TRACK": "true"}
+
+
+@pytest.fixture(scope="session")
+def mlflow_quiet():
+    """No telemetry from MLflow in this process or the servers it starts (restored afterwards)."""
+    with patched_environ(_MLFLOW_ENV):
+        yield
+
+
+@pytest.fixture(scope="session")
+def mlflow_server(mlflow_quiet, tmp_path_factory):
+    """The URI of a real ``mlflow server`` process on 127.0.0.1 (sqlite backend and artifact
+    folder in a temp folder), started once per session and stopped with its whole process group."""
+    port = free_port()
+    base = tmp_path_factory.mktemp("mlflow-server")
+    url = f"http://127.0.0.1:{port}"
+    cmd = [
+        str(Path(sys.executable).parent / "mlflow"), "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "2",
+        "--backend-store-uri", f"sqlite:///{base / 'server.db'}",
+        "--artifacts-destination", str(base / "artifacts"),
+    ]
+    with running_server("mlflow server", cmd, f"{url}/health", base / "server.log", timeout=120, need_ok=True, cwd=base):
+        yield url

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Callable
 
 import pytest
-from servers import free_port, patched_environ, running_server
+from servers import patched_environ
 
 
 
@@ -126,33 +126,3 @@ def events_about(prefect_client) -> Callable:
             time.sleep(0.25)
 
     return read
-
-
-# ----------------------------------------------------------------------------- mlflow server
-
-_MLFLOW_ENV = {"MLFLOW_DISABLE_TELEMETRY": "true", "DO_NOT_TRACK": "true"}
-
-
-@pytest.fixture(scope="session")
-def mlflow_quiet():
-    """No telemetry from MLflow in this process or the servers it starts (restored afterwards)."""
-    with patched_environ(_MLFLOW_ENV):
-        yield
-
-
-@pytest.fixture(scope="session")
-def mlflow_server(mlflow_quiet, tmp_path_factory):
-    """The URI of a real ``mlflow server`` process on 127.0.0.1 (sqlite backend and artifact
-    folder in a temp folder), started once per session and stopped with its whole process group."""
-    import sys
-
-    port = free_port()
-    base = tmp_path_factory.mktemp("mlflow-server")
-    url = f"http://127.0.0.1:{port}"
-    cmd = [
-        str(Path(sys.executable).parent / "mlflow"), "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "2",
-        "--backend-store-uri", f"sqlite:///{base / 'server.db'}",
-        "--artifacts-destination", str(base / "artifacts"),
-    ]
-    with running_server("mlflow server", cmd, f"{url}/health", base / "server.log", timeout=120, need_ok=True, cwd=base):
-        yield url
