@@ -1,12 +1,25 @@
 """Concord's Prefect automations, declared as code.
 
-    python -m deployments.automations [--dry-run | --apply] [--notify BLOCK]
+    python -m deployments.automations [--dry-run | --apply] [--notify BLOCK] [--zombie-after SECONDS]
 
 Three automations, one per event that needs a person:
 
     concord: P0 drift              concord.drift.detected with concord.priority P0
     concord: restore drill failed  concord.drill.failed
     concord: replication failed    concord.replica.failed
+
+and one that cleans up after a lost machine:
+
+    concord: crash zombie flow runs   no prefect.flow-run.heartbeat from a running flow run for
+                                      --zombie-after seconds (default 90, or $CONCORD_ZOMBIE_AFTER)
+
+A flow run sends a heartbeat every ``HEARTBEAT_SECONDS`` (30; ``deployments.serve`` sets
+``PREFECT_FLOWS_HEARTBEAT_FREQUENCY`` for its worker). When the process running it dies with no
+chance to report (its machine lost, the worker and the run killed), the run would stay Running
+forever; this automation moves it to Crashed once its heartbeats stop, and a completed, failed,
+cancelled or crashed run stops being watched. The window must be longer than the heartbeat
+interval; the default, three heartbeats, also lets a run ride out a Prefect server restart of up
+to a minute without being crashed by mistake.
 
 ``--notify`` names a saved notification block as ``<block type slug>/<name>`` (for example
 ``slack-webhook/oncall`` or ``email/sre``; default ``$CONCORD_NOTIFY_BLOCK``): each automation then
@@ -39,6 +52,16 @@ if TYPE_CHECKING:
     from prefect.events.schemas.automations import AutomationCore
 
 NOTIFY_ENV = "CONCORD_NOTIFY_BLOCK"
+ZOMBIE_AFTER_ENV = "CONCORD_ZOMBIE_AFTER"
+
+#: seconds between a flow run's heartbeats: Prefect's shortest (PREFECT_FLOWS_HEARTBEAT_FREQUENCY)
+HEARTBEAT_SECONDS = 30
+#: seconds without a heartbeat after which a running flow run is crashed: three heartbeats
+DEFAULT_ZOMBIE_AFTER = 3 * HEARTBEAT_SECONDS
+ZOMBIE = "concord: crash zombie flow runs"
+HEARTBEAT = "prefect.flow-run.heartbeat"
+#: the events that end a flow run's watch (its final states)
+FLOW_RUN_ENDED = tuple(f"prefect.flow-run.{s}" for s in ("Completed", "Failed", "Cancelled", "Crashed"))
 
 DRIFT_DETECTED = "concord.drift.detected"
 DRILL_FAILED = "concord.drill.failed"
@@ -119,8 +142,69 @@ def build(rule: Rule, notify_block_id: UUID | None = None) -> AutomationCore:
     return AutomationCore(name=rule.name, description=rule.description, enabled=True, trigger=trigger, actions=[action])
 
 
-def automations(notify_block_id: UUID | None = None) -> list[AutomationCore]:
-    return [build(rule, notify_block_id) for rule in RULES]
+class BadZombieWindow(ValueError):
+    """The --zombie-after window is not longer than the heartbeat interval."""
+
+
+def zombie_window(value: str | float | None) -> float:
+    """Seconds of silence after which a flow run is a zombie: ``value`` checked, or the default."""
+    if value is None or value == "":
+        return float(DEFAULT_ZOMBIE_AFTER)
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError) as exc:
+        raise BadZombieWindow(
+            f"--zombie-after (or ${ZOMBIE_AFTER_ENV}) {value!r} is not a number of seconds; "
+            f"give e.g. {DEFAULT_ZOMBIE_AFTER}"
+        ) from exc
+    if not seconds >= HEARTBEAT_SECONDS * 1.5:
+        raise BadZombieWindow(
+            f"--zombie-after (or ${ZOMBIE_AFTER_ENV}) {value!r} is too short: flow runs send a heartbeat every "
+            f"{HEARTBEAT_SECONDS} s, so a healthy run would be crashed; give at least {HEARTBEAT_SECONDS * 1.5:g} s "
+            f"(the default, {DEFAULT_ZOMBIE_AFTER}, is three heartbeats)"
+        )
+    return seconds
+
+
+def zombie_automation(after_seconds: float = DEFAULT_ZOMBIE_AFTER, notify_block_id: UUID | None = None) -> AutomationCore:
+    """Crash each flow run whose heartbeats stop for ``after_seconds`` (and notify, if a block is given)."""
+    from prefect.client.schemas.objects import StateType
+    from prefect.events.actions import ChangeFlowRunState, SendNotification
+    from prefect.events.schemas.automations import AutomationCore, EventTrigger, Posture
+
+    after_seconds = zombie_window(after_seconds)
+    message = (
+        f"No heartbeat from this flow run for {after_seconds:g} s: the process running it is gone (its worker "
+        "or machine was lost). Start a worker if none runs, then run the deployment again: "
+        "Concord's writes are atomic and a re-run sends only what is missing."
+    )
+    trigger = EventTrigger(
+        after={HEARTBEAT},
+        expect={HEARTBEAT, *FLOW_RUN_ENDED},
+        match={"prefect.resource.id": "prefect.flow-run.*"},
+        for_each={"prefect.resource.id"},
+        posture=Posture.Proactive,
+        threshold=1,
+        within=timedelta(seconds=after_seconds),
+    )
+    actions: list[Any] = [ChangeFlowRunState(state=StateType.CRASHED, name="Crashed", message=message)]
+    if notify_block_id is not None:
+        actions.append(SendNotification(
+            block_document_id=notify_block_id,
+            subject="Zombie flow run crashed: {{ event.resource.name }}",
+            body=message + "\n\nLast heartbeat: event {{ event.id }} at {{ event.occurred }}.",
+        ))
+    return AutomationCore(
+        name=ZOMBIE,
+        description="Flow runs that stop sending heartbeats (their worker or machine was lost) are marked Crashed.",
+        enabled=True,
+        trigger=trigger,
+        actions=actions,
+    )
+
+
+def automations(notify_block_id: UUID | None = None, *, zombie_after: float = DEFAULT_ZOMBIE_AFTER) -> list[AutomationCore]:
+    return [*(build(rule, notify_block_id) for rule in RULES), zombie_automation(zombie_after, notify_block_id)]
 
 
 class NotifyBlockNotFound(LookupError):
@@ -173,12 +257,24 @@ def main(argv: list[str] | None = None) -> int:
         default=os.environ.get(NOTIFY_ENV) or None,
         help=f"notification block as <block type slug>/<name>, e.g. slack-webhook/oncall (default: ${NOTIFY_ENV})",
     )
+    p.add_argument(
+        "--zombie-after",
+        default=os.environ.get(ZOMBIE_AFTER_ENV) or None,
+        metavar="SECONDS",
+        help=f"seconds without a heartbeat before a running flow run is crashed (default {DEFAULT_ZOMBIE_AFTER}, "
+        f"or ${ZOMBIE_AFTER_ENV}; at least {HEARTBEAT_SECONDS * 1.5:g})",
+    )
     args = p.parse_args(argv)
+    try:
+        zombie_after = zombie_window(args.zombie_after)
+    except BadZombieWindow as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
 
     if not args.apply:
         # a dry run needs no server: a named block shows as a placeholder id
         block = UUID(int=0) if args.notify else None
-        print(json.dumps([a.model_dump(mode="json") for a in automations(block)], indent=2))
+        print(json.dumps([a.model_dump(mode="json") for a in automations(block, zombie_after=zombie_after)], indent=2))
         return 0
 
     from prefect.client.orchestration import get_client
@@ -189,7 +285,7 @@ def main(argv: list[str] | None = None) -> int:
         except NotifyBlockNotFound as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2
-        for line in apply(client, automations(block)):
+        for line in apply(client, automations(block, zombie_after=zombie_after)):
             print(json.dumps(line))
     return 0
 

@@ -3,6 +3,7 @@
     python -m deployments.serve [--dir data/serve] start [--port 4200] [--watch DIR ...] [--interval 30]
                                                          [--project-dir .]
     python -m deployments.serve [--dir data/serve] status
+    python -m deployments.serve [--dir data/serve] restart NAME [NAME ...] [--timeout 15]
     python -m deployments.serve [--dir data/serve] stop [--timeout 15]
 
 ``start`` uses the Prefect server at ``$PREFECT_API_URL`` when it is set, otherwise starts
@@ -12,8 +13,18 @@ if missing, registers the project's blocks, deploys everything in ``prefect.yaml
 triggers included), applies the automations (``deployments.automations``, notifying the block
 named by ``$CONCORD_NOTIFY_BLOCK`` if set), and starts a process worker and the checkpoint
 watcher. Every process it starts runs in its own process group, logs to ``<dir>/logs/<name>.log``
-and is recorded (pid, start time, command, log) in ``<dir>/processes.json`` the moment it starts,
-so ``stop`` can end it even after a failed start.
+and is recorded (pid, start time, command, folder, log) in ``<dir>/processes.json`` the moment it
+starts, so ``stop`` can end it even after a failed start; the environment variables it sets for
+them are recorded there too. Flow runs send a heartbeat every 30 s (Prefect's shortest;
+``$PREFECT_FLOWS_HEARTBEAT_FREQUENCY`` overrides it), which the zombie automation of
+``deployments.automations`` watches.
+
+``restart NAME`` ends the recorded process NAME (``server``, ``worker`` or ``watcher``) if it still
+runs, and starts it again with its recorded command, folder and environment, in its place in the
+record; for the server it then waits until the API is healthy again. The server comes back on the
+same port with the same database: flow runs waiting on it carry on (Prefect's client retries its
+calls), and a worker lost with its machine is replaced by ``restart worker``. ``start`` while only
+some recorded processes run starts nothing and names the ones to restart.
 
 ``stop`` ends only the recorded processes (their process groups: SIGTERM, then SIGKILL after the
 timeout) and removes the record. A recorded pid that is no longer the recorded process (it exited,
@@ -36,10 +47,13 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Mapping, Sequence
 
+from deployments.automations import HEARTBEAT_SECONDS
+
 PROJECT_DIR = Path(__file__).resolve().parent.parent
 DEFAULT_DIR = PROJECT_DIR / "data" / "serve"
 WORK_POOL = "concord-process"
 RECORD = "processes.json"
+HEARTBEAT_ENV = "PREFECT_FLOWS_HEARTBEAT_FREQUENCY"
 
 
 class ServeError(RuntimeError):
@@ -58,6 +72,7 @@ class Started:
     command: list[str]
     log: str
     started_at: float | None  # the kernel's start time of the pid (None where it cannot be read)
+    cwd: str | None = None  # the folder it started in (None: the folder of the command that started it)
 
 
 def _proc_start_time(pid: int) -> float | None:
@@ -121,22 +136,43 @@ def write_record(state_dir: Path, data: Mapping) -> None:
             os.unlink(tmp)
 
 
-def spawn(state_dir: Path, name: str, command: Sequence[str], *, env: Mapping[str, str] | None = None,
-          cwd: Path | None = None) -> Started:
-    """Start ``command`` in its own process group, logging to ``logs/<name>.log``, and add it to
-    the record before returning."""
-    state_dir = Path(state_dir)
-    logs = state_dir / "logs"
+def _launch(state_dir: Path, name: str, command: Sequence[str], env: Mapping[str, str] | None,
+            cwd: Path | str | None) -> Started:
+    """Start ``command`` in its own process group, logging to ``logs/<name>.log``."""
+    logs = Path(state_dir) / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     log_path = logs / f"{name}.log"
     with open(log_path, "ab") as log:
         proc = subprocess.Popen(list(command), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 start_new_session=True, env=dict(env) if env is not None else None, cwd=cwd)
-    started = Started(name, proc.pid, list(command), str(log_path), _proc_start_time(proc.pid))
+    return Started(name, proc.pid, list(command), str(log_path), _proc_start_time(proc.pid),
+                   str(cwd) if cwd is not None else None)
+
+
+def spawn(state_dir: Path, name: str, command: Sequence[str], *, env: Mapping[str, str] | None = None,
+          cwd: Path | None = None) -> Started:
+    """Start ``command`` in its own process group, logging to ``logs/<name>.log``, and add it to
+    the record before returning."""
+    started = _launch(state_dir, name, command, env, cwd)
     data = read_record(state_dir)
     data["processes"] = [*data["processes"], started]
     write_record(state_dir, data)
     return started
+
+
+def recorded(data: Mapping, name: str, *, where: Path) -> Started:
+    """The last process recorded under ``name``; a ServeError naming the recorded ones if none is."""
+    found = [p for p in data["processes"] if p.name == name]
+    if not found:
+        names = ", ".join(dict.fromkeys(p.name for p in data["processes"])) or "nothing"
+        raise ServeError(f"no process named {name!r} is recorded in {Path(where) / RECORD} (recorded: {names}); "
+                         "name one of those, or run `start` first")
+    return found[-1]
+
+
+def replaced(processes: Sequence[Started], old: Started, new: Started) -> list[Started]:
+    """The record's processes with ``old`` replaced by ``new`` in its place (stop ends them in reverse)."""
+    return [new if p == old else p for p in processes]
 
 
 def _group_exists(pgid: int) -> bool:
@@ -201,6 +237,25 @@ def status(state_dir: Path, *, out=sys.stdout) -> int:
     return 0 if all(alive) else 3
 
 
+def restart(state_dir: Path, names: Sequence[str], *, timeout: float = 15.0, server_timeout: float = 120.0,
+            out=sys.stdout) -> int:
+    """End each named recorded process if it runs and start it again as recorded (module docstring)."""
+    state_dir = Path(state_dir).resolve()
+    data = read_record(state_dir)
+    old = [recorded(data, name, where=state_dir) for name in names]  # every name checked before anything stops
+    env = dict(os.environ, **data.get("env", {}))
+    for p in old:
+        print(f"{p.name} (pid {p.pid}): {terminate(p, timeout=timeout)}", file=out)
+        new = _launch(state_dir, p.name, p.command, env, p.cwd)
+        data = read_record(state_dir)
+        write_record(state_dir, dict(data, processes=replaced(data["processes"], p, new)))
+        print(f"{p.name} started again (pid {new.pid})", file=out)
+        if p.name == "server" and data.get("api_url"):
+            _wait_healthy(data["api_url"], new, server_timeout)
+            print(f"the Prefect API answers again at {data['api_url']}", file=out)
+    return 0
+
+
 # ----------------------------------------------------------------------------- start
 
 
@@ -249,33 +304,40 @@ def start(state_dir: Path, *, port: int = 4200, watch: Sequence[str] = (), inter
     data = read_record(state_dir)
     running = [p for p in data["processes"] if is_alive(p)]
     if running:
+        dead = [p.name for p in data["processes"] if not is_alive(p)]
         print(f"already running ({', '.join(p.name for p in running)}); UI at {data.get('ui_url')}. "
-              "`make stop` first to start again.", file=out)
+              + (f"Not running: {', '.join(dead)}: `python -m deployments.serve --dir {state_dir} restart "
+                 f"{' '.join(dead)}` starts them again." if dead else "`make stop` first to start again."), file=out)
         return 0
     if data["processes"]:  # a stale record: everything in it has exited
         print("removing the record of processes that are no longer running", file=out)
     write_record(state_dir, {"processes": []})
 
-    env = dict(os.environ, CONCORD_PROJECT_DIR=str(project_dir), PREFECT_SERVER_ANALYTICS_ENABLED="false")
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PROJECT_DIR), env.get("PYTHONPATH")]))
+    ours = {"CONCORD_PROJECT_DIR": str(project_dir), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(PROJECT_DIR), os.environ.get("PYTHONPATH")])),
+            HEARTBEAT_ENV: os.environ.get(HEARTBEAT_ENV) or str(HEARTBEAT_SECONDS)}
     prefect = _prefect()
     try:
         server = None
-        if env.get("PREFECT_API_URL"):
-            api_url = env["PREFECT_API_URL"].rstrip("/")
-            ui_url = api_url[: -len("/api")] if api_url.endswith("/api") else api_url
-            print(f"using the Prefect server at {api_url}", file=out)
-        else:
-            env["PREFECT_HOME"] = str(state_dir / "prefect")
+        own_server = not os.environ.get("PREFECT_API_URL")
+        if own_server:
             api_url, ui_url = f"http://127.0.0.1:{port}/api", f"http://127.0.0.1:{port}"
             if _healthy(api_url):
                 raise ServeError(f"a Prefect server already answers on port {port} and was not started here: "
                                  f"set PREFECT_API_URL={api_url} to use it, or pass --port")
-            env["PREFECT_API_URL"] = api_url
+            ours["PREFECT_HOME"] = str(state_dir / "prefect")
+        else:
+            api_url = os.environ["PREFECT_API_URL"].rstrip("/")
+            ui_url = api_url[: -len("/api")] if api_url.endswith("/api") else api_url
+            print(f"using the Prefect server at {api_url}", file=out)
+        ours["PREFECT_API_URL"] = api_url
+        # recorded, so that `restart` starts a process again in the environment it had
+        write_record(state_dir, dict(read_record(state_dir), api_url=api_url, ui_url=ui_url, env=ours))
+        env = dict(os.environ, **ours)
+        if own_server:
             print(f"starting a Prefect server on 127.0.0.1:{port}", file=out)
             server = spawn(state_dir, "server", [prefect, "server", "start", "--host", "127.0.0.1", "--port", str(port)],
                            env=env, cwd=state_dir)
-        write_record(state_dir, dict(read_record(state_dir), api_url=api_url, ui_url=ui_url))
         _wait_healthy(api_url, server, server_timeout)
 
         if _run(state_dir, "setup", [prefect, "work-pool", "inspect", WORK_POOL], env, check=False) != 0:
@@ -328,6 +390,10 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--server-timeout", type=float, default=120.0, help="seconds to wait for the server (default 120)")
     t = sub.add_parser("stop", help="stop every process start started, and only those")
     t.add_argument("--timeout", type=float, default=15.0, help="seconds between SIGTERM and SIGKILL (default 15)")
+    r = sub.add_parser("restart", help="end recorded processes (if they run) and start them again as recorded")
+    r.add_argument("names", nargs="+", metavar="NAME", help="server, worker or watcher (as `status` lists them)")
+    r.add_argument("--timeout", type=float, default=15.0, help="seconds between SIGTERM and SIGKILL (default 15)")
+    r.add_argument("--server-timeout", type=float, default=120.0, help="seconds to wait for the server (default 120)")
     sub.add_parser("status", help="list the processes start started and whether each runs")
     return p
 
@@ -340,6 +406,8 @@ def main(argv: list[str] | None = None) -> int:
                          project_dir=args.project_dir, server_timeout=args.server_timeout)
         if args.action == "stop":
             return stop_all(args.dir, timeout=args.timeout)
+        if args.action == "restart":
+            return restart(args.dir, args.names, timeout=args.timeout, server_timeout=args.server_timeout)
         return status(args.dir)
     except ServeError as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -236,10 +236,11 @@ def test_the_automations_validate_with_prefects_models(block):
     from prefect.events.schemas.automations import AutomationCore
 
     built = auto.automations(block)
-    assert [a.name for a in built] == [r.name for r in auto.RULES] and len({a.name for a in built}) == 3
+    assert [a.name for a in built] == [*(r.name for r in auto.RULES), auto.ZOMBIE] and len({a.name for a in built}) == 4
     for a in built:
         again = AutomationCore.model_validate(json.loads(a.model_dump_json()))
         assert again == a and a.enabled
+    for a in built[:-1]:
         (action,) = a.actions
         assert action.type == ("do-nothing" if block is None else "send-notification")
         if block is not None:
@@ -293,6 +294,7 @@ def test_each_automation_fires_on_its_event_only():
         "concord: P0 drift": {"P0 drift"},
         "concord: restore drill failed": {"drill failed"},
         "concord: replication failed": {"replica failed"},
+        auto.ZOMBIE: set(),
     }
 
 
@@ -303,7 +305,7 @@ def test_notification_templates_render_from_sample_events():
         "concord: replication failed": _replica_failed(),
     }
     env = jinja2.Environment(undefined=jinja2.StrictUndefined)
-    for a in auto.automations(uuid.UUID(int=1)):
+    for a in auto.automations(uuid.UUID(int=1))[:-1]:
         (action,) = a.actions
         event = samples[a.name]
         subject = env.from_string(action.subject).render(event=event)
@@ -315,6 +317,68 @@ def test_notification_templates_render_from_sample_events():
 def test_dry_run_prints_the_automations_without_a_server(capsys):
     assert auto.main(["--dry-run"]) == 0
     printed = json.loads(capsys.readouterr().out)
-    assert [a["name"] for a in printed] == [r.name for r in auto.RULES]
+    assert [a["name"] for a in printed] == [*(r.name for r in auto.RULES), auto.ZOMBIE]
     assert auto.main(["--notify", "slack-webhook/oncall"]) == 0
-    assert {a["actions"][0]["type"] for a in json.loads(capsys.readouterr().out)} == {"send-notification"}
+    assert {a["actions"][-1]["type"] for a in json.loads(capsys.readouterr().out)} == {"send-notification"}
+
+
+# ----------------------------------------------------------------------------- zombie flow runs
+
+
+def _flow_run_event(event: str, run_id: uuid.UUID):
+    return received(event, {"prefect.resource.id": f"prefect.flow-run.{run_id}", "prefect.resource.name": "quick-fox"})
+
+
+def test_the_zombie_automation_waits_for_the_silence_after_a_heartbeat_and_crashes_the_run():
+    from prefect.events.actions import ChangeFlowRunState
+    from prefect.events.schemas.automations import Posture
+
+    a = auto.zombie_automation(60)
+    t = a.trigger
+    assert t.posture == Posture.Proactive and t.threshold == 1 and t.within.total_seconds() == 60
+    assert t.after == {auto.HEARTBEAT} and t.for_each == {"prefect.resource.id"}
+    # every final state ends the watch, so a run that finished is never crashed afterwards
+    assert t.expect == {auto.HEARTBEAT, *(f"prefect.flow-run.{s}" for s in ("Completed", "Failed", "Cancelled", "Crashed"))}
+    (action,) = a.actions
+    assert isinstance(action, ChangeFlowRunState) and action.state.value == "CRASHED" and not action.force
+    assert "60 s" in action.message and "run the deployment again" in action.message
+
+
+def test_the_zombie_automation_watches_flow_runs_only():
+    covers = server_trigger(auto.zombie_automation().trigger).covers
+    run = uuid.uuid4()
+    assert covers(_flow_run_event(auto.HEARTBEAT, run))
+    assert covers(_flow_run_event("prefect.flow-run.Completed", run))
+    assert not covers(received(auto.HEARTBEAT, {"prefect.resource.id": f"prefect.task-run.{run}"}))
+    assert not covers(_drift("P0", "critical"))
+
+
+def test_the_zombie_automation_notifies_a_block_when_one_is_given():
+    crash, notify = auto.zombie_automation(90, uuid.UUID(int=3)).actions
+    assert crash.type == "change-flow-run-state" and notify.type == "send-notification"
+    env = jinja2.Environment(undefined=jinja2.StrictUndefined)
+    beat = _flow_run_event(auto.HEARTBEAT, uuid.uuid4())
+    assert env.from_string(notify.subject).render(event=beat).endswith("quick-fox")
+    assert str(beat.id) in env.from_string(notify.body).render(event=beat)
+
+
+@pytest.mark.parametrize("value, seconds", [(None, 90.0), ("", 90.0), ("45", 45.0), (120, 120.0)])
+def test_the_zombie_window_defaults_to_three_heartbeats(value, seconds):
+    assert auto.zombie_window(value) == seconds
+
+
+@pytest.mark.parametrize("value, says", [("44", "too short"), ("0", "too short"), ("nan", "too short"),
+                                         ("-90", "too short"), ("soon", "not a number")])
+def test_a_zombie_window_a_healthy_run_would_miss_is_refused(value, says):
+    with pytest.raises(auto.BadZombieWindow, match=says) as info:
+        auto.zombie_window(value)
+    assert auto.ZOMBIE_AFTER_ENV in str(info.value) and "90" in str(info.value)
+
+
+def test_a_bad_zombie_window_is_refused_before_any_server_is_reached(capsys, monkeypatch):
+    monkeypatch.setenv(auto.ZOMBIE_AFTER_ENV, "10")
+    assert auto.main(["--apply"]) == 2
+    assert "too short" in capsys.readouterr().err
+    assert auto.main(["--dry-run", "--zombie-after", "75"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert printed[-1]["name"] == auto.ZOMBIE and printed[-1]["trigger"]["within"] == 75.0

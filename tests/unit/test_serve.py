@@ -151,3 +151,65 @@ def test_status_lists_running_processes(state):
     assert serve.status(state, out=out) == 0
     assert "worker" in out.getvalue() and "running" in out.getvalue()
     assert serve.status(state / "elsewhere", out=io.StringIO()) == 3
+
+
+# ----------------------------------------------------------------------------- restart
+
+
+def _log_says(path, text: str, timeout: float = 10) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if path.exists() and text in path.read_text():
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_restart_starts_a_dead_process_again_in_its_place_folder_and_environment(state, tmp_path, monkeypatch):
+    monkeypatch.delenv("CONCORD_TEST_SETTING", raising=False)
+    serve.write_record(state, {"processes": [], "env": {"CONCORD_TEST_SETTING": "from-the-record"}})
+    first = serve.spawn(state, "server", SLEEP)
+    worker = serve.spawn(state, "worker", ["sh", "-c", 'echo "setting=$CONCORD_TEST_SETTING in $PWD"; exec sleep 300'],
+                         cwd=tmp_path)
+    last = serve.spawn(state, "watcher", SLEEP)
+    serve.terminate(worker, timeout=2)
+    assert _wait_dead(worker)
+
+    out = io.StringIO()
+    assert serve.restart(state, ["worker"], out=out) == 0
+    processes = serve.read_record(state)["processes"]
+    assert [p.name for p in processes] == ["server", "worker", "watcher"]  # stop still ends the server last
+    again = processes[1]
+    assert again.pid != worker.pid and serve.is_alive(again)
+    assert (again.command, again.cwd) == (worker.command, str(tmp_path))
+    assert processes[0] == first and processes[2] == last and serve.is_alive(first)
+    assert _log_says(state / "logs" / "worker.log", f"setting=from-the-record in {tmp_path}")
+    assert "not running" in out.getvalue() and f"pid {again.pid}" in out.getvalue()
+
+
+def test_restart_ends_a_running_process_before_starting_it_again(state):
+    old = serve.spawn(state, "worker", SLEEP)
+    out = io.StringIO()
+    serve.restart(state, ["worker"], timeout=5, out=out)
+    assert _wait_dead(old)
+    (new,) = serve.read_record(state)["processes"]
+    assert new.pid != old.pid and serve.is_alive(new)
+    assert "stopped" in out.getvalue()
+
+
+def test_restart_of_a_name_not_recorded_names_the_recorded_ones_and_stops_nothing(state, capsys):
+    worker = serve.spawn(state, "worker", SLEEP)
+    with pytest.raises(serve.ServeError, match=r"no process named 'server' is recorded .*\(recorded: worker\)"):
+        serve.restart(state, ["worker", "server"], out=io.StringIO())
+    assert serve.read_record(state)["processes"] == [worker] and serve.is_alive(worker)
+    assert serve.main(["--dir", str(state), "restart", "sever"]) == 1
+    assert "no process named 'sever'" in capsys.readouterr().err
+
+
+def test_start_while_some_processes_died_names_the_restart_that_brings_them_back(state):
+    serve.spawn(state, "server", SLEEP)
+    gone = serve.spawn(state, "worker", ["true"])
+    assert _wait_dead(gone)
+    out = io.StringIO()
+    assert serve.start(state, out=out) == 0
+    assert "Not running: worker" in out.getvalue() and "restart worker" in out.getvalue()
