@@ -42,6 +42,7 @@ from concord.audit import (
     worst_tensor_rows,
 )
 from concord.cli_lineage import default_registry
+from flows._params import ModelName, StoreAddress
 from tasks.audit import (
     AUDIT_EXPERIMENT,
     audit_cards_task,
@@ -60,7 +61,6 @@ DataSpec = Annotated[
 ContractRef = Annotated[
     str, Field(min_length=1, description="The schema contract: name@version, name (its latest version) or a .json file.")
 ]
-ModelName = Annotated[str, Field(pattern=r"^[^/\s][^/]*$", description="Registered model name in MLflow (no '/').")]
 AuditName = Annotated[
     str,
     Field(
@@ -122,12 +122,12 @@ def _mlflow_plots(plots: dict[str, str]) -> dict[str, str]:
 def nightly_drift_audit(
     reference: DataSpec | None = None,
     current: DataSpec | None = None,
-    data_store: str | None = None,
+    data_store: StoreAddress | None = None,
     contract: ContractRef | None = None,
     model: ModelName | None = None,
     version: Annotated[str, Field(min_length=1, description="The model version: a number, or an alias such as champion.")] = "champion",
     ref: str | None = None,
-    stores: list[str] | None = None,
+    stores: list[StoreAddress] | None = None,
     max_ulps: Annotated[int, Field(ge=0, le=1_000_000)] = 1,
     card_fields: list[str] | None = None,
     thresholds: Thresholds = Thresholds(),

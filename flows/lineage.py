@@ -16,6 +16,7 @@ from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from pydantic import Field
 
+from flows._params import ModelName, RefName, StoreAddress
 from flows._report import human, md_table, short
 from flows.snapshot import DEFAULT_REF, DEFAULT_STORE
 from tasks import (
@@ -35,7 +36,6 @@ DEFAULT_MODEL = "minilm"
 DataName = Annotated[
     str, Field(pattern=r"^[A-Za-z0-9_-][A-Za-z0-9._-]{0,127}$", description="Name of the data set; its ref is data/<name>.")
 ]
-ModelName = Annotated[str, Field(pattern=r"^[^/\s][^/]*$", description="Registered model name in MLflow (no '/').")]
 ParentVersion = Annotated[str, Field(pattern=r"^[^/\s][^/]*/[1-9][0-9]*$", description="A model version, as name/VERSION.")]
 Alias = Annotated[
     str,
@@ -65,7 +65,7 @@ class ContractViolated(RuntimeError):
 @flow(name="register-data-snapshot")
 def register_data_snapshot(
     source: str,
-    store: str = DEFAULT_STORE,
+    store: StoreAddress = DEFAULT_STORE,
     name: DataName = "penguins",
     tracking_uri: str | None = None,
 ) -> dict:
@@ -105,9 +105,9 @@ def register_data_snapshot(
 @flow(name="validate-contract")
 def validate_contract(
     contract: str = DEFAULT_CONTRACT,
-    contracts_store: str = DEFAULT_CONTRACTS,
+    contracts_store: StoreAddress = DEFAULT_CONTRACTS,
     data_snapshot: str = DEFAULT_DATA,
-    data_store: str = DEFAULT_STORE,
+    data_store: StoreAddress = DEFAULT_STORE,
 ) -> dict:
     """Validate a data snapshot against a schema contract with great-expectations.
 
@@ -154,14 +154,14 @@ def validate_contract(
 @flow(name="register-model-version")
 def register_model_version(
     name: ModelName = DEFAULT_MODEL,
-    store: str = DEFAULT_STORE,
-    ref: str = DEFAULT_REF,
+    store: StoreAddress = DEFAULT_STORE,
+    ref: RefName = DEFAULT_REF,
     data_snapshot: str | None = DEFAULT_DATA,
     contract: str | None = DEFAULT_CONTRACT,
     parents: list[ParentVersion] | None = None,
-    holders: list[str] | None = None,
-    data_store: str | None = None,
-    contracts_store: str = DEFAULT_CONTRACTS,
+    holders: list[StoreAddress] | None = None,
+    data_store: StoreAddress | None = None,
+    contracts_store: StoreAddress = DEFAULT_CONTRACTS,
     description: str = "",
     tracking_uri: str | None = None,
 ) -> dict:
@@ -222,8 +222,8 @@ def promote_model(
     name: ModelName,
     version: Version,
     alias: Alias = "champion",
-    data_store: str = DEFAULT_STORE,
-    contracts_store: str = DEFAULT_CONTRACTS,
+    data_store: StoreAddress = DEFAULT_STORE,
+    contracts_store: StoreAddress = DEFAULT_CONTRACTS,
     tracking_uri: str | None = None,
 ) -> dict:
     """Move a model alias (champion, staging, ...) to a version, only if the promotion gate passes:

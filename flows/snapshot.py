@@ -14,6 +14,7 @@ from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from pydantic import Field
 
 from flows._report import MiB, human, md_table, short
+from flows._params import RefName, StoreAddress
 from tasks import diff_task, restore_task, rollback_task, snapshot_task
 
 DEFAULT_STORE = "data/stores/us-east"
@@ -25,8 +26,8 @@ ChunkSizeMiB = Annotated[int, Field(ge=1, le=64, description="Chunk size in MiB 
 @flow(name="snapshot-checkpoint")
 def snapshot_checkpoint(
     source: str,
-    store: str = DEFAULT_STORE,
-    ref: str | None = DEFAULT_REF,
+    store: StoreAddress = DEFAULT_STORE,
+    ref: RefName | None = DEFAULT_REF,
     chunk_size_mib: ChunkSizeMiB = 4,
     message: str = "",
 ) -> dict:
@@ -59,10 +60,10 @@ def snapshot_checkpoint(
 
 @flow(name="diff-snapshots")
 def diff_snapshots(
-    store: str = DEFAULT_STORE,
+    store: StoreAddress = DEFAULT_STORE,
     a: str = f"{DEFAULT_REF}~1",
     b: str = DEFAULT_REF,
-    against: str | None = None,
+    against: StoreAddress | None = None,
 ) -> dict:
     """List the files and tensors that differ between two snapshots.
 
@@ -96,7 +97,7 @@ def diff_snapshots(
 
 
 @flow(name="restore-snapshot")
-def restore_snapshot(store: str = DEFAULT_STORE, snapshot: str = DEFAULT_REF, out_dir: str = "data/restores/minilm") -> dict:
+def restore_snapshot(store: StoreAddress = DEFAULT_STORE, snapshot: str = DEFAULT_REF, out_dir: str = "data/restores/minilm") -> dict:
     """Restore a snapshot into a new folder, byte-identical to the checkpoint it was taken from.
 
     Args:
@@ -115,7 +116,7 @@ def restore_snapshot(store: str = DEFAULT_STORE, snapshot: str = DEFAULT_REF, ou
 
 
 @flow(name="rollback-ref")
-def rollback_ref(store: str = DEFAULT_STORE, ref: str = DEFAULT_REF, to: str | None = None) -> dict:
+def rollback_ref(store: StoreAddress = DEFAULT_STORE, ref: RefName = DEFAULT_REF, to: str | None = None) -> dict:
     """Move a ref back to an earlier snapshot of its history (nothing is deleted).
 
     Args:

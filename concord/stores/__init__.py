@@ -21,6 +21,7 @@ __all__ = [
     "RefEntry",
     "Store",
     "canonical_ref",
+    "check_store_address",
     "open_store",
     "register_scheme",
     "split_ref",
@@ -59,12 +60,45 @@ def parse_s3_uri(spec: str) -> tuple[str, str]:
     return bucket, prefix
 
 
+def check_store_address(spec: str) -> str:
+    """``spec`` stripped, if it can name a store (nothing is opened or created); else
+    :class:`~concord.errors.InvalidStoreURIError` saying what is wrong with it."""
+    if not isinstance(spec, str) or not spec.strip():
+        raise InvalidStoreURIError(str(spec), "empty store address: give a folder, file:///path, s3://bucket/prefix or block:NAME")
+    spec = spec.strip()
+    if spec.startswith("s3://"):
+        parse_s3_uri(spec)
+    elif spec.startswith("file://"):
+        if urlparse(spec).netloc not in ("", "localhost"):
+            raise InvalidStoreURIError(spec, "file:// URIs must name a local path (file:///path)")
+    else:
+        scheme, sep, rest = spec.partition(":")
+        if sep and len(scheme) > 1 and scheme.isidentifier():
+            if scheme not in _SCHEMES and _load_entry_point(scheme) is None:
+                raise InvalidStoreURIError(spec, f"unknown scheme {scheme!r} (folder, file://, s3:// or block:)")
+            if not rest:
+                raise InvalidStoreURIError(spec, f"nothing after '{scheme}:'")
+    return spec
+
+
 def open_store(spec: "str | os.PathLike | Store", *, create: bool = True) -> Store:
     """The store that ``spec`` names (a :class:`Store` is returned as it is)."""
     if isinstance(spec, Store):
         return spec
     if isinstance(spec, os.PathLike):
         return LocalDirStore(spec, create=create)
+    spec = check_store_address(spec)
+    if spec.startswith("s3://"):
+        from concord.stores.s3 import S3ObjectStore
+
+        bucket, prefix = parse_s3_uri(spec)
+        return S3ObjectStore(bucket, prefix)
+    if spec.startswith("file://"):
+        return LocalDirStore(unquote(urlparse(spec).path), create=create)
+    scheme, sep, rest = spec.partition(":")
+    if sep and len(scheme) > 1 and scheme.isidentifier():
+        return (_SCHEMES.get(scheme) or _load_entry_point(scheme))(rest)
+    return LocalDirStore(spec, create=create)
     if not isinstance(spec, str) or not spec.strip():
         raise InvalidStoreURIError(str(spec), "empty store address")
     spec = spec.strip()

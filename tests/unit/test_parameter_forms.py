@@ -1,0 +1,65 @@
+"""The run forms of the Prefect UI: what the deployed flows' parameter schemas offer and refuse."""
+
+from __future__ import annotations
+
+import pytest
+from prefect.exceptions import ParameterTypeError
+from prefect.utilities.callables import parameter_schema
+
+import flows
+
+
+def _props(flow) -> dict:
+    return parameter_schema(flow).model_dump_for_openapi()["properties"]
+
+
+def _choices(prop: dict) -> list | None:
+    if "enum" in prop:
+        return prop["enum"]
+    return next((alt["enum"] for alt in prop.get("anyOf", []) if "enum" in alt), None)
+
+
+def test_every_parameter_of_every_pipeline_is_described():
+    undescribed = [(getattr(flows, n).name, k) for n in flows.__all__ for k, p in _props(getattr(flows, n)).items()
+                   if not p.get("description")]
+    assert undescribed == []
+
+
+@pytest.mark.parametrize("flow, name, choices", [
+    (flows.lora_federation, "method", ["exact", "stack", "fedavg"]),
+    (flows.lora_federation, "robust", ["none", "krum", "trimmed"]),
+    (flows.restore_checkpoint_flow, "tier", ["nearest", "hot", "warm", "cold"]),
+    (flows.nightly_drift_audit, "fail_on", ["critical", "warning", "never"]),
+])
+def test_choices_are_drop_downs(flow, name, choices):
+    assert _choices(_props(flow)[name]) == choices
+
+
+def test_refs_and_numbers_are_checked_in_the_form():
+    snap = _props(flows.snapshot_checkpoint)
+    assert snap["chunk_size_mib"]["minimum"] == 1 and snap["chunk_size_mib"]["maximum"] == 64
+    ref_pattern = next(alt["pattern"] for alt in snap["ref"]["anyOf"] if "pattern" in alt)
+    assert ref_pattern.startswith("^") and ref_pattern.endswith("$")
+    assert _props(flows.rollback_ref)["ref"]["pattern"] == ref_pattern
+    assert _props(flows.snapshot_checkpoint)["store"]["minLength"] == 1
+
+
+@pytest.mark.parametrize("flow, params, named", [
+    (flows.snapshot_checkpoint, {"source": "x", "store": "s3://"}, "store"),
+    (flows.snapshot_checkpoint, {"source": "x", "store": "nosuchscheme:abc"}, "unknown scheme"),
+    (flows.snapshot_checkpoint, {"source": "x", "ref": "models/../x"}, "ref"),
+    (flows.snapshot_checkpoint, {"source": "x", "ref": "a/b/c"}, "ref"),
+    (flows.rollback_ref, {"store": "file://elsewhere/x"}, "file:// URIs must name a local path"),
+    (flows.register_model_version, {"holders": ["data/stores/a", ""]}, "holders"),
+    (flows.nightly_drift_audit, {"stores": ["s3://"]}, "stores"),
+])
+def test_a_bad_store_or_ref_is_refused_before_the_run_does_anything(flow, params, named):
+    with pytest.raises(ParameterTypeError) as caught:
+        flow.validate_parameters(params)
+    assert named in str(caught.value)
+
+
+@pytest.mark.parametrize("store", ["data/stores/us-east", "/abs/path", "file:///abs/path", "s3://bucket/prefix",
+                                   "s3://bucket", "block:us-east"])
+def test_good_store_addresses_pass(store):
+    flows.snapshot_checkpoint.validate_parameters({"source": "x", "store": store, "ref": "models/m"})
