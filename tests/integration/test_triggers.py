@@ -2,8 +2,11 @@
 
 ``python -m deployments.automations --apply`` run twice leaves each automation exactly once and
 readable by name; a notification block given by name is resolved; the triggers of prefect.yaml
-are accepted by the server as the automations ``prefect deploy`` creates; a P0 drift event fires
-its automation; a tier-checkpoints run with malformed parameters fails before any task runs.
+are accepted by the server as the automations ``prefect deploy`` creates (for local and S3
+checkpoints); a checkpoint event about an S3 prefix starts snapshot-and-replicate, which takes
+the checkpoint in, or refuses a malformed payload naming the event; lora-federation's schedule is
+declared inactive; a P0 drift event fires its automation; a tier-checkpoints run with malformed
+parameters fails before any task runs.
 """
 
 from __future__ import annotations
@@ -11,6 +14,8 @@ from __future__ import annotations
 import asyncio
 import copy
 import json
+import os
+import time
 import uuid
 from pathlib import Path
 
@@ -91,11 +96,13 @@ def test_the_server_accepts_the_triggers_of_prefect_yaml(prefect_client):
 
     for d in with_triggers:
         deployment_id = asyncio.run(deploy(d))
-        (a,) = prefect_client.read_automations_by_name(d["triggers"][0]["name"])
+        (a,) = [x for x in prefect_client.read_automations_by_name(d["triggers"][0]["name"])
+                if x.actions[0].deployment_id == deployment_id]
         (action,) = a.actions
         assert action.type == "run-deployment" and action.deployment_id == deployment_id
         assert action.parameters == d["triggers"][0]["parameters"]
         assert a.trigger.expect == {"concord.checkpoint.created"}
+        assert a.trigger.match.root["concord.store"] == ["local", "s3"]  # S3 checkpoints start work too
 
 
 def test_a_p0_drift_event_fires_its_automation(prefect_client, capsys, events_about):
@@ -135,3 +142,115 @@ def test_a_malformed_payload_fails_the_tiering_run_before_any_task(prefect_clien
     assert said in f"{state.message} {state.result(raise_on_failure=False)}"
     run_id = state.state_details.flow_run_id
     assert prefect_client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[run_id]))) == []
+
+
+# ----------------------------------------------------------------------------- S3 checkpoint events
+
+
+def _deploy_snapshot_and_replicate(parameters: dict) -> uuid.UUID:
+    """A snapshot-and-replicate deployment with the trigger of prefect.yaml, as `prefect deploy` makes it."""
+    from prefect.cli.deploy._triggers import _create_deployment_triggers, _initialize_deployment_triggers
+    from prefect.client.orchestration import get_client
+
+    doc = yaml.safe_load((ROOT / "prefect.yaml").read_text())
+    (d,) = [d for d in doc["deployments"] if d["entrypoint"] == "flows/replicate.py:snapshot_and_replicate"]
+    trigger = copy.deepcopy(d["triggers"][0]) | {"name": f"s3-checkpoint-{uuid.uuid4().hex[:8]}"}
+
+    async def deploy() -> uuid.UUID:
+        async with get_client() as client:
+            flow_id = await client.create_flow_from_name("snapshot-and-replicate")
+            deployment_id = await client.create_deployment(
+                flow_id=flow_id, name=f"s3-{uuid.uuid4().hex[:8]}", parameters=d["parameters"] | parameters
+            )
+            await _create_deployment_triggers(client, deployment_id, _initialize_deployment_triggers(d["name"], [trigger]))
+        return deployment_id
+
+    return asyncio.run(deploy())
+
+
+def _run_started_by(prefect_client, deployment_id: uuid.UUID, announcement: dict):
+    """Emit the watcher's event for ``announcement``, wait for the automation's flow run of the
+    deployment, and run it here, as a worker would; its final state."""
+    from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterId
+    from prefect.events import emit_event
+    from prefect.events.worker import EventsWorker
+    from prefect.flow_engine import run_flow
+
+    from concord.watch import Announcement
+    from deployments.watcher import event_of
+    from flows.replicate import snapshot_and_replicate
+
+    emit_event(**event_of(Announcement(**announcement)))
+    EventsWorker.drain_all()
+    flt = DeploymentFilter(id=DeploymentFilterId(any_=[deployment_id]))
+    deadline = time.monotonic() + 90
+    while not (runs := prefect_client.read_flow_runs(deployment_filter=flt)):
+        assert time.monotonic() < deadline, "the checkpoint event started no run of the deployment"
+        time.sleep(0.5)
+    (run,) = runs
+    assert run.idempotency_key.startswith("automation ")
+    return run, run_flow(snapshot_and_replicate, flow_run=run, parameters=run.parameters, return_type="state")
+
+
+def _s3_announcement(uri: str, model: str, step: int | None = None) -> dict:
+    source, _, leaf = uri.rpartition("/")
+    return dict(source=source, store="s3", path=uri, name=leaf, step=step, model=model,
+                bytes=0, files=0, fingerprint=uuid.uuid4().hex * 2)
+
+
+def test_a_checkpoint_under_an_s3_prefix_starts_snapshot_and_replicate(prefect_client, s3_store, moto_server, tmp_path, monkeypatch):
+    from toy_checkpoints import make_checkpoint
+
+    from concord.snapshot import snapshot
+    from concord.stores import LocalDirStore
+
+    monkeypatch.setenv("AWS_ENDPOINT_URL", moto_server)
+    monkeypatch.setenv("CONCORD_STAGING_DIR", str(tmp_path / "staging"))
+    folder = make_checkpoint(tmp_path / "step-0300", layers=2, dim=64)
+    client, bucket = s3_store._client(), s3_store.bucket
+    for f in sorted(p for p in folder.rglob("*") if p.is_file()):
+        client.upload_file(str(f), bucket, f"runs/qwen/step-0300/{f.relative_to(folder).as_posix()}")
+    model = f"qwen-{uuid.uuid4().hex[:6]}"
+    stores = {k: str(tmp_path / "stores" / k) for k in ("us-east", "eu-central")}
+    deployment_id = _deploy_snapshot_and_replicate({"store": stores["us-east"], "targets": [stores["eu-central"]], "chunk_size_mib": 1})
+
+    run, state = _run_started_by(prefect_client, deployment_id, _s3_announcement(f"s3://{bucket}/runs/qwen/step-0300", model, 300))
+    assert state.is_completed(), state
+    assert run.parameters["source"] == f"s3://{bucket}/runs/qwen/step-0300" and run.parameters["ref"] == f"models/{model}"
+    expected = snapshot(folder, LocalDirStore(tmp_path / "reference"), chunk_size=1024 * 1024).root
+    for path in stores.values():
+        assert LocalDirStore(path).read_ref(f"models/{model}").root == expected
+    assert list((tmp_path / "staging").iterdir()) == []
+
+
+def test_a_malformed_s3_payload_fails_the_started_run_naming_the_event(prefect_client, s3_store, moto_server, tmp_path, monkeypatch):
+    monkeypatch.setenv("AWS_ENDPOINT_URL", moto_server)
+    stores = {k: str(tmp_path / "stores" / k) for k in ("us-east", "eu-central")}
+    deployment_id = _deploy_snapshot_and_replicate({"store": stores["us-east"], "targets": [stores["eu-central"]]})
+    model = f"bad-{uuid.uuid4().hex[:6]}"
+
+    run, state = _run_started_by(prefect_client, deployment_id, _s3_announcement(f"s3://{s3_store.bucket}", model))
+    assert state.is_failed()
+    message = str(state.result(raise_on_failure=False))
+    assert "names a whole bucket" in message and "An event started this run" in message
+    assert not any(os.path.exists(p) for p in stores.values())
+    assert [k for k in s3_store._client().list_objects_v2(Bucket=s3_store.bucket).get("Contents", ())] == []
+
+
+def test_the_federation_schedule_is_declared_but_inactive(prefect_client):
+    from prefect.cli.deploy._schedules import _schedule_config_to_deployment_schedule
+    from prefect.client.schemas.actions import DeploymentScheduleCreate
+    from prefect.client.schemas.schedules import CronSchedule
+
+    doc = yaml.safe_load((ROOT / "prefect.yaml").read_text())
+    (d,) = [d for d in doc["deployments"] if d["entrypoint"] == "flows/federation.py:lora_federation"]
+    (config,) = d["schedules"]
+    schedule = DeploymentScheduleCreate(**_schedule_config_to_deployment_schedule(config))
+    assert schedule.active is False and isinstance(schedule.schedule, CronSchedule)
+
+    flow_id = prefect_client.create_flow_from_name("lora-federation")
+    deployment_id = prefect_client.create_deployment(
+        flow_id=flow_id, name=f"schedule-{uuid.uuid4().hex[:8]}", parameters=d["parameters"], schedules=[schedule]
+    )
+    (created,) = prefect_client.read_deployment(deployment_id).schedules
+    assert created.active is False and created.schedule.cron == config["cron"]
