@@ -65,3 +65,14 @@ def task_runner(environ: Mapping[str, str] | None = None) -> "TaskRunner":
 
         return DaskTaskRunner(address=choice)
     raise TaskRunnerChoiceError(f"{RUNNER_VAR}={choice!r} is not a task runner: set it to {ACCEPTED}")
+
+
+def describe(runner: "TaskRunner") -> str:
+    """Where a task runner runs the tasks, in a few words for a run's log."""
+    if type(runner).__name__ == "DaskTaskRunner":
+        address = getattr(runner, "address", None)
+        if address:
+            return f"the Dask scheduler at {address}"
+        workers = (getattr(runner, "cluster_kwargs", None) or {}).get("n_workers", "?")
+        return f"a Dask cluster on this machine ({workers} worker process(es))"
+    return f"{type(runner).__name__} (threads in the flow run's process)"

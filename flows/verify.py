@@ -9,13 +9,14 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from prefect import flow, unmapped
+from prefect import flow, get_run_logger, unmapped
 from prefect.artifacts import create_markdown_artifact, create_progress_artifact, update_progress_artifact
+from prefect.context import FlowRunContext
 from prefect.futures import as_completed
 from pydantic import Field
 
 from flows._report import MiB, human, md_table, short
-from flows._runner import task_runner
+from flows._runner import describe, task_runner
 from flows.snapshot import DEFAULT_STORE
 from tasks import verify_batch_task, verify_conclude_task, verify_plan_task
 
@@ -49,6 +50,7 @@ def verify_store(
     """
     plan = verify_plan_task(store, max(1, int(batch_mib * MiB)), ref=ref or None, repair_from=repair_from or None)
     batches = plan["batches"]
+    get_run_logger().info("re-hashing %d batch(es) on %s", len(batches), describe(FlowRunContext.get().task_runner))
     futures = verify_batch_task.map(store=unmapped(store), batch=batches)
     index = {f: i for i, f in enumerate(futures)}
     progress = create_progress_artifact(0.0, key="verify-progress", description=_progress(plan, 0, 0))

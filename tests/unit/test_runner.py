@@ -8,7 +8,7 @@ from prefect_dask import DaskTaskRunner
 
 from concord.manifest import DEFAULT_CHUNK_SIZE
 from concord.verify import VerifyPlan
-from flows._runner import TaskRunnerChoiceError, dask_workers, task_runner
+from flows._runner import TaskRunnerChoiceError, dask_workers, describe, task_runner
 
 
 @pytest.mark.parametrize("env", [{}, {"CONCORD_TASK_RUNNER": ""}, {"CONCORD_TASK_RUNNER": "threads"}])
@@ -80,3 +80,9 @@ def test_no_chunks_make_no_batches_and_a_batch_needs_room():
     assert _plan({}).batches(10) == []
     with pytest.raises(ValueError, match="must be positive"):
         _plan({"a" * 64: 1}).batches(0)
+
+
+def test_a_run_log_says_where_the_tasks_run():
+    assert "threads" in describe(task_runner({}))
+    assert "Dask cluster on this machine (2 worker" in describe(task_runner({"CONCORD_TASK_RUNNER": "dask", "CONCORD_DASK_WORKERS": "2"}))
+    assert "tcp://10.1.2.3:8786" in describe(task_runner({"CONCORD_TASK_RUNNER": "tcp://10.1.2.3:8786"}))
