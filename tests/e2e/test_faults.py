@@ -1,0 +1,235 @@
+"""Faults on real processes: the Prefect server restarting under waiting flow runs, and a worker lost
+with the flow run it was running (its machine gone). What ``make serve`` started is restarted with
+``python -m deployments.serve restart``; the stores are checked byte by byte after each fault."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import pytest
+from servers import patched_environ
+
+pytestmark = pytest.mark.e2e
+
+PROJECT_DIR = Path(__file__).resolve().parents[2]
+#: the shortest zombie window the automation takes (a heartbeat every 30 s, and half of one to spare)
+ZOMBIE_AFTER = 45
+REF = "models/faulty"
+CLUSTERS = ("us-east", "eu-central", "ap-south")
+
+
+@pytest.fixture(scope="module")
+def zombie_window():
+    """Set before ``served`` starts, so that serve applies the zombie automation with this window."""
+    with patched_environ({"CONCORD_ZOMBIE_AFTER": str(ZOMBIE_AFTER)}):
+        yield ZOMBIE_AFTER
+
+
+@pytest.fixture(scope="module")
+def faulty(zombie_window, served):
+    return served
+
+
+@pytest.fixture(scope="module")
+def stores(tmp_path_factory) -> dict[str, Path]:
+    """One primary and two replica stores, shared by the faults below (each leaves them verified)."""
+    base = tmp_path_factory.mktemp("fault-stores")
+    return {name: base / name for name in CLUSTERS}
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+def _logs(state_dir: Path) -> str:
+    return "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-3000:]}" for p in sorted((state_dir / "logs").glob("*.log")))
+
+
+def _until(what: str, look, timeout: float, state_dir: Path):
+    deadline = time.monotonic() + timeout
+    while True:
+        found = look()
+        if found:
+            return found
+        assert time.monotonic() < deadline, f"{what} within {timeout:.0f} s\n{_logs(state_dir)}"
+        time.sleep(0.5)
+
+
+def _restart(state_dir: Path, name: str) -> None:
+    done = subprocess.run([sys.executable, "-m", "deployments.serve", "--dir", str(state_dir), "restart", name],
+                          cwd=PROJECT_DIR, capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, f"restart {name} failed:\n{done.stdout}\n{done.stderr}\n{_logs(state_dir)}"
+
+
+def _checkpoint(path: Path, seed: int, *, files: int = 4, tensors: int = 256) -> Path:
+    """A checkpoint of ``files`` safetensors files of ``tensors`` 256 KiB tensors each (one chunk a
+    tensor): big enough for a snapshot and replication to take seconds."""
+    import torch
+    from safetensors.torch import save_file
+
+    g = torch.Generator().manual_seed(seed)
+    path.mkdir(parents=True)
+    for f in range(files):
+        weights = {f"layers.{f}.{i}.weight": torch.randn(256, 256, generator=g) for i in range(tensors)}
+        save_file(weights, str(path / f"model-{f:05d}-of-{files:05d}.safetensors"), metadata={"format": "pt"})
+    (path / "config.json").write_text(json.dumps({"model_type": "tiny", "seed": seed}))
+    return path
+
+
+def _snapshot_and_replicate(client, source: Path, stores: dict[str, Path]):
+    deployment = client.read_deployment_by_name("snapshot-and-replicate/default")
+    primary, *replicas = (str(stores[c]) for c in CLUSTERS)
+    parameters = {"source": str(source), "store": primary, "targets": replicas, "ref": REF, "chunk_size_mib": 1}
+    return client.create_flow_run_from_deployment(deployment.id, parameters=parameters)
+
+
+def _state_of(client, run_id):
+    return client.read_flow_run(run_id).state
+
+
+def _finished(client, run_id, timeout: float, state_dir: Path):
+    def final():
+        state = _state_of(client, run_id)
+        return state if state is not None and state.is_final() else None
+
+    return _until(f"flow run {run_id} finished", final, timeout, state_dir)
+
+
+def _running(client, run_id, timeout: float, state_dir: Path):
+    return _until(f"flow run {run_id} started", lambda: _state_of(client, run_id).is_running(), timeout, state_dir)
+
+
+def _verified(stores: dict[str, Path]) -> dict[str, str | None]:
+    """Every store's every manifest and chunk re-hashed (all must be sound); each store's root of REF."""
+    from concord.stores.local import LocalDirStore
+    from concord.verify import verify
+
+    roots = {}
+    for name, path in stores.items():
+        store = LocalDirStore(path)
+        result = verify(store)
+        assert result.ok, f"{name} is damaged: {result.to_dict()}"
+        ref = store.read_ref(REF) if path.exists() else None
+        if ref is not None:
+            assert store.has_manifest(ref.root), f"{name}: {REF} points at {ref.root}, whose manifest is missing"
+        roots[name] = ref.root if ref is not None else None
+    return roots
+
+
+def _chunk_files(store: Path) -> dict[str, int]:
+    """Each chunk file of a store, with its inode (a chunk written again would get a new one)."""
+    return {p.name: p.stat().st_ino for p in (store / "chunks").glob("*/*")} if (store / "chunks").exists() else {}
+
+
+def _descendants(pid: int) -> list[int]:
+    """Every process below ``pid`` (Linux /proc), children first."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            children.setdefault(int(stat[stat.rindex(")") + 2 :].split()[1]), []).append(int(entry.name))
+    found, todo = [], [pid]
+    while todo:
+        below = children.get(todo.pop(), [])
+        found += below
+        todo += below
+    return found
+
+
+def _lose_the_worker_machine(state_dir: Path) -> list[int]:
+    """SIGKILL the worker's process group and the process groups of everything it started (flow
+    runs run in sessions of their own), as when their machine is lost: nothing gets to report."""
+    from deployments import serve
+
+    worker = next(p for p in serve.read_record(state_dir)["processes"] if p.name == "worker")
+    assert serve.is_alive(worker), f"the worker is not running\n{_logs(state_dir)}"
+    groups = {os.getpgid(worker.pid)}
+    for pid in _descendants(worker.pid):
+        try:
+            groups.add(os.getpgid(pid))
+        except ProcessLookupError:
+            pass
+    for group in groups:
+        os.killpg(group, signal.SIGKILL)
+    return sorted(groups)
+
+
+# ----------------------------------------------------------------------------- the server restarts
+
+
+def test_runs_waiting_on_a_restarted_server_resume_and_complete(faulty, client, stores, tmp_path):
+    from prefect.states import Scheduled
+
+    running = _snapshot_and_replicate(client, _checkpoint(tmp_path / "step-100", seed=100), stores)
+    _running(client, running.id, 120, faulty.state_dir)
+    # a second run due while the server is away
+    small = _checkpoint(tmp_path / "step-101", seed=101, files=1, tensors=4)
+    due = datetime.now(timezone.utc) + timedelta(seconds=3)
+    scheduled = client.create_flow_run_from_deployment(
+        client.read_deployment_by_name("snapshot-checkpoint/default").id,
+        parameters={"source": str(small), "store": str(tmp_path / "scheduled-store"), "ref": REF, "chunk_size_mib": 1},
+        state=Scheduled(scheduled_time=due),
+    )
+    assert _state_of(client, running.id).is_running(), "the run finished before the server was stopped: make it bigger"
+
+    _restart(faulty.state_dir, "server")  # SIGTERM, the same command on the same port and database, healthy again
+    back = datetime.now(timezone.utc)
+    assert due < back
+
+    for run in (running, scheduled):
+        state = _finished(client, run.id, 180, faulty.state_dir)
+        after = client.read_flow_run(run.id)
+        assert state.is_completed(), f"{run.name} ended {state.type.value}: {state.message}\n{_logs(faulty.state_dir)}"
+        assert after.run_count == 1, f"{run.name} ran {after.run_count} times: it was retried, not resumed"
+    roots = _verified(stores)
+    assert len(set(roots.values())) == 1 and None not in roots.values(), roots
+
+
+# ----------------------------------------------------------------------------- a worker is lost
+
+
+def test_a_run_lost_with_its_worker_is_crashed_by_the_zombie_automation_and_a_rerun_converges(faulty, client, stores,
+                                                                                          tmp_path):
+    (zombie,) = client.read_automations_by_name("concord: crash zombie flow runs")
+    assert zombie.enabled and zombie.trigger.within == timedelta(seconds=ZOMBIE_AFTER)
+    before = _verified(stores)
+    primary = stores["us-east"]
+    chunks_before = len(_chunk_files(primary))
+
+    lost = _snapshot_and_replicate(client, _checkpoint(tmp_path / "step-200", seed=200), stores)
+    _running(client, lost.id, 120, faulty.state_dir)
+    _until("the run wrote new chunks into the primary store", lambda: len(_chunk_files(primary)) > chunks_before + 20,
+           60, faulty.state_dir)
+    killed = _lose_the_worker_machine(faulty.state_dir)
+    lost_at = time.monotonic()
+
+    # nothing is left to report the run's end: the heartbeats stop, and the automation crashes it
+    state = _finished(client, lost.id, ZOMBIE_AFTER + 60, faulty.state_dir)
+    assert state.is_crashed() and "No heartbeat" in (state.message or ""), (
+        f"the lost run (process groups {killed}) ended {state.type.value}: {state.message}\n{_logs(faulty.state_dir)}")
+    assert time.monotonic() - lost_at <= ZOMBIE_AFTER + 60
+
+    # every store is sound, each ref where it was or already at the new snapshot
+    half = _verified(stores)
+    kept = _chunk_files(primary)
+    _restart(faulty.state_dir, "worker")
+    rerun = _snapshot_and_replicate(client, tmp_path / "step-200", stores)
+    state = _finished(client, rerun.id, 180, faulty.state_dir)
+    assert state.is_completed(), f"the re-run ended {state.type.value}: {state.message}\n{_logs(faulty.state_dir)}"
+
+    after = _verified(stores)
+    new_root = after["us-east"]
+    assert set(after.values()) == {new_root} and new_root != before["us-east"], (before, after)
+    assert all(half[c] in (before[c], new_root) for c in CLUSTERS), (before, half, new_root)
+    # the re-run sent only what was missing: every chunk the lost run had written stayed as written
+    rewritten = [c for c, inode in kept.items() if _chunk_files(primary).get(c) != inode]
+    assert not rewritten, f"{len(rewritten)} chunk(s) written again by the re-run"
