@@ -9,7 +9,6 @@ collects them and raises its :class:`BadArguments` subclass once. Nothing here r
 from __future__ import annotations
 
 import os
-from importlib.metadata import entry_points
 
 from concord.staging import is_s3, s3_checkpoint_problem
 
@@ -110,20 +109,17 @@ def ref_problems(value: object, what: str = "ref") -> list[str]:
     return []
 
 
-def _store_schemes() -> set[str]:
-    return {ep.name for ep in entry_points(group="concord.store_schemes")}
-
-
 def store_identity(spec: str) -> tuple[str, ...]:
-    """What ``spec`` points at, for comparing two addresses of one store (no store is opened)."""
+    """What a valid store address points at, for telling two addresses of one store apart
+    (``data/stores/x`` and ``file:///abs/data/stores/x`` are one). No store is opened."""
+    from urllib.parse import unquote, urlparse
+
     from concord.stores import parse_s3_uri
 
     spec = spec.strip()
     if is_s3(spec):
         return ("s3", *parse_s3_uri(spec))
     if spec.startswith("file://"):
-        from urllib.parse import unquote, urlparse
-
         return ("local", os.path.realpath(unquote(urlparse(spec).path)))
     scheme, sep, rest = spec.partition(":")
     if sep and len(scheme) > 1 and scheme.isidentifier():
@@ -133,28 +129,19 @@ def store_identity(spec: str) -> tuple[str, ...]:
 
 def store_problems(spec: object, what: str) -> list[str]:
     """The problems of a store address: a folder, file:///path, s3://bucket/prefix or block:NAME."""
+    from concord.stores import check_store_address
     from concord.stores.s3 import validate_bucket_name, validate_prefix
 
-    if not isinstance(spec, str) or not spec.strip():
-        return [f"{what} is empty: give a folder, file:///path, s3://bucket/prefix or block:NAME"]
     if unrendered(spec):
         return [f"{what} {spec!r} is a template the event did not fill in"]
-    spec = spec.strip()
     try:
-        kind, *rest = store_identity(spec)
+        kind, *rest = store_identity(check_store_address(spec))
         if kind == "s3":
             validate_bucket_name(rest[0])
             validate_prefix(rest[0], rest[1])
     except ValueError as exc:
         return [f"{what} {spec!r} is not a store address ({str(exc).split('. ')[0]})"]
-    if spec.startswith("file://") and spec[len("file://") :].split("/", 1)[0] not in ("", "localhost"):
-        return [f"{what} {spec!r} must name a local path (file:///path)"]
-    if kind not in ("s3", "local"):
-        if kind not in _store_schemes():
-            return [f"{what} {spec!r} has an unknown scheme {kind!r} (known: s3://, file://, block:)"]
-        if not rest[0]:
-            return [f"{what} {spec!r} names nothing after '{kind}:'"]
-    elif kind == "local" and os.path.isfile(rest[0]):
+    if kind == "local" and os.path.isfile(rest[0]):
         return [f"{what} {spec!r} is a file, not a store folder"]
     return []
 
