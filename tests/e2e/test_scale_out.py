@@ -11,8 +11,8 @@ cluster (``CONCORD_TASK_RUNNER=dask`` in the run's job variables).
 
 from __future__ import annotations
 
-import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pytest
 from servers import free_port, patched_environ, running_server, stop
+from toy_checkpoints import make_checkpoint
 
 from deployments.serve import WORK_POOL
 
@@ -104,7 +105,6 @@ def cluster(moto_server, mlflow_server, tmp_path_factory):
         DO_NOT_TRACK="true",
         PREFECT_WORKER_QUERY_SECONDS="1",
         CONCORD_PROJECT_DIR=str(project),
-        CONCORD_NO_PROGRESS="1",
         AWS_ENDPOINT_URL=moto_server,
         MLFLOW_TRACKING_URI=mlflow_server,
         PYTHONPATH=os.pathsep.join(filter(None, [str(PROJECT_DIR), os.environ.get("PYTHONPATH")])),
@@ -121,18 +121,29 @@ def cluster(moto_server, mlflow_server, tmp_path_factory):
         _setup([_prefect(), "--no-prompt", "deploy", *names], env, project, logs / "setup.log")
 
         procs: dict[str, subprocess.Popen] = {}
+        stack.callback(_stop_together, procs)
         for name in WORKERS:
             cmd = [_prefect(), "worker", "start", "--pool", WORK_POOL, "--name", name, "--limit", "1"]
             with open(logs / f"{name}.log", "wb") as log:
                 procs[name] = subprocess.Popen(cmd, env=env, cwd=project, stdout=log, stderr=subprocess.STDOUT,
                                                stdin=subprocess.DEVNULL, start_new_session=True)
-            stack.callback(stop, procs[name])
         stack.enter_context(patched_environ({"PREFECT_API_URL": api_url}))
         stack.enter_context(temporary_settings(updates={PREFECT_API_URL: api_url}))
         _wait_for_workers(procs, logs)
         yield Cluster(api_url, moto_server, mlflow_server, bucket, procs, logs)
     left = [name for name, p in procs.items() if _group_alive(p.pid)]
     assert not left, f"processes of {left} still run after the workers were stopped"
+
+
+def _stop_together(procs: dict[str, subprocess.Popen]) -> None:
+    """SIGTERM to every worker's process group at once, then wait for each (SIGKILL if it hangs)."""
+    for proc in procs.values():
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+    for proc in procs.values():
+        stop(proc)
 
 
 def _group_alive(pgid: int) -> bool:
@@ -144,18 +155,6 @@ def _group_alive(pgid: int) -> bool:
 
 
 # ----------------------------------------------------------------------------- the runs
-
-
-def _checkpoint(path: Path, seed: int) -> Path:
-    import torch
-    from safetensors.torch import save_file
-
-    g = torch.Generator().manual_seed(seed)
-    path.mkdir(parents=True)
-    save_file({"embed.weight": torch.randn(512, 256, generator=g), "head.weight": torch.randn(256, 256, generator=g)},
-              str(path / "model.safetensors"), metadata={"format": "pt"})
-    (path / "config.json").write_text(json.dumps({"model_type": "tiny"}))
-    return path
 
 
 def _run_all(cluster: Cluster, runs: dict[str, tuple[str, dict, dict]]) -> dict:
@@ -178,28 +177,45 @@ def _run_all(cluster: Cluster, runs: dict[str, tuple[str, dict, dict]]) -> dict:
             time.sleep(1)
 
 
+@dataclass(frozen=True)
+class Runs:
+    flow_runs: dict  # label -> flow run, as the server last saw it
+    damaged: dict[str, str]  # what was done to eu-central before it was verified: chunk id -> "missing"/"corrupt"
+
+
 @pytest.fixture(scope="module")
-def runs(cluster, tmp_path_factory) -> dict:
-    """Three checkpoints snapshotted into the primary S3 store (two replicated to the other two),
-    all at once; then two model versions registered in MLflow and two stores verified, at once."""
+def runs(cluster, tmp_path_factory) -> Runs:
+    """Two checkpoints snapshotted into the primary S3 store and replicated to the two others, at
+    once. Then, once a chunk of eu-central is deleted and another one corrupted: a third
+    checkpoint snapshotted, two model versions registered in MLflow and eu-central verified and
+    repaired on a Dask cluster, at once."""
     ckpts = tmp_path_factory.mktemp("checkpoints")
     us, eu, ap = cluster.store("us-east"), cluster.store("eu-central"), cluster.store("ap-south")
     shared = {"store": us, "chunk_size_mib": 1}
-    snapshots = _run_all(cluster, {
-        "alpha": ("snapshot-and-replicate", dict(shared, source=str(_checkpoint(ckpts / "alpha", 1)), targets=[eu, ap], ref="models/alpha"), {}),
-        "beta": ("snapshot-and-replicate", dict(shared, source=str(_checkpoint(ckpts / "beta", 2)), targets=[eu, ap], ref="models/beta"), {}),
-        "gamma": ("snapshot-checkpoint", dict(shared, source=str(_checkpoint(ckpts / "gamma", 3)), ref="models/gamma"), {}),
+    replicated = _run_all(cluster, {
+        name: ("snapshot-and-replicate", dict(shared, source=str(make_checkpoint(ckpts / name, seed=seed)), targets=[eu, ap],
+                                              ref=f"models/{name}"), {})
+        for name, seed in (("alpha", 1), ("beta", 2))
     })
+    damaged = _damage(_stores(cluster)["eu-central"])
     lineage = {"store": us, "data_snapshot": None, "contract": None, "parents": [], "holders": [eu, ap],
                "contracts_store": cluster.store("registry")}
     dask = {"env": {"CONCORD_TASK_RUNNER": "dask", "CONCORD_DASK_WORKERS": "2"}}
-    checks = _run_all(cluster, {
+    later = _run_all(cluster, {
+        "gamma": ("snapshot-checkpoint", dict(shared, source=str(make_checkpoint(ckpts / "gamma", seed=3)), ref="models/gamma"), {}),
         "register alpha": ("register-model-version", dict(lineage, name="alpha", ref="models/alpha", tracking_uri=cluster.mlflow_url), {}),
         "register beta": ("register-model-version", dict(lineage, name="beta", ref="models/beta"), {}),  # the workers' MLFLOW_TRACKING_URI
-        "verify on dask": ("verify-store", {"store": eu, "ref": None, "repair_from": None, "batch_mib": 0.25}, dask),
-        "verify on threads": ("verify-store", {"store": ap, "ref": "models/alpha", "repair_from": us}, {}),
+        "verify": ("verify-store", {"store": eu, "ref": None, "repair_from": us, "batch_mib": 0.25}, dask),
     })
-    return snapshots | checks
+    return Runs(replicated | later, damaged)
+
+
+def _damage(store) -> dict[str, str]:
+    """Delete the first chunk of the store and corrupt the last one (ids in order)."""
+    first, *_, last = sorted(store.iter_chunks())
+    store.delete_chunk(first)
+    store.put_chunk(last, b"not the bytes this chunk was named for", verify=False, overwrite=True)
+    return {first: "missing", last: "corrupt"}
 
 
 def _stores(cluster: Cluster) -> dict:
@@ -218,14 +234,25 @@ def _log_of(flow_run) -> str:
         return "\n".join(line.message for line in client.read_logs(log_filter=flt, limit=200))
 
 
+def _artifact(flow_run, key: str):
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId, ArtifactFilterKey
+
+    with get_client(sync_client=True) as client:
+        flt = ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run.id]), key=ArtifactFilterKey(any_=[key]))
+        found = client.read_artifacts(artifact_filter=flt)
+    assert found, f"flow run {flow_run.name} has no artifact {key!r}"
+    return found[-1]
+
+
 def test_every_run_completes(runs):
-    failed = {k: f"{r.state.name}: {r.state.message}" for k, r in runs.items() if not r.state.is_completed()}
+    failed = {k: f"{r.state.name}: {r.state.message}" for k, r in runs.flow_runs.items() if not r.state.is_completed()}
     assert not failed, failed
 
 
 def test_both_workers_ran_flow_runs(runs):
     by_worker: dict[str, list[str]] = {}
-    for label, r in runs.items():
+    for label, r in runs.flow_runs.items():
         by_worker.setdefault(r.labels.get("prefect.worker.name"), []).append(label)
     assert set(by_worker) == set(WORKERS), by_worker
 
@@ -245,12 +272,16 @@ def test_the_shared_s3_stores_hold_and_verify_every_snapshot(cluster, runs):
         assert r.ok and not (r.missing or r.corrupt) and len(r.roots) == (3 if name == "us-east" else 2), (name, r)
 
 
-def test_verify_store_hashed_in_batches_on_a_dask_cluster(runs):
-    dask_log, threads_log = _log_of(runs["verify on dask"]), _log_of(runs["verify on threads"])
-    assert "on a Dask cluster on this machine (2 worker process(es))" in dask_log, dask_log
-    batches = int(dask_log.split("re-hashing ")[1].split(" batch")[0])
-    assert batches > 1, dask_log
-    assert "ThreadPoolTaskRunner" in threads_log, threads_log
+def test_verify_store_repaired_in_batches_hashed_on_a_dask_cluster(runs):
+    run = runs.flow_runs["verify"]
+    log = _log_of(run)
+    assert "on a Dask cluster on this machine (2 worker process(es))" in log, log
+    assert int(log.split("re-hashing ")[1].split(" batch")[0]) > 1, log
+    report = _artifact(run, "verify-report").data
+    assert ": repaired" in report, report
+    for cid, kind in runs.damaged.items():
+        assert f"| {kind} | {cid} | repaired |" in report, report
+    assert _artifact(run, "verify-progress").data == 100.0
 
 
 def test_the_model_versions_are_in_the_remote_mlflow_server(cluster, runs):
