@@ -34,7 +34,7 @@ def _ours(client) -> dict[str, list]:
 
 
 def _clear(client) -> None:
-    for found in _ours(client).values():
+    for found in [*_ours(client).values(), client.read_automations_by_name(auto.ZOMBIE)]:
         for a in found:
             client.delete_automation(a.id)
 
@@ -43,7 +43,7 @@ def test_apply_twice_creates_each_automation_once(prefect_client, capsys):
     _clear(prefect_client)
     assert auto.main(["--apply"]) == 0
     first = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
-    assert [(x["name"], x["action"]) for x in first] == [(r.name, "created") for r in auto.RULES]
+    assert [(x["name"], x["action"]) for x in first] == [(r.name, "created") for r in auto.RULES] + [(auto.ZOMBIE, "created")]
 
     assert auto.main(["--apply"]) == 0
     second = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
