@@ -17,14 +17,21 @@ from __future__ import annotations
 
 import os
 import re
-from typing import TYPE_CHECKING, Mapping
+from itertools import islice
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Sequence, TypeVar
 
 if TYPE_CHECKING:
+    from prefect.futures import PrefectFuture
     from prefect.task_runners import TaskRunner
+
+T = TypeVar("T")
 
 RUNNER_VAR = "CONCORD_TASK_RUNNER"
 WORKERS_VAR = "CONCORD_DASK_WORKERS"
 ACCEPTED = "threads (the default), dask (a Dask cluster on this machine), or tcp://HOST:PORT (a running Dask scheduler; tls://HOST:PORT with TLS)"
+#: fan-out tasks a thread pool keeps running at once: each already works on the store's own
+#: threads, so more at once would only multiply threads and memory, not speed
+THREADS_IN_FLIGHT = 2
 _SCHEDULER = re.compile(r"^(tcp|tls)://[^\s:/]+:\d{1,5}$")
 
 
@@ -76,3 +83,33 @@ def describe(runner: "TaskRunner") -> str:
         workers = (getattr(runner, "cluster_kwargs", None) or {}).get("n_workers", "?")
         return f"a Dask cluster on this machine ({workers} worker process(es))"
     return f"{type(runner).__name__} (threads in the flow run's process)"
+
+
+def in_flight(runner: "TaskRunner") -> int | None:
+    """How many fan-out tasks to keep submitted at once on ``runner``: a few on threads, no limit
+    on Dask (each Dask worker takes one task at a time and the scheduler queues the rest)."""
+    from prefect.task_runners import ThreadPoolTaskRunner
+
+    return THREADS_IN_FLIGHT if isinstance(runner, ThreadPoolTaskRunner) else None
+
+
+def fan_out(submit: Callable[[T], "PrefectFuture"], items: Sequence[T], limit: int | None) -> Iterator[tuple[int, Any]]:
+    """Submit ``submit(item)`` for every item, at most ``limit`` unfinished at once (None: all at
+    once), and yield ``(index of the item, result)`` as each finishes. A task's failure is raised
+    here, when its turn comes."""
+    from prefect.futures import as_completed
+
+    if limit is not None and limit < 1:
+        raise ValueError(f"limit must be at least 1 (or None for no limit), got {limit!r}")
+    upcoming = iter(enumerate(items))
+    pending: dict["PrefectFuture", int] = {}
+    unsubmitted = len(items)
+    while pending or unsubmitted:
+        room = unsubmitted if limit is None else min(unsubmitted, limit - len(pending))
+        for i, item in islice(upcoming, room):
+            pending[submit(item)] = i
+        unsubmitted -= room
+        for future in as_completed(list(pending)):
+            yield pending.pop(future), future.result()
+            if unsubmitted:  # a slot is free and items wait: submit before waiting again
+                break

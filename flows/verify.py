@@ -9,14 +9,13 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from prefect import flow, get_run_logger, unmapped
+from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact, create_progress_artifact, update_progress_artifact
 from prefect.context import FlowRunContext
-from prefect.futures import as_completed
 from pydantic import Field
 
 from flows._report import MiB, human, md_table, short
-from flows._runner import describe, task_runner
+from flows._runner import describe, fan_out, in_flight, task_runner
 from flows.snapshot import DEFAULT_STORE
 from tasks import verify_batch_task, verify_conclude_task, verify_plan_task
 
@@ -50,14 +49,16 @@ def verify_store(
     """
     plan = verify_plan_task(store, max(1, int(batch_mib * MiB)), ref=ref or None, repair_from=repair_from or None)
     batches = plan["batches"]
-    get_run_logger().info("re-hashing %d batch(es) on %s", len(batches), describe(FlowRunContext.get().task_runner))
-    futures = verify_batch_task.map(store=unmapped(store), batch=batches)
-    index = {f: i for i, f in enumerate(futures)}
+    runner = FlowRunContext.get().task_runner
+    limit = in_flight(runner)
+    get_run_logger().info(
+        "re-hashing %d batch(es) on %s, %s at a time", len(batches), describe(runner), limit or "all",
+    )
     progress = create_progress_artifact(0.0, key="verify-progress", description=_progress(plan, 0, 0))
     checks: list[dict | None] = [None] * len(batches)
     done = 0
-    for n, future in enumerate(as_completed(list(futures)), start=1):
-        checks[index[future]] = c = future.result()
+    for n, (i, c) in enumerate(fan_out(lambda batch: verify_batch_task.submit(store, batch), batches, limit), start=1):
+        checks[i] = c
         done += c["bytes_read"]
         update_progress_artifact(progress, 100.0 * n / len(batches), description=_progress(plan, n, done))
     if not batches:

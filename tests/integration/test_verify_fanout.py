@@ -92,3 +92,46 @@ def test_a_ref_verify_in_one_batch_or_many_checks_the_same_chunks(damaged):
     assert whole["batches"] == 1 and fine["batches"] > 2
     assert {k: whole[k] for k in COMPARED} == {k: fine[k] for k in COMPARED}
     assert whole["ok"] and whole["chunks_checked"] == damage["chunks"] - 1
+
+
+def test_fan_out_keeps_at_most_the_limit_in_flight_and_returns_every_result():
+    import threading
+    import time
+
+    from prefect import flow, task
+
+    from flows._runner import fan_out
+
+    lock, running, seen = threading.Lock(), [0], []
+
+    @task
+    def square(x: int) -> int:
+        with lock:
+            running[0] += 1
+            seen.append(running[0])
+        time.sleep(0.05)  # long enough for a runner that ignored the limit to start the others
+        with lock:
+            running[0] -= 1
+        if x == 99:
+            raise ValueError("item 99 is refused")
+        return x * x
+
+    items = list(range(7))
+    everyone = threading.Barrier(len(items), timeout=60)
+
+    @task
+    def meet(x: int) -> int:
+        everyone.wait()  # passes only once every item is in flight at the same time
+        return x
+
+    @flow(task_runner=task_runner({}))
+    def fanned(items: list[int], limit: int | None, unlimited: bool = False) -> list:
+        return list(fan_out(meet.submit if unlimited else square.submit, items, limit))
+
+    limited = fanned(items, 2)
+    assert sorted(limited) == [(i, x * x) for i, x in enumerate(items)] and max(seen) <= 2
+    assert sorted(fanned(items, None, unlimited=True)) == [(i, x) for i, x in enumerate(items)]
+    with pytest.raises(ValueError, match="item 99"):
+        fanned([1, 99, 2], 1)
+    with pytest.raises(ValueError, match="limit must be at least 1"):
+        fanned(items, 0)
