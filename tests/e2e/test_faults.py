@@ -52,13 +52,13 @@ def _logs(state_dir: Path) -> str:
 
 
 def _until(what: str, look, timeout: float, state_dir: Path):
-    deadline = time.monotonic() + timeout
-    while True:
-        found = look()
-        if found:
-            return found
-        assert time.monotonic() < deadline, f"{what} within {timeout:.0f} s\n{_logs(state_dir)}"
-        time.sleep(0.5)
+    """``_wait_for`` of the end-to-end tests, with the logs of every served process on failure."""
+    from test_end_to_end import _wait_for
+
+    try:
+        return _wait_for(what, look, timeout)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\n{_logs(state_dir)}") from None
 
 
 def _restart(state_dir: Path, name: str) -> None:
@@ -205,7 +205,7 @@ def test_a_run_lost_with_its_worker_is_crashed_by_the_zombie_automation_and_a_re
     primary = stores["us-east"]
     chunks_before = len(_chunk_files(primary))
 
-    lost = _snapshot_and_replicate(client, _checkpoint(tmp_path / "step-200", seed=200), stores)
+    lost = _snapshot_and_replicate(client, _checkpoint(tmp_path / "step-200", seed=200, files=2), stores)
     _running(client, lost.id, 120, faulty.state_dir)
     _until("the run wrote new chunks into the primary store", lambda: len(_chunk_files(primary)) > chunks_before + 20,
            60, faulty.state_dir)
@@ -231,5 +231,6 @@ def test_a_run_lost_with_its_worker_is_crashed_by_the_zombie_automation_and_a_re
     assert set(after.values()) == {new_root} and new_root != before["us-east"], (before, after)
     assert all(half[c] in (before[c], new_root) for c in CLUSTERS), (before, half, new_root)
     # the re-run sent only what was missing: every chunk the lost run had written stayed as written
-    rewritten = [c for c, inode in kept.items() if _chunk_files(primary).get(c) != inode]
+    now = _chunk_files(primary)
+    rewritten = [c for c, inode in kept.items() if now.get(c) != inode]
     assert not rewritten, f"{len(rewritten)} chunk(s) written again by the re-run"
