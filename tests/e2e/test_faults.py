@@ -204,15 +204,23 @@ def test_runs_waiting_on_a_restarted_server_resume_and_complete(faulty, client, 
 # ----------------------------------------------------------------------------- a worker is lost
 
 
-def test_a_run_whose_worker_alone_is_killed_ends_crashed_by_itself(faulty, client, stores, tmp_path):
+def _kill_midway(client, served, stores: dict[str, Path], source: Path, *, with_its_runs: bool):
+    """Start snapshot-and-replicate of ``source`` and kill the worker once the run has written part
+    of the snapshot into the primary store: the run, the roots before it and the pids the worker
+    had started."""
     before = _verified(stores)
     primary = stores["us-east"]
     chunks_before = len(_chunk_files(primary))
-    orphan = _snapshot_and_replicate(client, _checkpoint(tmp_path / "step-150", seed=150, files=2), stores)
-    _running(client, orphan.id, 120, faulty.state_dir)
+    run = _snapshot_and_replicate(client, source, stores)
+    _running(client, run.id, 120, served.state_dir)
     _until("the run wrote new chunks into the primary store", lambda: len(_chunk_files(primary)) > chunks_before + 20,
-           60, faulty.state_dir)
-    started = _kill_the_worker(faulty.state_dir, with_its_runs=False)
+           60, served.state_dir)
+    return run, before, _kill_the_worker(served.state_dir, with_its_runs=with_its_runs)
+
+
+def test_a_run_whose_worker_alone_is_killed_ends_crashed_by_itself(faulty, client, stores, tmp_path):
+    source = _checkpoint(tmp_path / "step-150", seed=150, files=2)
+    orphan, before, started = _kill_midway(client, faulty, stores, source, with_its_runs=False)
 
     # the flow run, in a session of its own, outlives the SIGKILL, notices its worker is gone,
     # reports itself Crashed and exits: well before the zombie automation would
@@ -229,15 +237,8 @@ def test_a_run_lost_with_its_worker_is_crashed_by_the_zombie_automation_and_a_re
                                                                                           tmp_path):
     (zombie,) = client.read_automations_by_name("concord: crash zombie flow runs")
     assert zombie.enabled and zombie.trigger.within == timedelta(seconds=ZOMBIE_AFTER)
-    before = _verified(stores)
-    primary = stores["us-east"]
-    chunks_before = len(_chunk_files(primary))
-
-    lost = _snapshot_and_replicate(client, _checkpoint(tmp_path / "step-200", seed=200, files=2), stores)
-    _running(client, lost.id, 120, faulty.state_dir)
-    _until("the run wrote new chunks into the primary store", lambda: len(_chunk_files(primary)) > chunks_before + 20,
-           60, faulty.state_dir)
-    killed = _kill_the_worker(faulty.state_dir, with_its_runs=True)
+    source = _checkpoint(tmp_path / "step-200", seed=200, files=2)
+    lost, before, killed = _kill_midway(client, faulty, stores, source, with_its_runs=True)
 
     # nothing is left to report the run's end: the heartbeats stop, and the automation crashes it
     state = _finished(client, lost.id, ZOMBIE_AFTER + 60, faulty.state_dir)
@@ -247,9 +248,10 @@ def test_a_run_lost_with_its_worker_is_crashed_by_the_zombie_automation_and_a_re
 
     # every store is sound, each ref where it was or already at the new snapshot
     half = _verified(stores)
+    primary = stores["us-east"]
     kept = _chunk_files(primary)
     _restart(faulty.state_dir, "worker")
-    rerun = _snapshot_and_replicate(client, tmp_path / "step-200", stores)
+    rerun = _snapshot_and_replicate(client, source, stores)
     state = _finished(client, rerun.id, 180, faulty.state_dir)
     assert state.is_completed(), f"the re-run ended {state.type.value}: {state.message}\n{_logs(faulty.state_dir)}"
 
