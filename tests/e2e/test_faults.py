@@ -154,6 +154,10 @@ def _kill_the_worker(state_dir: Path, *, with_its_runs: bool) -> list[int]:
     worker = next(p for p in serve.read_record(state_dir)["processes"] if p.name == "worker")
     assert serve.is_alive(worker), f"the worker is not running\n{_logs(state_dir)}"
     started = _descendants(worker.pid)
+    # the zombie automation counts on it: each flow run sends a heartbeat every 30 s, not Prefect's 180
+    environs = {pid: _environ(pid) for pid in [worker.pid, *started]}
+    beats = {pid: env.get(serve.HEARTBEAT_ENV) for pid, env in environs.items() if env}  # those still there
+    assert started and set(beats.values()) == {"30"}, beats
     groups = {os.getpgid(worker.pid)}
     for pid in started if with_its_runs else ():
         try:
@@ -163,6 +167,14 @@ def _kill_the_worker(state_dir: Path, *, with_its_runs: bool) -> list[int]:
     for group in groups:
         os.killpg(group, signal.SIGKILL)
     return started
+
+
+def _environ(pid: int) -> dict[str, str]:
+    try:
+        raw = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return {}
+    return dict(item.split("=", 1) for item in raw.decode(errors="replace").split("\0") if "=" in item)
 
 
 def _gone(pids: list[int]) -> bool:
