@@ -22,8 +22,9 @@ them are recorded there too. Flow runs send a heartbeat every 30 s (Prefect's sh
 ``restart NAME`` ends the recorded process NAME (``server``, ``worker`` or ``watcher``) if it still
 runs, and starts it again with its recorded command, folder and environment, in its place in the
 record; for the server it then waits until the API is healthy again. The server comes back on the
-same port with the same database: flow runs waiting on it carry on (Prefect's client retries its
-calls), and a worker lost with its machine is replaced by ``restart worker``. ``start`` while only
+same port with the same database: flow runs waiting on it carry on, since Prefect's client retries
+a call that cannot connect ``$PREFECT_CLIENT_MAX_RETRIES`` times (default 5: about a minute, backing
+off 2, 4, 8, 16, 32 s). A worker that died is replaced by ``restart worker``. ``start`` while only
 some recorded processes run starts nothing and names the ones to restart.
 
 ``stop`` ends only the recorded processes (their process groups: SIGTERM, then SIGKILL after the
@@ -243,7 +244,10 @@ def restart(state_dir: Path, names: Sequence[str], *, timeout: float = 15.0, ser
     state_dir = Path(state_dir).resolve()
     data = read_record(state_dir)
     old = [recorded(data, name, where=state_dir) for name in names]  # every name checked before anything stops
-    env = dict(os.environ, **data.get("env", {}))
+    if "env" not in data:  # started again without it, the server would open another database
+        raise ServeError(f"{state_dir / RECORD} does not record the environment its processes started in "
+                         "(written by an older version): `stop`, then `start` again")
+    env = dict(os.environ, **data["env"])
     for p in old:
         print(f"{p.name} (pid {p.pid}): {terminate(p, timeout=timeout)}", file=out)
         new = _launch(state_dir, p.name, p.command, env, p.cwd)

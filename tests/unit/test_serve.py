@@ -188,6 +188,7 @@ def test_restart_starts_a_dead_process_again_in_its_place_folder_and_environment
 
 
 def test_restart_ends_a_running_process_before_starting_it_again(state):
+    serve.write_record(state, {"processes": [], "env": {}})
     old = serve.spawn(state, "worker", SLEEP)
     out = io.StringIO()
     serve.restart(state, ["worker"], timeout=5, out=out)
@@ -198,6 +199,7 @@ def test_restart_ends_a_running_process_before_starting_it_again(state):
 
 
 def test_restart_of_a_name_not_recorded_names_the_recorded_ones_and_stops_nothing(state, capsys):
+    serve.write_record(state, {"processes": [], "env": {}})
     worker = serve.spawn(state, "worker", SLEEP)
     with pytest.raises(serve.ServeError, match=r"no process named 'server' is recorded .*\(recorded: worker\)"):
         serve.restart(state, ["worker", "server"], out=io.StringIO())
@@ -213,3 +215,10 @@ def test_start_while_some_processes_died_names_the_restart_that_brings_them_back
     out = io.StringIO()
     assert serve.start(state, out=out) == 0
     assert "Not running: worker" in out.getvalue() and "restart worker" in out.getvalue()
+
+
+def test_restart_refuses_a_record_without_the_environment_its_processes_started_in(state):
+    worker = serve.spawn(state, "worker", SLEEP)  # a record as an older serve wrote it: no "env"
+    with pytest.raises(serve.ServeError, match="does not record the environment.*`stop`, then `start`"):
+        serve.restart(state, ["worker"], out=io.StringIO())
+    assert serve.read_record(state)["processes"] == [worker] and serve.is_alive(worker)
