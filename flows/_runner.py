@@ -64,8 +64,9 @@ def task_runner(environ: Mapping[str, str] | None = None) -> "TaskRunner":
     if choice == "dask":
         from prefect_dask import DaskTaskRunner
 
-        # one task per worker process: a batch hashes on the store's own threads
-        cluster = {"n_workers": dask_workers(env), "threads_per_worker": 1, "host": "127.0.0.1", "dashboard_address": None}
+        # one task per worker process (a batch hashes on the store's own threads); everything, the
+        # status page included, on 127.0.0.1, the page on a free port
+        cluster = {"n_workers": dask_workers(env), "threads_per_worker": 1, "host": "127.0.0.1", "dashboard_address": "127.0.0.1:0"}
         return DaskTaskRunner(cluster_kwargs=cluster)
     if _SCHEDULER.match(choice):
         from prefect_dask import DaskTaskRunner

@@ -1,5 +1,6 @@
-"""verify-store's hashing fanned out in batches, on threads and on a local Dask cluster, on a real
-temporary Prefect server: the same findings and repairs as one verify in a single call."""
+"""verify-store's hashing fanned out in batches, on threads, on a Dask cluster started for the run
+and on a running Dask scheduler, on a real temporary Prefect server: the same findings and repairs
+as one verify in a single call. And the bounded fan-out the flows use."""
 
 from __future__ import annotations
 
@@ -37,10 +38,10 @@ def _damage(store: str, missing: str, corrupt: list[str]) -> None:
 
 @pytest.fixture
 def damaged(checkpoints, tmp_path):
-    """A primary store and three replicas damaged alike (one chunk gone, two corrupt, and a valid
+    """A primary store and four replicas damaged alike (one chunk gone, two corrupt, and a valid
     chunk that no manifest names), with the ids of the damage."""
     primary = str(tmp_path / "stores" / "primary")
-    replicas = [str(tmp_path / "stores" / name) for name in ("a", "b", "c")]
+    replicas = [str(tmp_path / "stores" / name) for name in ("a", "b", "c", "d")]
     state = snapshot_checkpoint(str(checkpoints("v1")), primary, REF, chunk_size_mib=1, return_state=True)
     root = state.result()["root"]
     replicate_snapshot(primary, replicas, REF, record_lineage=False)
@@ -56,8 +57,17 @@ def _runs_with(runner_env: dict[str, str]):
     return verify_store.with_options(task_runner=task_runner(runner_env))
 
 
-def test_batches_on_threads_and_on_dask_find_and_repair_what_one_verify_does(damaged, artifacts_of):
-    primary, (a, b, c), damage = damaged
+@pytest.fixture
+def dask_scheduler():
+    """The address of a running Dask scheduler with two worker processes, on 127.0.0.1."""
+    from distributed import LocalCluster
+
+    with LocalCluster(n_workers=2, threads_per_worker=1, host="127.0.0.1", dashboard_address="127.0.0.1:0") as cluster:
+        yield cluster.scheduler_address
+
+
+def test_batches_on_threads_and_on_dask_find_and_repair_what_one_verify_does(damaged, dask_scheduler, artifacts_of):
+    primary, (a, b, c, d), damage = damaged
     expected = verify(open_store(a), repair_from=open_store(primary)).to_dict()
     assert (expected["missing"], sorted(expected["corrupt"])) == (damage["missing"], sorted(damage["corrupt"]))
     assert expected["chunks_checked"] == damage["chunks"]
@@ -66,19 +76,20 @@ def test_batches_on_threads_and_on_dask_find_and_repair_what_one_verify_does(dam
     dask = _runs_with({"CONCORD_TASK_RUNNER": "dask", "CONCORD_DASK_WORKERS": "2"})(
         c, repair_from=primary, batch_mib=BATCH_MIB, return_state=True
     )
-    for state in (threads, dask):
+    scheduler = _runs_with({"CONCORD_TASK_RUNNER": dask_scheduler})(d, repair_from=primary, batch_mib=BATCH_MIB, return_state=True)
+    for state in (threads, dask, scheduler):
         assert state.is_completed(), state
         r = state.result()
         assert r["batches"] > 2, r["batches"]
         assert {k: r[k] for k in COMPARED} == {k: expected[k] for k in COMPARED}
         progress = [x for x in artifacts_of(state.state_details.flow_run_id) if x.key == "verify-progress"]
         assert progress and progress[-1].data == 100.0
-    for store in (b, c):
+    for store in (b, c, d):
         assert verify(open_store(store)).ok, f"{store} still damaged after the repair"
 
 
 def test_a_damaged_store_fails_with_every_batch_counted(damaged):
-    _, (a, _, _), _ = damaged
+    _, (a, *_), _ = damaged
     state = verify_store(a, batch_mib=BATCH_MIB, return_state=True)
     assert state.is_failed()
     with pytest.raises(StoreDamaged, match="1 missing and 2 corrupt"):
