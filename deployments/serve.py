@@ -243,7 +243,8 @@ def restart(state_dir: Path, names: Sequence[str], *, timeout: float = 15.0, ser
     """End each named recorded process if it runs and start it again as recorded (module docstring)."""
     state_dir = Path(state_dir).resolve()
     data = read_record(state_dir)
-    old = [recorded(data, name, where=state_dir) for name in names]  # every name checked before anything stops
+    # every name checked before anything stops; a name given twice is restarted once
+    old = [recorded(data, name, where=state_dir) for name in dict.fromkeys(names)]
     if "env" not in data:  # started again without it, the server would open another database
         raise ServeError(f"{state_dir / RECORD} does not record the environment its processes started in "
                          "(written by an older version): `stop`, then `start` again")

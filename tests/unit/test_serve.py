@@ -191,7 +191,7 @@ def test_restart_ends_a_running_process_before_starting_it_again(state):
     serve.write_record(state, {"processes": [], "env": {}})
     old = serve.spawn(state, "worker", SLEEP)
     out = io.StringIO()
-    serve.restart(state, ["worker"], timeout=5, out=out)
+    serve.restart(state, ["worker", "worker"], timeout=5, out=out)
     assert _wait_dead(old)
     (new,) = serve.read_record(state)["processes"]
     assert new.pid != old.pid and serve.is_alive(new)
