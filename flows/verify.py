@@ -63,7 +63,10 @@ def verify_store(
         update_progress_artifact(progress, 100.0 * n / len(batches), description=_progress(plan, n, done))
     if not batches:
         update_progress_artifact(progress, 100.0, description=_progress(plan, 0, 0))
-    r = verify_conclude_task(store, plan, checks, ref=ref or None, repair_from=repair_from or None)
+    r = verify_conclude_task(
+        store, checks, roots=plan["roots"], bad_manifests=plan["bad_manifests"], repaired=plan["repaired"],
+        ref=ref or None, repair_from=repair_from or None,
+    )
     r["batches"] = len(batches)
 
     repaired = set(r["repaired"])

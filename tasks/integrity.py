@@ -102,14 +102,22 @@ def verify_batch_task(store: str, batch: dict[str, int]) -> dict:
 
 
 @task(name="verify-conclude", **_STORE_TASK)
-def verify_conclude_task(store: str, plan: dict, checks: list[dict], ref: str | None = None,
-                         repair_from: str | None = None) -> dict:
-    """Combine the checks of the plan's batches (in batch order) into the report ``verify_task``
-    gives, repairing first from ``repair_from``. Emits ``concord.store.verified``."""
+def verify_conclude_task(
+    store: str,
+    checks: list[dict],
+    *,
+    roots: list[str],
+    bad_manifests: list[str],
+    repaired: list[str],
+    ref: str | None = None,
+    repair_from: str | None = None,
+) -> dict:
+    """Combine the checks of a plan's batches (in batch order) into the report ``verify_task``
+    gives, repairing first from ``repair_from``; ``roots``, ``bad_manifests`` and ``repaired``
+    come from the plan. Emits ``concord.store.verified``."""
     from concord.verify import Checked, conclude
 
     parts = [Checked(tuple(c["missing"]), tuple(c["corrupt"]), c["chunks"], c["bytes_read"]) for c in checks]
     with open_stores(store, repair_from) as (s, donor):
-        r = conclude(s, roots=plan["roots"], checks=parts, bad_manifests=plan["bad_manifests"],
-                     repaired=plan["repaired"], repair_from=donor)
+        r = conclude(s, roots=roots, checks=parts, bad_manifests=bad_manifests, repaired=repaired, repair_from=donor)
         return _reported(r, s, donor, ref)

@@ -121,7 +121,8 @@ def cluster(moto_server, mlflow_server, tmp_path_factory):
         _setup([_prefect(), "--no-prompt", "deploy", *names], env, project, logs / "setup.log")
 
         procs: dict[str, subprocess.Popen] = {}
-        stack.callback(_stop_together, procs)
+        left: list[str] = []
+        stack.callback(_stop_together, procs, left)
         for name in WORKERS:
             cmd = [_prefect(), "worker", "start", "--pool", WORK_POOL, "--name", name, "--limit", "1"]
             with open(logs / f"{name}.log", "wb") as log:
@@ -131,12 +132,22 @@ def cluster(moto_server, mlflow_server, tmp_path_factory):
         stack.enter_context(temporary_settings(updates={PREFECT_API_URL: api_url}))
         _wait_for_workers(procs, logs)
         yield Cluster(api_url, moto_server, mlflow_server, bucket, procs, logs)
-    left = [name for name, p in procs.items() if _group_alive(p.pid)]
-    assert not left, f"processes of {left} still run after the workers were stopped"
+    assert not left, f"processes the workers started still ran after they stopped (killed now): {left}"
 
 
-def _stop_together(procs: dict[str, subprocess.Popen]) -> None:
-    """SIGTERM to every worker's process group at once, then wait for each (SIGKILL if it hangs)."""
+def _stop_together(procs: dict[str, subprocess.Popen], left: list[str]) -> None:
+    """Stop the workers and everything they started. Their descendants (flow runs, which run in
+    sessions of their own, and their Dask processes) are listed first; then SIGTERM goes to every
+    worker's process group at once and each worker is waited for (SIGKILL if it hangs). A
+    descendant still running after a grace period is killed and described in ``left``."""
+    import psutil
+
+    started = []
+    for proc in procs.values():
+        try:
+            started += psutil.Process(proc.pid).children(recursive=True)
+        except psutil.NoSuchProcess:
+            pass
     for proc in procs.values():
         try:
             os.killpg(proc.pid, signal.SIGTERM)
@@ -144,14 +155,13 @@ def _stop_together(procs: dict[str, subprocess.Popen]) -> None:
             pass
     for proc in procs.values():
         stop(proc)
-
-
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    return True
+    _, alive = psutil.wait_procs(started, timeout=15)
+    for p in alive:
+        try:
+            left.append(" ".join(p.cmdline())[:200])
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
 
 
 # ----------------------------------------------------------------------------- the runs
