@@ -178,8 +178,10 @@ def _environ(pid: int) -> dict[str, str]:
 
 
 def _gone(pids: list[int]) -> bool:
-    return not [pid for pid in pids if Path(f"/proc/{pid}").exists()
-                and Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[-1].split()[0] != "Z"]
+    """None of ``pids`` runs any more (gone, or a zombie waiting for its parent)."""
+    from deployments.serve import _proc_state
+
+    return all(_proc_state(pid) in (None, "Z") for pid in pids)
 
 
 # ----------------------------------------------------------------------------- the server restarts
@@ -211,6 +213,7 @@ def test_runs_waiting_on_a_restarted_server_resume_and_complete(faulty, client, 
         assert after.run_count == 1, f"{run.name} ran {after.run_count} times: it was retried, not resumed"
     roots = _verified(stores)
     assert len(set(roots.values())) == 1 and None not in roots.values(), roots
+    assert _verified({"scheduled": tmp_path / "scheduled-store"})["scheduled"] is not None
 
 
 # ----------------------------------------------------------------------------- a worker is lost
