@@ -182,5 +182,6 @@ def test_what_the_operations_guide_shows_a_person_is_there(served):
 
     automations = _prefect_cli(served, "automation", "ls")
     for name in ("concord: P0 drift", "concord: restore drill failed", "concord: replication failed",
+                 "concord: crash zombie flow runs",
                  "snapshot-and-replicate on new checkpoint", "tier-checkpoints on new checkpoint"):
         assert name in automations, f"{name!r} not in `prefect automation ls`:\n{automations}"
