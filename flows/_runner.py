@@ -49,7 +49,10 @@ def dask_workers(environ: Mapping[str, str] | None = None) -> int:
     except ValueError:
         n = 0
     if n < 1:
-        raise TaskRunnerChoiceError(f"{WORKERS_VAR}={raw!r} is not a number of Dask workers: set a whole number of at least 1, or unset it for one per core")
+        raise TaskRunnerChoiceError(
+            f"{WORKERS_VAR}={raw!r} is not a number of Dask workers: set a whole number of at least 1, "
+            "or unset it for one per core"
+        )
     return n
 
 

@@ -2,12 +2,14 @@
 
 ``verify_task`` does it in one task. The verify-store flow fans the hashing out instead:
 ``verify_plan_task`` lists the chunks and cuts them into batches, ``verify_batch_task`` re-hashes
-one batch (mapped over the batches, so a Dask cluster hashes them on many machines), and
+one batch (one task per batch, so a Dask cluster hashes them on many machines), and
 ``verify_conclude_task`` repairs and combines. Both ways give the same report and emit the same
 event.
 """
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 from prefect import task
 from prefect.cache_policies import NO_CACHE
@@ -16,13 +18,16 @@ from tasks import events
 from tasks.common import RETRIES, RETRY_DELAYS, open_stores, retry_if_transient
 from tasks.progress import PrefectProgress, human_bytes, run_logger
 
+if TYPE_CHECKING:
+    from concord.stores.base import Store
+    from concord.verify import VerifyResult
+
 #: the store tasks' retry policy: only errors a later attempt can cure
 _STORE_TASK = dict(retries=RETRIES, retry_delay_seconds=RETRY_DELAYS, retry_condition_fn=retry_if_transient, cache_policy=NO_CACHE)
 
 
-def _reported(result, store, donor, ref: str | None) -> dict:
+def _reported(r: "VerifyResult", store: "Store", donor: "Store | None", ref: str | None) -> dict:
     """The report of a verify as a plain dict; emits ``concord.store.verified`` and logs the verdict."""
-    r = result
     out = r.to_dict() | {"repair_from": donor.uri if donor else None}
     related = [events.snapshot(x, "snapshot") for x in r.roots[:20]]
     if donor is not None:
