@@ -12,6 +12,7 @@ from pydantic import Field
 from concord.staging import staged_checkpoint
 from flows._arguments import BadArguments, checkpoint_problems, ref_problems, started_by_event, store_problems, targets_problems
 from flows._report import human, md_table, short
+from flows._runner import task_runner
 from flows.lineage import record_holders
 from flows.snapshot import DEFAULT_REF, ChunkSizeMiB, snapshot_checkpoint
 from tasks import replicate_task
@@ -24,7 +25,7 @@ class ReplicationFailed(RuntimeError):
     """Some targets of a replication failed; the others completed (see the summary artifact)."""
 
 
-@flow(name="replicate-snapshot")
+@flow(name="replicate-snapshot", task_runner=task_runner())
 def replicate_snapshot(source: str, targets: Targets, ref: str = DEFAULT_REF, record_lineage: bool = True) -> list[dict]:
     """Replicate a snapshot to every target store at once; only chunks a target lacks are sent.
 
