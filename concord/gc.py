@@ -19,6 +19,10 @@ Deleting is the one thing a store cannot take back, so a collection is careful:
   writer that started in the moment after the collection last looked.
 * Manifests go before chunks, so a collection stopped halfway never leaves a manifest naming
   chunks that are gone.
+
+Temporary files that a killed writer left in a folder store (``.tmp-*``: never a chunk, manifest
+or ref, which appear only whole) go too, once nobody has touched them for an hour (or the grace
+period, if longer): a write in flight keeps touching its file.
 """
 
 from __future__ import annotations
@@ -45,6 +49,8 @@ log = logging.getLogger("concord.gc")
 LEASE_PREFIX = "gc/leases"
 #: how long a lease holds if its writer never removes it (a killed process)
 DEFAULT_LEASE_TTL = 6 * 3600.0
+#: how long a temporary file must lie untouched before it counts as a killed writer's leftover
+LEFTOVER_AGE = 3600.0
 #: deletes between two looks for new leases
 SWEEP_BATCH = 256
 
@@ -145,6 +151,7 @@ class GcResult:
     young_chunks: int
     dry_run: bool
     postponed_by: list[str] = field(default_factory=list)
+    deleted_leftovers: int = 0
 
     def to_dict(self) -> dict:
         d = {k: getattr(self, k) for k in self.__dataclass_fields__}
@@ -184,6 +191,9 @@ def collect_garbage(
     live |= _chunks_of_unreferenced(store, [r for r, m in manifests if m >= cutoff])
     unreferenced = [(c, size, m) for c, size, m in store.iter_chunk_stats() if c not in live]
     doomed = [(c, size) for c, size, m in unreferenced if m < cutoff]
+    # temporary files of writes a killed process never finished; a write in flight keeps touching
+    # its file, so one untouched for LEFTOVER_AGE (or the grace period, if longer) is stranded
+    leftovers = [k for k, _, m in store.iter_leftovers() if m < now - max(grace_seconds, LEFTOVER_AGE)]
 
     result = dict(
         store=store.uri,
@@ -208,15 +218,20 @@ def collect_garbage(
             deleted_chunks=len(doomed),
             deleted_bytes=sum(size for _, size in doomed),
             deleted_manifests=len(doomed_manifests),
+            deleted_leftovers=len(leftovers),
         )
     swept = _Sweep(store, now, ensure(progress))
     swept.run(doomed_manifests, doomed)
+    if not swept.postponed_by:
+        for key in leftovers:
+            store.delete_leftover(key)
     return GcResult(
         **result,
         deleted_chunks=swept.chunks,
         deleted_bytes=swept.bytes,
         deleted_manifests=swept.manifests,
         postponed_by=swept.postponed_by,
+        deleted_leftovers=0 if swept.postponed_by else len(leftovers),
     )
 
 

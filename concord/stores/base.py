@@ -294,6 +294,15 @@ class Store(ABC):
             if name is not None:
                 yield name, size, mtime
 
+    def iter_leftovers(self) -> Iterator[tuple[str, int, float]]:
+        """``(key, size, modification time)`` of what interrupted writes left behind (temporary
+        files of a killed process). None here: object stores write each object whole."""
+        return iter(())
+
+    def delete_leftover(self, key: str) -> None:
+        """Remove one leftover that :meth:`iter_leftovers` listed (only garbage collection should)."""
+        raise NotImplementedError(f"{type(self).__name__} has no leftovers to delete ({key})")
+
     # ------------------------------------------------------------------ archive storage
 
     @property

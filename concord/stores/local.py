@@ -175,6 +175,26 @@ class LocalDirStore(Store):
                     continue  # removed while we looked: it is not there any more
                 yield key, st.st_size, st.st_mtime
 
+    def iter_leftovers(self) -> Iterator[tuple[str, int, float]]:
+        """The temporary files (``.tmp-*``) of writes a killed process never finished."""
+        for folder, _, names in os.walk(self.root):
+            for name in names:
+                if name.startswith(TMP_PREFIX):
+                    path = os.path.join(folder, name)
+                    try:
+                        st = os.stat(path)
+                    except FileNotFoundError:
+                        continue  # the write finished (or gave up) while we looked
+                    yield os.path.relpath(path, self.root).replace(os.sep, "/"), st.st_size, st.st_mtime
+
+    def delete_leftover(self, key: str) -> None:
+        if not key.rsplit("/", 1)[-1].startswith(TMP_PREFIX) or ".." in key.split("/"):
+            raise ValueError(f"{key!r} is not a leftover temporary file of {self.uri}")
+        try:
+            os.unlink(self._path(key))
+        except FileNotFoundError:
+            pass
+
     def _read_with_token(self, key: str) -> tuple[bytes | None, str | None]:
         data = self._get_object(key)
         if data is None:

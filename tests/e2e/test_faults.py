@@ -123,8 +123,15 @@ def _verified(stores: dict[str, Path]) -> dict[str, str | None]:
 
 
 def _chunk_files(store: Path) -> dict[str, int]:
-    """Each chunk file of a store, with its inode (a chunk written again would get a new one)."""
-    return {p.name: p.stat().st_ino for p in (store / "chunks").glob("*/*")} if (store / "chunks").exists() else {}
+    """Each chunk file of a store, with its inode (a chunk written again would get a new one).
+    Temporary files (a write the kill interrupted, cleaned up by later writers) are not chunks."""
+    from concord.stores.base import chunk_name
+
+    found = {}
+    for p in (store / "chunks").glob("*/*"):
+        if chunk_name(f"chunks/{p.parent.name}/{p.name}") is not None:
+            found[p.name] = p.stat().st_ino
+    return found
 
 
 def _descendants(pid: int) -> list[int]:

@@ -317,4 +317,41 @@ def test_an_empty_store_has_nothing_to_collect(tmp_path):
         "young_chunks": 0,
         "dry_run": False,
         "postponed_by": [],
+        "deleted_leftovers": 0,
     }
+
+
+def _leftover(store: LocalDirStore, key: str, age_hours: float) -> Path:
+    path = Path(store.root, *key.split("/"))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(b"half a chunk")
+    then = time.time() - age_hours * HOUR
+    os.utime(path, (then, then))
+    return path
+
+
+def test_temporary_files_a_killed_writer_left_go_once_untouched_for_an_hour(store, two_snapshots):
+    keep, _, _ = two_snapshots
+    stranded = [_leftover(store, "chunks/ab/.tmp-1", 2), _leftover(store, "manifests/.tmp-2", 1.5)]
+    in_flight = _leftover(store, "chunks/cd/.tmp-3", 0.1)  # a write that may still be going on
+    held = _held(store)
+
+    dry = collect_garbage(store, grace_seconds=0, dry_run=True)
+    assert dry.deleted_leftovers == 2 and all(p.exists() for p in stranded)
+    with write_lease(store, "a writer"):
+        assert collect_garbage(store, grace_seconds=0).deleted_leftovers == 0
+    assert all(p.exists() for p in stranded)
+
+    result = collect_garbage(store, grace_seconds=0)
+    assert result.deleted_leftovers == 2
+    assert not any(p.exists() for p in stranded) and in_flight.exists()
+    assert _held(store)[0] <= held[0] and keep.root in _held(store)[1]
+    # a grace period longer than an hour keeps them longer
+    again = _leftover(store, "chunks/ab/.tmp-4", 2)
+    assert collect_garbage(store, grace_seconds=3 * HOUR).deleted_leftovers == 0 and again.exists()
+
+
+def test_only_temporary_files_are_leftovers(store):
+    for key in ("chunks/ab/not-a-temp", "../.tmp-outside", "chunks/../../.tmp-x"):
+        with pytest.raises(ValueError, match="not a leftover"):
+            store.delete_leftover(key)
