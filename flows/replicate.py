@@ -11,6 +11,7 @@ from pydantic import Field
 
 from concord.staging import staged_checkpoint
 from flows._arguments import BadArguments, checkpoint_problems, ref_problems, started_by_event, store_problems, targets_problems
+from flows._policy import final
 from flows._report import human, md_table, short
 from flows._runner import task_runner
 from flows.lineage import record_holders
@@ -104,7 +105,7 @@ def check_replication_arguments(source: object, store: object, targets: object, 
     problems += store_problems(store, "store")
     problems += targets_problems(targets, store)
     if problems:
-        raise BadReplicationArguments(problems, event=started_by_event(source, store, ref, *(targets or ())))
+        raise final(BadReplicationArguments(problems, event=started_by_event(source, store, ref, *(targets or ()))))
 
 
 @flow(name="snapshot-and-replicate")

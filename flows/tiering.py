@@ -19,6 +19,7 @@ from pydantic import Field
 
 from concord.staging import staged_checkpoint
 from flows._arguments import BadArguments, checkpoint_problems, started_by_event
+from flows._policy import final
 from flows._report import human, md_table, short
 from tasks.progress import PrefectProgress
 from tasks import (
@@ -89,7 +90,7 @@ def check_checkpoint_arguments(checkpoint_dir: object, name: object, step: objec
     if not given and (name not in (None, "") or step is not None):
         problems.append("name and step only apply with a checkpoint_dir, which is empty")
     if problems:
-        raise BadCheckpointArguments(problems, event=started_by_event(checkpoint_dir, name, step))
+        raise final(BadCheckpointArguments(problems, event=started_by_event(checkpoint_dir, name, step)))
 
 
 def _mark(tier: dict) -> str:
@@ -215,11 +216,13 @@ def tier_checkpoints(
     )
     if swept["errors"] or swept["violations"]:
         problems = swept["errors"] + swept["violations"]
-        raise TieringFailed(
+        failed = TieringFailed(
             f"tiering of {namespace} left {len(swept['errors'])} error(s) and {len(swept['violations'])} "
             f"copy-rule violation(s) (first: {problems[0]}); fix the cause and run again: a sweep "
             "copies what is missing and converges"
         )
+        # errors (a store away) may pass by the retry; violations alone are the sweep's answer
+        raise final(failed) if not swept["errors"] else failed
     return {"added": added, "sweep": swept, "status": status, "pinned_roots": pinned}
 
 

@@ -153,7 +153,7 @@ def _deploy_snapshot_and_replicate(parameters: dict) -> uuid.UUID:
     from prefect.client.orchestration import get_client
 
     doc = yaml.safe_load((ROOT / "prefect.yaml").read_text())
-    (d,) = [d for d in doc["deployments"] if d["entrypoint"] == "flows/replicate.py:snapshot_and_replicate"]
+    (d,) = [d for d in doc["deployments"] if d["entrypoint"] == "deployments/pipelines.py:snapshot_and_replicate"]
     trigger = copy.deepcopy(d["triggers"][0]) | {"name": f"s3-checkpoint-{uuid.uuid4().hex[:8]}"}
 
     async def deploy() -> uuid.UUID:

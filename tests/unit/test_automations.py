@@ -95,7 +95,7 @@ def test_new_checkpoints_trigger_snapshot_and_replicate_and_tiering():
     from prefect.events import DeploymentEventTrigger
 
     found = _deployments_with_triggers()
-    assert set(found) == {"flows/replicate.py:snapshot_and_replicate", "flows/tiering.py:tier_checkpoints"}
+    assert set(found) == {"deployments/pipelines.py:snapshot_and_replicate", "deployments/pipelines.py:tier_checkpoints"}
     for d in found.values():
         (t,) = _triggers(d)
         assert isinstance(t, DeploymentEventTrigger) and t.enabled and t.name
@@ -131,14 +131,14 @@ def test_a_watcher_event_renders_valid_parameters(tmp_path, monkeypatch):
     folder.mkdir()
     event = checkpoint_event(announcement(str(folder)))
 
-    fl, params = _flow_and_parameters("flows/tiering.py:tier_checkpoints", event, monkeypatch)
+    fl, params = _flow_and_parameters("deployments/pipelines.py:tier_checkpoints", event, monkeypatch)
     assert (params["checkpoint_dir"], params["name"], params["step"]) == (str(folder), "step-200", 200)
     fl.validate_parameters(params)
     from flows.tiering import check_checkpoint_arguments
 
     check_checkpoint_arguments(params["checkpoint_dir"], params["name"], params["step"])
 
-    fl, params = _flow_and_parameters("flows/replicate.py:snapshot_and_replicate", event, monkeypatch)
+    fl, params = _flow_and_parameters("deployments/pipelines.py:snapshot_and_replicate", event, monkeypatch)
     assert (params["source"], params["ref"]) == (str(folder), "models/llama")
     assert str(event.id) in params["message"] and params["targets"]
     fl.validate_parameters(params)
@@ -148,7 +148,7 @@ def test_a_checkpoint_without_a_step_renders_none(tmp_path, monkeypatch):
     folder = tmp_path / "final"
     folder.mkdir()
     event = checkpoint_event(announcement(str(folder), name="final", step=None))
-    fl, params = _flow_and_parameters("flows/tiering.py:tier_checkpoints", event, monkeypatch)
+    fl, params = _flow_and_parameters("deployments/pipelines.py:tier_checkpoints", event, monkeypatch)
     assert params["step"] is None
     fl.validate_parameters(params)
 
@@ -189,7 +189,7 @@ def test_a_malformed_payload_fails_tiering_before_any_store_is_touched(tmp_path,
     folder.mkdir()
     good = {"source": "/runs/llama", "store": "local", "path": str(folder), "name": "step-200", "step": 200}
     event = received("concord.checkpoint.created", {"prefect.resource.id": "concord.checkpoint.llama/step-200"}, good | payload)
-    _, params = _flow_and_parameters("flows/tiering.py:tier_checkpoints", event, monkeypatch)
+    _, params = _flow_and_parameters("deployments/pipelines.py:tier_checkpoints", event, monkeypatch)
     if problem is None:  # accepted: the check passes (the rest of the run is tested with real stores)
         from flows.tiering import check_checkpoint_arguments
 
