@@ -57,9 +57,13 @@ def event_of(a: Announcement) -> dict[str, Any]:
 
 
 def emit(a: Announcement) -> str | None:
-    """Send the announcement; the id of the event sent, or None where events are not delivered."""
+    """Send the announcement; the id of the event sent, or None where events are not delivered
+    (no Prefect API configured: a temporary server would hear them, and nobody would listen)."""
     from prefect.events import emit_event
+    from prefect.settings import PREFECT_API_URL
 
+    if not PREFECT_API_URL.value():
+        return None
     sent = emit_event(**event_of(a))
     return str(sent.id) if sent is not None else None
 
@@ -143,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
         from prefect.settings import PREFECT_API_URL
 
         if not PREFECT_API_URL.value():
-            log.warning("no Prefect API configured (PREFECT_API_URL): events go to a temporary server and nothing is triggered")
+            log.warning("no Prefect API configured (PREFECT_API_URL): events are not sent, only printed, and nothing is triggered")
     try:
         run(watcher, interval=args.interval, once=args.once, stop=stop)
     except ConcordError as exc:

@@ -11,6 +11,7 @@ from pydantic import Field
 
 from concord.staging import staged_checkpoint
 from flows._arguments import BadArguments, checkpoint_problems, ref_problems, started_by_event, store_problems, targets_problems
+from flows._params import RefName, StoreAddress
 from flows._policy import final
 from flows._report import human, md_table, short
 from flows._runner import task_runner
@@ -27,7 +28,9 @@ class ReplicationFailed(RuntimeError):
 
 
 @flow(name="replicate-snapshot", task_runner=task_runner())
-def replicate_snapshot(source: str, targets: Targets, ref: str = DEFAULT_REF, record_lineage: bool = True) -> list[dict]:
+def replicate_snapshot(
+    source: StoreAddress, targets: Targets, ref: RefName = DEFAULT_REF, record_lineage: bool = True
+) -> list[dict]:
     """Replicate a snapshot to every target store at once; only chunks a target lacks are sent.
 
     Args:

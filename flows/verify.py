@@ -14,6 +14,7 @@ from prefect.artifacts import create_markdown_artifact, create_progress_artifact
 from prefect.context import FlowRunContext
 from pydantic import Field
 
+from flows._params import RefName, StoreAddress
 from flows._report import MiB, human, md_table, short
 from flows._runner import describe, fan_out, in_flight, task_runner
 from flows.snapshot import DEFAULT_STORE
@@ -33,7 +34,10 @@ class StoreDamaged(RuntimeError):
 
 @flow(name="verify-store", task_runner=task_runner())
 def verify_store(
-    store: str = DEFAULT_STORE, ref: str | None = None, repair_from: str | None = None, batch_mib: BatchMiB = 256
+    store: StoreAddress = DEFAULT_STORE,
+    ref: RefName | None = None,
+    repair_from: StoreAddress | None = None,
+    batch_mib: BatchMiB = 256,
 ) -> dict:
     """Re-hash what a store holds; repair missing or corrupt chunks from a healthy replica.
 

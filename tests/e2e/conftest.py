@@ -1,4 +1,4 @@
-"""Concord as ``make serve`` runs it, on 127.0.0.1: a real Prefect server (temporary home), the
+"""Concord as ``make serve`` runs it, on 127.0.0.1 (one instance for the whole package): a real Prefect server (temporary home), the
 work pool, blocks, every deployment of ``prefect.yaml``, a process worker and the checkpoint
 watcher, all started by ``python -m deployments.serve`` and stopped by it afterwards."""
 
@@ -31,6 +31,11 @@ ready: {marker: COMPLETE}
 """
 
 
+#: the zombie automation's window on the served instance: the shortest it takes (a heartbeat every
+#: 30 s, and half of one to spare), so that the lost-worker fault is seen soon
+ZOMBIE_AFTER = 45
+
+
 @dataclass(frozen=True)
 class Served:
     api_url: str
@@ -42,12 +47,12 @@ class Served:
 
 def _serve(state_dir: Path, *args: str, timeout: float) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k not in ("PREFECT_API_URL", "PREFECT_PROFILE")}
-    env.update(PREFECT_SERVER_ANALYTICS_ENABLED="false", DO_NOT_TRACK="true")
+    env.update(PREFECT_SERVER_ANALYTICS_ENABLED="false", DO_NOT_TRACK="true", CONCORD_ZOMBIE_AFTER=str(ZOMBIE_AFTER))
     return subprocess.run([sys.executable, "-m", "deployments.serve", "--dir", str(state_dir), *args],
                           cwd=PROJECT_DIR, env=env, capture_output=True, text=True, timeout=timeout)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="package")
 def served(tmp_path_factory):
     base = tmp_path_factory.mktemp("served")
     state_dir, watched, project_dir = base / "serve", base / "checkpoints", base / "project"

@@ -14,26 +14,20 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
-from servers import patched_environ
+
+from e2e.conftest import ZOMBIE_AFTER
 
 pytestmark = pytest.mark.e2e
 
 PROJECT_DIR = Path(__file__).resolve().parents[2]
-#: the shortest zombie window the automation takes (a heartbeat every 30 s, and half of one to spare)
-ZOMBIE_AFTER = 45
 REF = "models/faulty"
 CLUSTERS = ("us-east", "eu-central", "ap-south")
 
 
 @pytest.fixture(scope="module")
-def zombie_window():
-    """Set before ``served`` starts, so that serve applies the zombie automation with this window."""
-    with patched_environ({"CONCORD_ZOMBIE_AFTER": str(ZOMBIE_AFTER)}):
-        yield ZOMBIE_AFTER
-
-
-@pytest.fixture(scope="module")
-def faulty(zombie_window, served):
+def faulty(served):
+    """The served instance of the end-to-end tests (its zombie window ZOMBIE_AFTER), after them:
+    these faults restart its server and kill its worker, and leave both running again."""
     return served
 
 
@@ -53,7 +47,7 @@ def _logs(state_dir: Path) -> str:
 
 def _until(what: str, look, timeout: float, state_dir: Path):
     """``_wait_for`` of the end-to-end tests, with the logs of every served process on failure."""
-    from test_end_to_end import _wait_for
+    from e2e.test_end_to_end import _wait_for
 
     try:
         return _wait_for(what, look, timeout)

