@@ -8,7 +8,8 @@ Every ``--interval`` seconds it scans the watched folders and S3 prefixes
 that became complete, about the resource ``concord.checkpoint.<model>/<name>``, with the
 announcement as payload. The event id is derived from the checkpoint's path and fingerprint, so
 a duplicate emission (a state file lost, two watchers) carries the same id and is recognisable
-downstream. Each announcement is also printed to stdout as one JSON line.
+downstream. Each announcement is also printed to stdout as one JSON line; with no Prefect API
+configured (``PREFECT_API_URL``), that is all it does (a warning says so).
 
 ``--once`` scans once (waiting out the settle time for S3 checkpoints seen for the first time)
 and exits. SIGTERM and SIGINT stop the loop after the current scan.
