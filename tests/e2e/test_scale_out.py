@@ -137,9 +137,11 @@ def cluster(moto_server, mlflow_server, tmp_path_factory):
 
 def _stop_together(procs: dict[str, subprocess.Popen], left: list[str]) -> None:
     """Stop the workers and everything they started. Their descendants (flow runs, which run in
-    sessions of their own, and their Dask processes) are listed first; then SIGTERM goes to every
-    worker's process group at once and each worker is waited for (SIGKILL if it hangs). A
-    descendant still running after a grace period is killed and described in ``left``."""
+    sessions of their own, and their Dask processes) are listed first and given a minute to end by
+    themselves (every run is final by now; a local Dask cluster can take a while to close on a
+    busy machine); then SIGTERM goes to every worker's process group at once and each worker is
+    waited for (SIGKILL if it hangs). A descendant still running after that is killed and
+    described in ``left``."""
     import psutil
 
     started = []
@@ -148,6 +150,7 @@ def _stop_together(procs: dict[str, subprocess.Popen], left: list[str]) -> None:
             started += psutil.Process(proc.pid).children(recursive=True)
         except psutil.NoSuchProcess:
             pass
+    psutil.wait_procs([p for p in started if "prefect.engine" in " ".join(_cmdline(p))], timeout=60)
     for proc in procs.values():
         try:
             os.killpg(proc.pid, signal.SIGTERM)
@@ -162,6 +165,15 @@ def _stop_together(procs: dict[str, subprocess.Popen], left: list[str]) -> None:
             p.kill()
         except psutil.NoSuchProcess:
             pass
+
+
+def _cmdline(p) -> list[str]:
+    import psutil
+
+    try:
+        return p.cmdline()
+    except psutil.Error:
+        return []
 
 
 # ----------------------------------------------------------------------------- the runs
