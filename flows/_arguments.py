@@ -130,15 +130,11 @@ def store_identity(spec: str) -> tuple[str, ...]:
 def store_problems(spec: object, what: str) -> list[str]:
     """The problems of a store address: a folder, file:///path, s3://bucket/prefix or block:NAME."""
     from concord.stores import check_store_address
-    from concord.stores.s3 import validate_bucket_name, validate_prefix
 
     if unrendered(spec):
         return [f"{what} {spec!r} is a template the event did not fill in"]
     try:
         kind, *rest = store_identity(check_store_address(spec))
-        if kind == "s3":
-            validate_bucket_name(rest[0])
-            validate_prefix(rest[0], rest[1])
     except ValueError as exc:
         return [f"{what} {spec!r} is not a store address ({str(exc).split('. ')[0]})"]
     if kind == "local" and os.path.isfile(rest[0]):

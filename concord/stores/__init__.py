@@ -67,7 +67,10 @@ def check_store_address(spec: str) -> str:
         raise InvalidStoreURIError(str(spec), "empty store address: give a folder, file:///path, s3://bucket/prefix or block:NAME")
     spec = spec.strip()
     if spec.startswith("s3://"):
-        parse_s3_uri(spec)
+        from concord.stores.s3 import validate_bucket_name, validate_prefix
+
+        bucket, prefix = parse_s3_uri(spec)
+        validate_prefix(validate_bucket_name(bucket), prefix)  # the rules S3ObjectStore applies on open
     elif spec.startswith("file://"):
         if urlparse(spec).netloc not in ("", "localhost"):
             raise InvalidStoreURIError(spec, "file:// URIs must name a local path (file:///path)")

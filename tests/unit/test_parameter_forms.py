@@ -47,6 +47,7 @@ def test_refs_and_numbers_are_checked_in_the_form():
 @pytest.mark.parametrize("flow, params, named", [
     (flows.snapshot_checkpoint, {"source": "x", "store": "s3://"}, "store"),
     (flows.snapshot_checkpoint, {"source": "x", "store": "nosuchscheme:abc"}, "unknown scheme"),
+    (flows.snapshot_checkpoint, {"source": "x", "store": "s3://Bad_Bucket/p"}, "bucket names"),
     (flows.snapshot_checkpoint, {"source": "x", "ref": "models/../x"}, "ref"),
     (flows.snapshot_checkpoint, {"source": "x", "ref": "a/b/c"}, "ref"),
     (flows.rollback_ref, {"store": "file://elsewhere/x"}, "file:// URIs must name a local path"),
