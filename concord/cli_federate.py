@@ -111,7 +111,7 @@ def cmd_run(args, emit, progress) -> int:
     )
     lines = [
         f"round {r['round']} of {r['tenant']}: {r['method']} over {len(r['clients'])} adapter(s) → {r['ref']} {r['root'][:12]} (rank {r['rank']})",
-        f"  relative error {_error(r['relative_error'])}; ledger hash {r['hash'][:12]} in {r['ledger']}",
+        f"  relative error {_error(r['relative_error'])}; ledger: {r['ledger_note']}",
         *_client_lines(r["clients"]),
         *(f"  replica {p['store']}: sent {p['chunks_sent']} chunk(s), {p['bytes_sent']} bytes" for p in r["replicas"]),
     ]

@@ -379,20 +379,25 @@ class LedgerError(ConcordError, ValueError):
 
 
 class LedgerConflictError(RefConflictError):
-    """Another round of the same tenant was appended to the ledger first; nothing of this one was kept."""
+    """A different round of the same tenant took this round's number first; nothing of this one
+    was kept. ``winner`` is the hash of the round that holds the number."""
 
-    def __init__(self, store: str, tenant: str, number: int, expected: str | None, actual: str | None) -> None:
+    def __init__(
+        self, store: str, tenant: str, number: int, expected: str | None, actual: str | None, *, winner: str | None = None
+    ) -> None:
         self.store = store
         self.ref = f"{tenant}/_ledger"
         self.tenant = tenant
         self.round = number
         self.expected = expected
         self.actual = actual
+        self.winner = winner
         StoreError.__init__(
             self,
-            f"round {number} of tenant {tenant!r} in {store} was appended concurrently by another run "
-            f"(head expected {expected or '(none)'}, found {actual or '(none)'}); this round was not "
-            f"recorded. See `concord federate log {tenant} --store {store}`, then re-run if still needed.",
+            f"round {number} of tenant {tenant!r} in {store} went to a different round "
+            f"({'hash ' + winner[:12] if winner else 'head ' + (actual or '(none)')}) appended concurrently "
+            f"by another run; this round was not recorded. Run it again to record it as a later round "
+            f"(a round already in the ledger is never recorded twice); see `concord federate log {tenant} --store {store}`.",
         )
 
 

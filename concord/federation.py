@@ -10,7 +10,9 @@ the order given) and restore its snapshot into a temporary folder; read and chec
 aggregate them (:mod:`concord.lora`); write the result as a PEFT adapter folder; snapshot it into
 the first cluster under ``t/<out_name>``; replicate it to every other cluster (only missing
 chunks move); append the round to the ledger. A failure before the ledger leaves no round
-recorded; re-running the same round sends only what is still missing. Registering the result
+recorded; re-running the same round sends only what is still missing, and never records it
+twice: a round whose record (inputs, options, result and the result ref's version) is already in
+the ledger is reported as recorded there (``recorded``: ``already``), whoever wrote it. Registering the result
 in MLflow comes last and never loses the round: its failure is logged and reported.
 """
 
@@ -22,7 +24,7 @@ import tempfile
 from typing import TYPE_CHECKING, Sequence
 
 from concord.errors import AdapterNotFoundError, InvalidNameError, TenantError
-from concord.ledger import HEAD_NAME, append_round, validate_tenant
+from concord.ledger import HEAD_NAME, record_round, validate_tenant
 from concord.progress import Progress, ensure
 from concord.stores.base import Store, split_ref, validate_segment
 
@@ -140,7 +142,8 @@ def run_round(
     ``NAME``) held by ``clusters``; see the module's docstring for the steps.
 
     Returns the round: ``tenant, round, hash, prev, ref, root, method, rank, ranks`` (per module),
-    ``client_ranks, clients, relative_error, inputs, replicas, ledger, lineage``.
+    ``client_ranks, clients, relative_error, inputs, replicas, ledger, recorded, ledger_note,
+    lineage``.
     """
     validate_tenant(tenant)
     check_options(method, robust)
@@ -203,14 +206,16 @@ def run_round(
         "rank": result.rank,
         "client_ranks": client_ranks(read),
         "inputs": inputs,
-        "result": {"ref": out_ref, "root": snap.root, "base_model": result.base_model},
+        # the ref's version tells a re-run that moved the ref (back) to a root from a plain retry
+        "result": {"ref": out_ref, "root": snap.root, "version": snap.ref_version, "base_model": result.base_model},
         "metrics": {
             "relative_error": result.relative_error,
             "clients": [{k: c[k] for k in ("adapter", "weight", "norm", "distance", "accepted", "clipped", "reason")} for c in clients],
         },
         "replicas": [r["store"] for r in replicas],
     }
-    entry = append_round(ledger_store, tenant, record)
+    outcome = record_round(ledger_store, tenant, record)
+    entry = outcome.doc
     out = {
         "tenant": tenant,
         "round": entry["round"],
@@ -230,6 +235,10 @@ def run_round(
         "inputs": inputs,
         "replicas": replicas,
         "ledger": ledger_store.uri,
+        # recorded (by this run), adopted (written by this run, head moved by another writer) or
+        # already (the same round was in the ledger: nothing appended)
+        "recorded": outcome.status,
+        "ledger_note": outcome.describe(),
         "lineage": None,
     }
     if lineage is not None:

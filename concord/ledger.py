@@ -17,7 +17,14 @@ Appending is safe under concurrency: the round's document is written only if no 
 that number yet (two rounds racing for one number: one wins, the other gets
 :class:`~concord.errors.LedgerConflictError` and writes nothing), then the head moves by
 compare-and-swap. A run stopped between those two writes leaves a complete round just past the
-head; the next append adopts it (its hash and ``prev`` checked) before adding its own.
+head; the next append adopts it (its hash and ``prev`` checked) before adding its own, so a
+writer may find that another one moved the head onto its round: that round is recorded all the
+same, and :func:`record_round` says so.
+
+A round's *content* is every field but the ledger's own (:data:`RESERVED`); its
+:func:`content_hash` makes appending idempotent: a record whose content is already in the
+ledger (an earlier attempt, a retry after a conflict or a network error, or the same round
+written by another writer) is never appended again; the round already there is the answer.
 """
 
 from __future__ import annotations
@@ -38,7 +45,12 @@ HEAD_NAME = "_ledger"
 RESERVED = ("format", "round", "tenant", "time", "prev", "hash")
 
 _ROUND_FILE = re.compile(r"^(\d{6})\.json$")
-_ADOPT_ATTEMPTS = 3
+_ADOPT_ATTEMPTS = 50  # each failed attempt means another writer made progress meanwhile
+
+#: what became of a record given to :func:`record_round`
+RECORDED = "recorded"  # this call wrote the round and moved the head onto it
+ADOPTED = "adopted"  # this call wrote the round; another writer moved the head onto it
+ALREADY = "already"  # the same content was already in the ledger: nothing was appended
 
 
 def validate_tenant(name: str) -> str:
@@ -68,6 +80,15 @@ def round_hash(doc: dict) -> str:
     from blake3 import blake3
 
     return blake3(canonical_json({k: v for k, v in doc.items() if k != "hash"})).hexdigest()
+
+
+def content_hash(doc: dict) -> str:
+    """BLAKE3 of the canonical JSON of a round's own content: every field of ``doc`` (a round or
+    a record) but the ledger's (:data:`RESERVED`). Two rounds with equal content hashes record
+    the same thing, whatever their numbers and times."""
+    from blake3 import blake3
+
+    return blake3(canonical_json({k: v for k, v in doc.items() if k not in RESERVED})).hexdigest()
 
 
 def read_head(store: Store, tenant: str) -> str | None:
@@ -126,9 +147,9 @@ def _prepare(tenant: str, record: dict) -> dict:
         ) from exc
 
 
-def _tip(store: Store, tenant: str) -> tuple[int, str | None, dict | None]:
-    """(number of the newest round, its hash, the round if it was just adopted), after adopting a
-    round whose append was stopped between writing its document and moving the head. Raises
+def _tip(store: Store, tenant: str) -> tuple[int, str | None, list[dict]]:
+    """(number of the newest round, its hash, every round), after adopting a round whose append
+    was stopped between writing its document and moving the head. Raises
     :class:`LedgerError` when the documents and the head disagree in any other way."""
     where = f"ledger of {tenant!r} in {store.uri}"
     for _ in range(_ADOPT_ATTEMPTS):
@@ -137,13 +158,13 @@ def _tip(store: Store, tenant: str) -> tuple[int, str | None, dict | None]:
         last = rounds[-1] if rounds else None
         if last is None:
             if head is None:
-                return 0, None, None
+                return 0, None, []
             raise LedgerError(where, f"the head names round hash {head[:12]} but no round document is there")
         number = last.get("round")
         if not isinstance(number, int) or number != len(rounds):
             raise LedgerError(where, f"the rounds are not numbered 1 to {len(rounds)}")
         if last.get("hash") == head and round_hash(last) == head:
-            return number, head, None
+            return number, head, rounds
         before_ok = head is None if number == 1 else (rounds[-2].get("hash") == head == round_hash(rounds[-2]))
         pending = before_ok and last.get("prev") == head and last.get("hash") == round_hash(last) and last.get("tenant") == tenant
         if pending:
@@ -151,7 +172,7 @@ def _tip(store: Store, tenant: str) -> tuple[int, str | None, dict | None]:
                 store.cas_ref(head_ref(tenant), head, last["hash"], f"round {number} (adopted)")
             except RefConflictError:
                 continue  # the head moved meanwhile: look again
-            return number, last["hash"], last
+            return number, last["hash"], rounds
         if read_head(store, tenant) != head:
             continue  # a concurrent append moved the head between our two reads
         raise LedgerError(
@@ -162,21 +183,61 @@ def _tip(store: Store, tenant: str) -> tuple[int, str | None, dict | None]:
     raise LedgerError(where, "the ledger kept changing while it was read", "Re-run when other rounds of this tenant have finished.")
 
 
-def append_round(store: Store, tenant: str, record: dict) -> dict:
-    """Append a round with the caller's fields ``record`` to ``tenant``'s ledger in ``store``.
+@dataclass(frozen=True)
+class RoundOutcome:
+    """What became of a record given to :func:`record_round`: ``status`` is :data:`RECORDED`
+    (this call wrote round ``doc["round"]`` and moved the head onto it), :data:`ADOPTED` (this
+    call wrote it and another writer, finding it just past the head, moved the head onto it) or
+    :data:`ALREADY` (a round with the same content was already in the ledger, written by an
+    earlier attempt or another writer; nothing was appended). In every case ``doc`` is the round
+    in the ledger that holds the record."""
 
-    Returns the round's document (``round``, ``tenant``, ``time``, ``prev``, the record's fields,
-    ``hash``). Raises :class:`~concord.errors.LedgerConflictError` when another round took this
-    number first (nothing of this one is kept), :class:`~concord.errors.LedgerError` for a bad
-    record or a ledger that does not verify.
+    status: str
+    doc: dict
+    store: str
+
+    @property
+    def round(self) -> int:
+        return self.doc["round"]
+
+    @property
+    def hash(self) -> str:
+        return self.doc["hash"]
+
+    def describe(self) -> str:
+        where = f"round {self.round} of {self.doc['tenant']} (hash {self.hash[:12]}) in {self.store}"
+        if self.status == RECORDED:
+            return f"recorded as {where}"
+        if self.status == ADOPTED:
+            return f"recorded as {where}: written by this run, its head moved by another writer"
+        return f"already recorded as {where}, same content (an earlier or concurrent run): nothing appended"
+
+
+def _holding(rounds: list[dict], content: str) -> dict | None:
+    """The first round of ``rounds`` whose content hashes to ``content``."""
+    return next((r for r in rounds if content_hash(r) == content), None)
+
+
+def record_round(store: Store, tenant: str, record: dict) -> RoundOutcome:
+    """Append a round with the caller's fields ``record`` to ``tenant``'s ledger in ``store``,
+    unless a round with the same content is already there, and say what became of it
+    (:class:`RoundOutcome`). Safe to retry after any failure: a record is never in the ledger
+    twice.
+
+    Raises :class:`~concord.errors.LedgerConflictError` when a different round took this round's
+    number first (nothing of this one is kept: run it again to record it as a later round; the
+    error names the round that won), :class:`~concord.errors.LedgerError` for a bad record or a
+    ledger that does not verify.
     """
     validate_tenant(tenant)
     fields = _prepare(tenant, record)
-    number, prev, adopted = _tip(store, tenant)
-    if adopted is not None and {k: v for k, v in adopted.items() if k not in RESERVED} == fields:
-        # our own earlier attempt, stopped after its document was written (e.g. a retry after the
-        # head update failed on the network): that round is this one, not a new one
-        return adopted
+    mine = content_hash(fields)
+    number, prev, rounds = _tip(store, tenant)
+    there = _holding(rounds, mine)
+    if there is not None:
+        # an earlier attempt (perhaps stopped before the head moved, adopted just now by _tip), a
+        # retry after a conflict or the same round from another writer: that round is this one
+        return RoundOutcome(ALREADY, there, store.uri)
     doc = {
         "format": LEDGER_FORMAT,
         "round": number + 1,
@@ -188,12 +249,42 @@ def append_round(store: Store, tenant: str, record: dict) -> dict:
     doc["hash"] = round_hash(doc)
     key = round_key(tenant, doc["round"])
     if not store.put_document(key, json.dumps(doc, indent=1, sort_keys=True).encode() + b"\n", overwrite=False):
-        raise LedgerConflictError(store.uri, tenant, doc["round"], prev, read_head(store, tenant))
-    try:
-        store.cas_ref(head_ref(tenant), prev, doc["hash"], f"round {doc['round']}")
-    except RefConflictError as exc:
-        raise LedgerConflictError(store.uri, tenant, doc["round"], prev, exc.actual) from exc
-    return doc
+        # another writer took this number first: with this content (then it is recorded) or another
+        winner = _load(store, key)
+        if content_hash(winner) == mine:
+            _tip(store, tenant)  # anchor it if its writer has not moved the head yet
+            return RoundOutcome(ALREADY, winner, store.uri)
+        raise LedgerConflictError(store.uri, tenant, doc["round"], prev, read_head(store, tenant), winner=winner.get("hash"))
+    for _ in range(_ADOPT_ATTEMPTS):
+        try:
+            store.cas_ref(head_ref(tenant), prev, doc["hash"], f"round {doc['round']}")
+        except RefConflictError as exc:
+            # the head moved while this round's document was in place; since no other document
+            # can ever hold this number, the writer that moved it found this round and adopted it
+            ref = store.read_ref(head_ref(tenant))
+            if ref is not None and doc["hash"] in [e.root for e in ref.history]:
+                return RoundOutcome(ADOPTED, doc, store.uri)
+            if (ref.root if ref is not None else None) == prev:
+                continue  # the conditional write lost a race that left the head where it was
+            raise LedgerError(
+                f"ledger of {tenant!r} in {store.uri}",
+                f"round {doc['round']} (hash {doc['hash'][:12]}) was written, but the head moved to "
+                f"{str(exc.actual)[:12]}, which does not follow it",
+                f"Check it with `concord federate verify {tenant} --store {store.uri}`.",
+            ) from exc
+        return RoundOutcome(RECORDED, doc, store.uri)
+    raise LedgerError(
+        f"ledger of {tenant!r} in {store.uri}",
+        f"the head kept changing while round {doc['round']} was recorded",
+        "Run it again: a round already in the ledger is never recorded twice.",
+    )
+
+
+def append_round(store: Store, tenant: str, record: dict) -> dict:
+    """:func:`record_round`, returning only the round's document (``round``, ``tenant``,
+    ``time``, ``prev``, the record's fields, ``hash``): the one this call appended, or the round
+    already holding the same content."""
+    return record_round(store, tenant, record).doc
 
 
 @dataclass(frozen=True)
@@ -288,13 +379,19 @@ def verify_ledger(store: Store, tenant: str) -> LedgerReport:
 
 
 __all__ = [
+    "ADOPTED",
+    "ALREADY",
     "HEAD_NAME",
     "LEDGER_FORMAT",
     "LedgerReport",
+    "RECORDED",
+    "RoundOutcome",
     "append_round",
+    "content_hash",
     "head_ref",
     "list_rounds",
     "read_head",
+    "record_round",
     "round_hash",
     "round_key",
     "validate_tenant",

@@ -201,18 +201,26 @@ def test_a_round_aggregates_exactly_replicates_everywhere_and_is_recorded(cluste
         assert list_rounds(store, "acme") == []  # the ledger lives in one store
 
 
-def test_rounds_chain_and_an_unchanged_round_sends_nothing(clusters, tenant_adapters):
+def test_rounds_chain_and_an_unchanged_round_sends_nothing_and_is_recorded_once(clusters, tenant_adapters):
     first = run_round("acme", clusters, ["adapter-0", "adapter-1", "adapter-2"])
-    again = run_round("acme", clusters, ["adapter-0", "adapter-1", "adapter-2"])
-    assert again["round"] == 2 and again["prev"] == first["hash"] and again["root"] == first["root"]
+    assert first["recorded"] == "recorded" and first["ledger_note"].startswith("recorded as round 1 of acme")
+    again = run_round("acme", clusters, ["adapter-0", "adapter-1", "adapter-2"])  # e.g. a retry
+    assert (again["round"], again["hash"], again["root"], again["recorded"]) == (1, first["hash"], first["root"], "already")
+    assert "already recorded as round 1" in again["ledger_note"]
     assert all(p["bytes_sent"] == 0 for p in again["replicas"])
     other = run_round("acme", clusters, ["adapter-0", "adapter-2"], weights=[3, 1])
-    assert other["round"] == 3 and other["root"] != first["root"]
+    assert other["round"] == 2 and other["prev"] == first["hash"] and other["root"] != first["root"]
     for store in clusters:
         ref = store.read_ref("acme/federated")
         assert ref.root == other["root"] and [e.root for e in ref.history] == [first["root"], other["root"]]
     report = verify_ledger(clusters[0], "acme")
-    assert report.ok and report.rounds == 3 and report.head == other["hash"]
+    assert report.ok and report.rounds == 2 and report.head == other["hash"]
+
+    # going back to the first round's inputs moves the ref back: a new round, not the first again
+    back = run_round("acme", clusters, ["adapter-0", "adapter-1", "adapter-2"])
+    assert (back["round"], back["root"], back["recorded"]) == (3, first["root"], "recorded")
+    assert [e["result"]["version"] for e in list_rounds(clusters[0], "acme")] == [1, 2, 3]
+    assert verify_ledger(clusters[0], "acme").ok
 
 
 def test_a_client_far_above_the_median_norm_is_rejected_and_recorded(tmp_path, clusters, tenant_adapters):

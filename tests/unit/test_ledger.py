@@ -12,11 +12,16 @@ import pytest
 from concord.errors import InvalidNameError, LedgerConflictError, LedgerError, RefConflictError
 from concord.hashing import canonical_json
 from concord.ledger import (
+    ADOPTED,
+    ALREADY,
     HEAD_NAME,
+    RECORDED,
     append_round,
+    content_hash,
     head_ref,
     list_rounds,
     read_head,
+    record_round,
     round_hash,
     round_key,
     validate_tenant,
@@ -167,6 +172,97 @@ def test_two_rounds_racing_for_one_number_one_conflicts_and_writes_nothing(tmp_p
     assert rounds == [first, won[0]]  # the loser's round is nowhere
     report = verify_ledger(base, "t")
     assert report.ok and report.rounds == 2 and report.head == won[0]["hash"]
+
+
+class _OvertakenStore(LocalDirStore):
+    """A real store on which, just before this writer moves the head onto the round it wrote,
+    another writer (its own store object on the same folder) appends a round: finding this
+    writer's round just past the head, it adopts it first."""
+
+    armed = False
+    other_record: dict = {}
+
+    def cas_ref(self, name, expected, new, message=""):
+        if name.endswith("/_ledger") and self.armed:
+            self.armed = False
+            self.other = append_round(LocalDirStore(self.root), "t", self.other_record)
+        return super().cas_ref(name, expected, new, message)
+
+
+def test_a_round_adopted_by_another_writer_is_reported_recorded_and_a_retry_adds_nothing(tmp_path):
+    store = _OvertakenStore(tmp_path / "store")
+    first = append_round(store, "t", _record(1))
+    store.armed, store.other_record = True, _record(3)
+    outcome = record_round(store, "t", _record(2))
+    assert outcome.status == ADOPTED and outcome.round == 2 and outcome.doc["prev"] == first["hash"]
+    assert "recorded as round 2" in outcome.describe() and "another writer" in outcome.describe()
+    assert store.other["round"] == 3 and store.other["prev"] == outcome.hash
+    assert [r["hash"] for r in list_rounds(store, "t")] == [first["hash"], outcome.hash, store.other["hash"]]
+
+    again = record_round(store, "t", _record(2))  # a retry, as a caller told "not recorded" would do
+    assert again.status == ALREADY and again.round == 2 and again.hash == outcome.hash
+    assert "already recorded as round 2" in again.describe()
+    assert len(list_rounds(store, "t")) == 3 and verify_ledger(store, "t").ok
+
+
+def test_a_record_already_in_the_ledger_is_never_appended_again(store, three):
+    fresh = record_round(store, "t", _record(4))
+    assert fresh.status == RECORDED and fresh.round == 4 and fresh.describe().startswith("recorded as round 4")
+    for i in (2, 4, 1):
+        same = record_round(store, "t", json.loads(json.dumps(_record(i))))
+        assert same.status == ALREADY and same.round == i and same.doc == list_rounds(store, "t")[i - 1]
+    assert len(list_rounds(store, "t")) == 4 and verify_ledger(store, "t").ok
+    assert content_hash(fresh.doc) == content_hash(_record(4)) != content_hash(_record(3))
+
+
+def test_two_writers_racing_with_the_same_round_both_get_it_recorded_once(tmp_path):
+    base = LocalDirStore(tmp_path / "store")
+    append_round(base, "t", _record(1))
+    _RacingStore.barrier = threading.Barrier(2, timeout=10)
+    results: dict[int, object] = {}
+
+    def run(i: int) -> None:
+        try:
+            results[i] = record_round(_RacingStore(tmp_path / "store"), "t", _record(2))
+        except Exception as exc:  # collected and checked below
+            results[i] = exc
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in (1, 2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert sorted(getattr(r, "status", r) for r in results.values()) == sorted([RECORDED, ALREADY]), results
+    assert {r.round for r in results.values()} == {2} and len({r.hash for r in results.values()}) == 1
+    assert len(list_rounds(base, "t")) == 2 and verify_ledger(base, "t").ok
+
+
+def test_a_round_that_lost_its_number_says_to_which_round_and_its_retry_is_recorded_once(tmp_path):
+    base = LocalDirStore(tmp_path / "store")
+    append_round(base, "t", _record(1))
+    _RacingStore.barrier = threading.Barrier(2, timeout=10)
+    results: dict[int, object] = {}
+
+    def run(i: int) -> None:
+        try:
+            results[i] = record_round(_RacingStore(tmp_path / "store"), "t", _record(10 + i))
+        except Exception as exc:  # collected and checked below
+            results[i] = exc
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in (1, 2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    (lost_i,) = [i for i, r in results.items() if isinstance(r, LedgerConflictError)]
+    (won,) = [r for r in results.values() if not isinstance(r, Exception)]
+    lost = results[lost_i]
+    assert won.status == RECORDED and lost.round == won.round == 2 and lost.winner == won.hash
+    assert f"hash {won.hash[:12]}" in str(lost) and "not recorded" in str(lost) and "Run it again" in str(lost)
+    retry = record_round(base, "t", _record(10 + lost_i))
+    assert retry.status == RECORDED and retry.round == 3
+    assert record_round(base, "t", _record(10 + lost_i)).status == ALREADY
+    assert len(list_rounds(base, "t")) == 3 and verify_ledger(base, "t").ok
 
 
 def test_a_round_whose_head_move_was_interrupted_is_adopted_by_the_next_append(store, three):
