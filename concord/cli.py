@@ -45,6 +45,13 @@ def _store(spec: str):
     return open_store(spec)
 
 
+def _read_store(spec: str):
+    """A store for a command that only reads: never created; a path holding no store is an error."""
+    from concord.stores import open_store_to_read
+
+    return open_store_to_read(spec)
+
+
 # ----------------------------------------------------------------------------- commands
 
 
@@ -78,8 +85,8 @@ def cmd_diff(args) -> int:
     from concord.diff import diff_manifests
     from concord.refs import load_manifest, resolve_root
 
-    sa = _store(args.store)
-    sb = _store(args.against) if args.against else sa
+    sa = _read_store(args.store)
+    sb = _read_store(args.against) if args.against else sa
     ra, rb = resolve_root(sa, args.a), resolve_root(sb, args.b)
     d = diff_manifests(load_manifest(sa, ra), load_manifest(sb, rb))
     payload = d.to_dict()
@@ -115,7 +122,7 @@ def cmd_restore(args) -> int:
     from concord.refs import load_manifest, resolve_root
     from concord.restore import restore
 
-    store = _store(args.store)
+    store = _read_store(args.store)
     root = resolve_root(store, args.ref or args.root)
     r = restore(store, load_manifest(store, root), args.out_dir, progress=_progress(args))
     _emit(args, r.to_dict(), [f"restored {r.root[:12]}: {r.files} files, {_human(r.bytes)} into {r.path}"])
@@ -125,8 +132,8 @@ def cmd_restore(args) -> int:
 def cmd_verify(args) -> int:
     from concord.verify import verify
 
-    store = _store(args.store)
-    repair = _store(args.repair_from) if args.repair_from else None
+    store = _read_store(args.store)
+    repair = _read_store(args.repair_from) if args.repair_from else None
     r = verify(store, ref=args.ref, root=args.root, repair_from=repair, progress=_progress(args))
     lines = [
         f"{store.uri}: {r.chunks_checked} chunk(s) checked, {len(r.missing)} missing, "
@@ -134,10 +141,17 @@ def cmd_verify(args) -> int:
     ]
     lines += [f"  missing {c}" for c in r.missing] + [f"  corrupt {c}" for c in r.corrupt]
     lines += [f"  damaged manifest {m}" for m in r.bad_manifests]
+    lines += [f"  broken {b}" for b in r.broken_refs] + [f"  note: {g}" for g in r.history_gaps]
     _emit(args, r.to_dict(), lines)
     if not r.ok:
+        broken = set(r.missing) | set(r.corrupt) | set(r.bad_manifests)
+        if r.broken_refs and broken <= set(r.repaired):  # only refs are wrong: name the first and its fix
+            more = f" (and {len(r.broken_refs) - 1} more ref(s), listed above)" if len(r.broken_refs) > 1 else ""
+            print(f"concord: error: {' '.join(r.broken_refs[0].split())}{more}", file=sys.stderr)
+            return 1
+        refs = f"; {len(r.broken_refs)} ref(s) name no sound snapshot" if r.broken_refs else ""
         print(
-            f"concord: error: {store.uri} has missing or corrupt data; "
+            f"concord: error: {store.uri} has missing or corrupt data{refs}; "
             "re-run with --repair-from STORE pointing at a healthy replica",
             file=sys.stderr,
         )
@@ -155,7 +169,7 @@ def cmd_rollback(args) -> int:
 
 
 def cmd_refs(args) -> int:
-    store = _store(args.store)
+    store = _read_store(args.store)
     refs = []
     for name in store.list_refs():
         ref = store.read_ref(name)
@@ -170,7 +184,7 @@ def cmd_log(args) -> int:
     from concord.errors import RefNotFoundError
     from concord.stores import canonical_ref
 
-    store = _store(args.store)
+    store = _read_store(args.store)
     ref = store.read_ref(args.ref)
     if ref is None:
         raise RefNotFoundError(store.uri, canonical_ref(args.ref))

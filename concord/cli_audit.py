@@ -133,7 +133,10 @@ def _open(spec: str):
 
 
 def _open_all(specs: list[str]) -> list:
-    return [_open(s) for s in specs]
+    """The stores whose snapshots are compared: each must exist (a mistyped path is an error)."""
+    from concord.stores import open_store_to_read
+
+    return [open_store_to_read(s) for s in specs]
 
 
 def store_labels(specs):
@@ -182,7 +185,7 @@ def cmd_audit_model(args, emit, progress) -> int:
     lineage.ensure_ready()
     held = model_holders(lineage, args.name, args.version)
     labels = store_labels(held["stores"])
-    stores = _open_all(held["stores"])
+    stores = [_open(s) for s in held["stores"]]  # a cluster that is gone is a finding of the report
     report = AuditReport.assemble(
         replicas=_compare_replicas(labels, stores, held["root"], args, progress),
         cards=_compare_cards(labels, stores, held["root"], args),

@@ -123,10 +123,11 @@ def cmd_run(args, emit, progress) -> int:
 
 
 def cmd_verify(args, emit, progress) -> int:
-    from concord.ledger import verify_ledger
-    from concord.stores import open_store
+    from concord.ledger import validate_tenant, verify_ledger
+    from concord.stores import open_store_to_read
 
-    store = open_store(args.store)
+    validate_tenant(args.tenant)
+    store = open_store_to_read(args.store)
     report = verify_ledger(store, args.tenant)
     head = report.head[:12] if report.head else "(none)"
     lines = [f"ledger of {report.tenant} in {report.store}: {report.rounds} round(s), head {head}: {'ok' if report.ok else 'TAMPERED'}"]
@@ -143,15 +144,19 @@ def cmd_verify(args, emit, progress) -> int:
 
 
 def cmd_log(args, emit, progress) -> int:
-    from concord.ledger import list_rounds, read_head
-    from concord.stores import open_store
+    from concord.ledger import list_rounds, read_head, validate_tenant
+    from concord.stores import open_store_to_read
 
-    store = open_store(args.store)
+    validate_tenant(args.tenant)
+    store = open_store_to_read(args.store)
     rounds = list_rounds(store, args.tenant)
     lines = []
     for r in reversed(rounds):
-        inputs = ", ".join(i.get("adapter", "?") for i in r.get("inputs", []))
-        result = (r.get("result") or {}).get("root") or "?"
+        # the record's own fields are the writer's: shown as far as they have the expected shape
+        listed = r.get("inputs") if isinstance(r.get("inputs"), list) else []
+        inputs = ", ".join(str(i.get("adapter", "?")) if isinstance(i, dict) else "?" for i in listed)
+        result = r.get("result").get("root") if isinstance(r.get("result"), dict) else None
+        result = result if isinstance(result, str) and result else "?"
         lines.append(
             f"round {r.get('round')}  {str(r.get('hash'))[:12]}  {r.get('time')}  {r.get('method')}  "
             f"[{inputs}] → {result[:12]}"

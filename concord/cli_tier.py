@@ -174,7 +174,12 @@ def cmd_sweep(args, emit, progress) -> int:
 def cmd_status(args, emit, progress) -> int:
     from concord.tiering.engine import tier_status
 
-    status = tier_status(_policy(args))
+    from concord.stores import open_store
+
+    policy = _policy(args)
+    # status only reads: a tier's folder that is not there yet holds nothing, and is not created
+    stores = {t: open_store(policy.tier(t).store, create=False) for t in TIERS}
+    status = tier_status(policy, stores=stores)
     emit(status, status_lines(status))
     return 0
 

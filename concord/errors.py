@@ -85,6 +85,21 @@ class ManifestError(ConcordError, ValueError):
         )
 
 
+class RefFormatError(ManifestError):
+    """A ref file cannot be read as a ref (not JSON, too large or deep, a field of the wrong type)."""
+
+    def __init__(self, ref: str, problem: str, store: str = "") -> None:
+        self.where = f"ref {ref}" + (f" in {store}" if store else "")
+        self.ref = ref
+        self.store = store
+        self.problem = problem
+        ValueError.__init__(
+            self,
+            f"{self.where} is unreadable: {problem}. Remove it or copy the ref back from another store "
+            f"(`concord sync OTHER_STORE {store or 'STORE'} --ref {ref}`).",
+        )
+
+
 # --------------------------------------------------------------------------- stores
 
 
@@ -203,6 +218,55 @@ class IntegrityError(StoreError, ValueError):
             f"{where}: content hashes to {actual}, expected {expected}. The copy is corrupt: "
             "run `concord verify STORE --repair-from OTHER_STORE`."
         )
+
+
+class StoreNotFoundError(StoreError, FileNotFoundError):
+    """A command that only reads was pointed at a place that holds no store (a mistyped path)."""
+
+    def __init__(self, store: str, problem: str = "") -> None:
+        self.store = store
+        problem = problem or "no chunks/, manifests/ or refs/ there"
+        super().__init__(f"no Concord store at {store} ({problem}); check the path.")
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+def _fix_for(key: str) -> str:
+    top = key.split("/", 1)[0]
+    if top == "refs":
+        return "remove it or copy the ref back from another store"
+    if top == "chunks":
+        return "remove it and run `concord verify STORE --repair-from OTHER_STORE`"
+    if top == "manifests":
+        return "remove it and run `concord verify STORE --repair-from OTHER_STORE`, or sync the snapshot again"
+    if top == "ledger":
+        return "remove it and copy the round back from a good copy of the store"
+    return "remove it or copy it back from another store"
+
+
+class NotRegularFileError(StoreError, OSError):
+    """A folder store holds something other than a regular file (a FIFO, a device, a folder, a
+    symbolic link) where it expects an object: it is refused rather than read (which could block)."""
+
+    def __init__(self, store: str, key: str, kind: str, fix: str = "") -> None:
+        self.store = store
+        self.key = key
+        self.kind = kind
+        OSError.__init__(self, f"{key} in {store} is not a regular file ({kind}); {fix or _fix_for(key)}.")
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+class DocumentError(StoreError, ValueError):
+    """A small document read from a store (a tier record, a lease, ...) is unusable: too large,
+    too deeply nested, not JSON, or a field of the wrong type or out of range."""
+
+    def __init__(self, where: str, problem: str, fix: str = "") -> None:
+        self.where = where
+        self.problem = problem
+        super().__init__(f"{where}: {problem}. {fix or 'Remove it or copy it back from another store.'}")
 
 
 class GcRefusedError(StoreError):

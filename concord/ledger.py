@@ -106,15 +106,30 @@ def _round_number(key: str, tenant: str) -> int | None:
 
 
 def _load(store: Store, key: str) -> dict:
-    data = store.get_document(key)
+    from concord.errors import NotRegularFileError
+
+    try:
+        data = store.get_document(key)
+    except NotRegularFileError as exc:
+        raise LedgerError(
+            f"{store.uri}/{key}", f"not a regular file ({exc.kind})", "Remove it and copy the round back from a good copy of the store."
+        ) from None
     if data is None:
         raise LedgerError(f"{store.uri}/{key}", "the round's document disappeared while it was being read")
-    try:
-        doc = json.loads(data)
-    except ValueError as exc:
-        raise LedgerError(f"{store.uri}/{key}", f"not JSON ({exc})") from exc
-    if not isinstance(doc, dict):
-        raise LedgerError(f"{store.uri}/{key}", "not a JSON object")
+    from concord.documents import MAX_ROUND_BYTES, load_json_document, need_int, need_optional_str, need_str
+
+    def fail(problem: str) -> LedgerError:
+        return LedgerError(f"{store.uri}/{key}", problem)
+
+    doc = load_json_document(data, f"{store.uri}/{key}", max_bytes=MAX_ROUND_BYTES, error=fail)
+    # the ledger's own fields, where present, have their types (what is missing verify_ledger names)
+    for name in ("format", "tenant", "time", "hash"):
+        if name in doc:
+            need_str(doc[name], name, fail, max_len=256)
+    if "prev" in doc:
+        need_optional_str(doc["prev"], "prev", fail, max_len=256)
+    if "round" in doc:
+        need_int(doc["round"], "round", fail, low=1, high=999_999)
     return doc
 
 

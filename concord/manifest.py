@@ -20,6 +20,7 @@ moves inside a file because another grew keeps its hash and its chunks.
 from __future__ import annotations
 
 import json
+import math
 import posixpath
 from dataclasses import dataclass
 from functools import cached_property
@@ -27,6 +28,7 @@ from typing import Iterator
 
 from concord.errors import ManifestError, UnsafePathError
 from concord.hashing import DIGEST_HEX, FILE, PART, SNAPSHOT, is_digest, node_hash
+from concord.safetensors_header import DTYPE_BITS
 
 FORMAT = "concord/manifest@1"
 MiB = 1024 * 1024
@@ -223,11 +225,13 @@ class Manifest:
     @classmethod
     def from_json(cls, data: bytes, *, expected_root: str | None = None, verify: bool = True) -> "Manifest":
         """Parse and check a manifest. With ``verify`` every node hash is recomputed."""
+        from concord.documents import MAX_MANIFEST_BYTES, load_json_document
+
         where = expected_root or "(unnamed)"
-        try:
-            doc = json.loads(data)
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise ManifestError(where, f"not JSON ({exc})") from exc
+        doc = load_json_document(
+            data, f"manifest {where}", max_bytes=MAX_MANIFEST_BYTES, expect=None,
+            error=lambda problem: ManifestError(where, problem),
+        )
         return _parse_manifest(doc, where, expected_root, verify)
 
 
@@ -296,6 +300,11 @@ def _parse_manifest(doc, where: str, expected_root: str | None, verify: bool) ->
                     f"{path}:{name}: shape must be a list of non-negative integers",
                 )
                 shape = tuple(shape)
+                _need(
+                    dtype not in DTYPE_BITS or math.prod(shape) * DTYPE_BITS[dtype] == 8 * plen,
+                    where,
+                    f"{path}:{name}: length {plen} does not hold a {dtype} tensor of shape {list(shape)}",
+                )
             h = pd.get("hash")
             _need(is_digest(h), where, f"{path}:{name}: hash is not a 64-hex digest")
             if verify:

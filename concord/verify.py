@@ -13,7 +13,14 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
-from concord.errors import ChunkNotFoundError, IntegrityError, ManifestError, ManifestNotFoundError
+from concord.errors import (
+    ChunkNotFoundError,
+    ConcordError,
+    IntegrityError,
+    ManifestError,
+    ManifestNotFoundError,
+    NotRegularFileError,
+)
 from concord.hashing import chunk_id
 from concord.manifest import DEFAULT_CHUNK_SIZE, Manifest
 from concord.progress import Progress, ensure
@@ -38,12 +45,19 @@ class VerifyResult:
     corrupt: tuple[str, ...]
     repaired: tuple[str, ...]
     bad_manifests: tuple[str, ...] = field(default=())
+    #: one line per ref that names no sound snapshot here (its manifest missing or damaged and not
+    #: repaired, or the ref itself unreadable): such a ref cannot be restored
+    broken_refs: tuple[str, ...] = field(default=())
+    #: one line per ref whose history names earlier roots this store has no manifest of (not a
+    #: failure: a rollback to them needs the snapshot synced back first)
+    history_gaps: tuple[str, ...] = field(default=())
 
     @property
     def ok(self) -> bool:
-        """True when nothing is missing or corrupt any more (after repair)."""
+        """True when nothing is missing or corrupt any more (after repair), and every ref names a
+        snapshot the store holds."""
         broken = set(self.missing) | set(self.corrupt) | set(self.bad_manifests)
-        return broken <= set(self.repaired)
+        return broken <= set(self.repaired) and not self.broken_refs
 
     def to_dict(self) -> dict:
         return _plain(self) | {"ok": self.ok}
@@ -59,6 +73,8 @@ class VerifyPlan:
     lengths: Mapping[str, int]
     bad_manifests: tuple[str, ...] = ()
     repaired: tuple[str, ...] = ()
+    broken_refs: tuple[str, ...] = ()
+    history_gaps: tuple[str, ...] = ()
 
     @property
     def total_bytes(self) -> int:
@@ -103,12 +119,15 @@ class Checked:
 def _load(store: Store, root: str, repair_from: Store | None, repaired: list[str], bad: list[str]) -> Manifest | None:
     try:
         return Manifest.from_json(store.get_manifest_bytes(root), expected_root=root, verify=True)
-    except (ManifestError, ManifestNotFoundError):
+    except (ManifestError, ManifestNotFoundError, NotRegularFileError):
         bad.append(root)
         if repair_from is None:
             return None
-        data = repair_from.get_manifest_bytes(root)
-        manifest = Manifest.from_json(data, expected_root=root, verify=True)
+        try:
+            data = repair_from.get_manifest_bytes(root)
+            manifest = Manifest.from_json(data, expected_root=root, verify=True)
+        except (ManifestError, ManifestNotFoundError, NotRegularFileError):
+            return None  # the donor has no good copy either: reported as still broken
         store.put_manifest(root, data, overwrite=True)  # replaces the damaged copy
         repaired.append(root)
         return manifest
@@ -120,10 +139,16 @@ def plan(store: Store, *, ref: str | None = None, root: str | None = None, repai
     a damaged or missing one is replaced by a good copy first."""
     repaired: list[str] = []
     bad_manifests: list[str] = []
+    ref_roots: dict[str, str] = {}
+    broken: list[str] = []
+    gaps: list[str] = []
     if ref or root:
         roots = [resolve_root(store, ref or root)]
     else:
-        roots = sorted(store.iter_manifests())
+        held = set(store.iter_manifests())
+        ref_roots, broken, gaps = _refs_of(store, held)
+        # every ref's current root is checked, whether or not its manifest is there
+        roots = sorted(held | set(ref_roots.values()))
     lengths: dict[str, int] = {}
     for r in roots:
         m = _load(store, r, repair_from, repaired, bad_manifests)
@@ -132,7 +157,48 @@ def plan(store: Store, *, ref: str | None = None, root: str | None = None, repai
     if not (ref or root):
         for cid in store.iter_chunks():
             lengths.setdefault(cid, -1)
-    return VerifyPlan(store.uri, tuple(roots), lengths, tuple(bad_manifests), tuple(repaired))
+        unsound = set(bad_manifests) - set(repaired)
+        for name, r in sorted(ref_roots.items()):
+            if r in unsound:
+                what = "is missing" if r not in held else "is damaged"
+                broken.append(
+                    f"ref {name} names snapshot {r}, whose manifest {what} in {store.uri}; sync the snapshot "
+                    f"there from a store that holds it (`concord sync OTHER_STORE {store.uri} --ref {name}`), "
+                    f"re-run with --repair-from OTHER_STORE, or roll the ref back (`concord rollback {store.uri} --ref {name}`)"
+                )
+    return VerifyPlan(
+        store.uri, tuple(roots), lengths, tuple(bad_manifests), tuple(repaired), tuple(sorted(broken)), tuple(gaps)
+    )
+
+
+def _refs_of(store: Store, held: set[str]) -> tuple[dict[str, str], list[str], list[str]]:
+    """``({ref: current root}, [unreadable refs], [history gaps])`` of every snapshot ref of the
+    store. A federation ledger's head (``TENANT/_ledger``) points at ledger rounds, not snapshots:
+    it is left to ``concord federate verify``."""
+    from concord.ledger import HEAD_NAME
+    from concord.stores.base import split_ref
+
+    roots: dict[str, str] = {}
+    broken: list[str] = []
+    gaps: list[str] = []
+    for name in store.list_refs():
+        if split_ref(name)[1] == HEAD_NAME:
+            continue
+        try:
+            r = store.read_ref(name)
+        except (ConcordError, OSError, ValueError) as exc:
+            broken.append(f"ref {name} is unreadable: {' '.join(str(exc).split())}")
+            continue
+        if r is None:
+            continue  # removed while we looked
+        roots[name] = r.root
+        earlier = sorted({e.root for e in r.history[:-1]} - held - {r.root})
+        if earlier:
+            gaps.append(
+                f"ref {name}: {len(earlier)} earlier root(s) of its history are not in {store.uri} "
+                f"(e.g. {earlier[0][:12]}); a rollback to them needs the snapshot synced back first"
+            )
+    return roots, broken, gaps
 
 
 def check(store: Store, lengths: Mapping[str, int], *, progress: Progress | None = None) -> Checked:
@@ -143,7 +209,10 @@ def check(store: Store, lengths: Mapping[str, int], *, progress: Progress | None
     read = 0
 
     def one(cid: str) -> tuple[str | None, int]:
-        data = store.read_chunk_raw(cid)
+        try:
+            data = store.read_chunk_raw(cid)
+        except NotRegularFileError:
+            return "corrupt", 0  # a FIFO or folder where the chunk should be: a repair replaces it
         if data is None:
             return "missing", 0
         prog.advance(len(data))
@@ -175,6 +244,8 @@ def conclude(
     bad_manifests: Sequence[str] = (),
     repaired: Sequence[str] = (),
     repair_from: Store | None = None,
+    broken_refs: Sequence[str] = (),
+    history_gaps: Sequence[str] = (),
 ) -> VerifyResult:
     """Combine the checks of a plan's batches (in batch order) into one result; with
     ``repair_from``, first fetch good copies of every missing and corrupt chunk. ``repaired``
@@ -198,6 +269,8 @@ def conclude(
         corrupt=tuple(corrupt),
         repaired=tuple(fixed),
         bad_manifests=tuple(bad_manifests),
+        broken_refs=tuple(broken_refs),
+        history_gaps=tuple(history_gaps),
     )
 
 
@@ -214,4 +287,4 @@ def verify(
     p = plan(store, ref=ref, root=root, repair_from=repair_from)
     checked = check(store, p.lengths, progress=progress)
     return conclude(store, roots=p.roots, checks=[checked], bad_manifests=p.bad_manifests, repaired=p.repaired,
-                    repair_from=repair_from)
+                    repair_from=repair_from, broken_refs=p.broken_refs, history_gaps=p.history_gaps)

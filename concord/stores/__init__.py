@@ -23,6 +23,7 @@ __all__ = [
     "canonical_ref",
     "check_store_address",
     "open_store",
+    "open_store_to_read",
     "register_scheme",
     "split_ref",
 ]
@@ -84,12 +85,18 @@ def check_store_address(spec: str) -> str:
     return spec
 
 
-def open_store(spec: "str | os.PathLike | Store", *, create: bool = True) -> Store:
-    """The store that ``spec`` names (a :class:`Store` is returned as it is)."""
+def open_store(spec: "str | os.PathLike | Store", *, create: bool = True, must_exist: bool = False) -> Store:
+    """The store that ``spec`` names (a :class:`Store` is returned as it is).
+
+    A folder is created unless ``create`` is False. With ``must_exist`` (every command that only
+    reads) nothing is ever created, and a folder that holds no store, or is not there, raises
+    :class:`~concord.errors.StoreNotFoundError` at once instead of reading as an empty store; an
+    S3 bucket that does not exist says so on first use.
+    """
     if isinstance(spec, Store):
         return spec
     if isinstance(spec, os.PathLike):
-        return LocalDirStore(spec, create=create)
+        return LocalDirStore(spec, create=create and not must_exist, must_exist=must_exist)
     spec = check_store_address(spec)
     if spec.startswith("s3://"):
         from concord.stores.s3 import S3ObjectStore
@@ -97,11 +104,17 @@ def open_store(spec: "str | os.PathLike | Store", *, create: bool = True) -> Sto
         bucket, prefix = parse_s3_uri(spec)
         return S3ObjectStore(bucket, prefix)
     if spec.startswith("file://"):
-        return LocalDirStore(unquote(urlparse(spec).path), create=create)
+        return LocalDirStore(unquote(urlparse(spec).path), create=create and not must_exist, must_exist=must_exist)
     scheme, sep, rest = spec.partition(":")
     if sep and len(scheme) > 1 and scheme.isidentifier():
         return (_SCHEMES.get(scheme) or _load_entry_point(scheme))(rest)
-    return LocalDirStore(spec, create=create)
+    return LocalDirStore(spec, create=create and not must_exist, must_exist=must_exist)
+
+
+def open_store_to_read(spec: "str | os.PathLike | Store") -> Store:
+    """The store ``spec`` names, for a command that only reads: never created, and a path that
+    holds no store is an error (:class:`~concord.errors.StoreNotFoundError`), not an empty store."""
+    return open_store(spec, create=False, must_exist=True)
     if not isinstance(spec, str) or not spec.strip():
         raise InvalidStoreURIError(str(spec), "empty store address")
     spec = spec.strip()

@@ -151,25 +151,36 @@ class Ref:
         ).encode()
 
     @classmethod
-    def from_json(cls, name: str, data: bytes) -> "Ref":
-        try:
-            doc = json.loads(data)
-            history = tuple(
-                RefEntry(
-                    root=_check_digest(e["root"], "ref root"),
-                    version=int(e["version"]),
-                    time=str(e["time"]),
-                    message=str(e.get("message", "")),
-                )
-                for e in doc["history"]
-            )
-            if not history or doc.get("format") != REF_FORMAT:
-                raise ValueError("empty history or unknown format")
-        except (ValueError, KeyError, TypeError) as exc:
-            from concord.errors import ManifestError
+    def from_json(cls, name: str, data: bytes, store: str = "") -> "Ref":
+        """Parse a ref file; anything else (too large, too deep, a field of the wrong type) raises
+        :class:`~concord.errors.RefFormatError` naming the ref (and ``store``)."""
+        from concord.documents import MAX_REF_BYTES, load_json_document, need_dict, need_int, need_list, need_str
+        from concord.errors import RefFormatError
 
-            raise ManifestError(f"ref {name}", f"unreadable ref file ({exc})") from exc
-        return cls(name, history)
+        def fail(problem: str) -> RefFormatError:
+            return RefFormatError(name, problem, store)
+
+        doc = load_json_document(data, f"ref {name}", max_bytes=MAX_REF_BYTES, error=fail)
+        if doc.get("format") != REF_FORMAT:
+            raise fail(f"unknown format {str(doc.get('format'))[:40]!r} (expected {REF_FORMAT})")
+        entries = need_list(doc.get("history"), "history", fail)
+        if not entries:
+            raise fail("its history is empty")
+        history = []
+        for i, e in enumerate(entries):
+            need_dict(e, f"history entry {i}", fail)
+            root = e.get("root")
+            if not is_digest(root):
+                raise fail(f"history entry {i}: root is not a 64-hex digest")
+            history.append(
+                RefEntry(
+                    root=root,
+                    version=need_int(e.get("version"), f"history entry {i}: version", fail, low=1),
+                    time=need_str(e.get("time"), f"history entry {i}: time", fail, max_len=64),
+                    message=need_str(e.get("message", ""), f"history entry {i}: message", fail),
+                )
+            )
+        return cls(name, tuple(history))
 
 
 #: a delete_ref that keeps losing to rewrites of the same root gives up after this many reads
@@ -370,7 +381,7 @@ class Store(ABC):
     def read_ref(self, name: str) -> Ref | None:
         name = canonical_ref(name)
         data, _ = self._read_with_token(ref_key(name))
-        return None if data is None else Ref.from_json(name, data)
+        return None if data is None else Ref.from_json(name, data, self.uri)
 
     def cas_ref(self, name: str, expected: str | None, new: str, message: str = "") -> Ref:
         """Move ``name`` from ``expected`` (None: must not exist) to ``new``, atomically.
@@ -382,7 +393,7 @@ class Store(ABC):
         _check_digest(new, "new root")
         key = ref_key(name)
         data, token = self._read_with_token(key)
-        current = Ref.from_json(name, data) if data is not None else Ref(name)
+        current = Ref.from_json(name, data, self.uri) if data is not None else Ref(name)
         current_root = current.root if current.history else None
         if current_root == new:
             return current
@@ -411,7 +422,7 @@ class Store(ABC):
             data, token = self._read_with_token(key)
             if data is None or token is None:
                 return False
-            current = Ref.from_json(name, data).root
+            current = Ref.from_json(name, data, self.uri).root
             if current != expected:
                 raise RefConflictError(self.uri, name, expected, current)
             if self._delete_if(key, token):

@@ -13,14 +13,73 @@ import errno
 import fcntl
 import hashlib
 import os
+import stat
 import uuid
 from contextlib import contextmanager
 from typing import Iterator
 
-from concord.errors import StoreAccessError
+from concord.errors import NotRegularFileError, StoreAccessError, StoreNotFoundError
 from concord.stores.base import Store, chunk_key
 
 TMP_PREFIX = ".tmp-"
+#: the folders a store has once anything was written to it
+STORE_FOLDERS = ("chunks", "manifests", "refs")
+_OPEN_FLAGS = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOCTTY", 0)
+
+
+def file_kind(mode: int) -> str:
+    """What a ``stat`` mode says a path is, in words (for errors)."""
+    for test, name in (
+        (stat.S_ISREG, "a regular file"),
+        (stat.S_ISDIR, "a folder"),
+        (stat.S_ISFIFO, "a fifo"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISSOCK, "a socket"),
+        (stat.S_ISLNK, "a symbolic link"),
+    ):
+        if test(mode):
+            return name
+    return "not a file"
+
+
+def read_regular_file(path: str, *, store: str, key: str) -> bytes | None:
+    """The bytes of the regular file at ``path`` (a symbolic link is followed to its target), or
+    None if nothing is there. Never blocks and never opens anything else: a FIFO, device, socket or
+    folder (or a link to one) raises :class:`~concord.errors.NotRegularFileError` naming ``key``
+    and ``store``. The path is looked at before it is opened (so a device is never opened), then
+    opened with ``O_NONBLOCK`` and checked again on the open descriptor (so a swap in between is
+    caught too)."""
+    try:
+        st = os.stat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise NotRegularFileError(store, key, "a symbolic link that loops") from None
+        raise StoreAccessError(store, f"cannot read {key} ({exc.strerror})") from exc
+    if not stat.S_ISREG(st.st_mode):
+        raise NotRegularFileError(store, key, file_kind(st.st_mode))
+    try:
+        fd = os.open(path, _OPEN_FLAGS)
+    except (FileNotFoundError, NotADirectoryError):
+        return None  # removed since we looked
+    except OSError as exc:
+        if exc.errno in (errno.ENXIO, errno.ELOOP, errno.EISDIR):
+            raise NotRegularFileError(store, key, "replaced by something that is not a file while it was read") from None
+        raise StoreAccessError(store, f"cannot read {key} ({exc.strerror})") from exc
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise NotRegularFileError(store, key, file_kind(st.st_mode))
+        with open(fd, "rb", closefd=False) as f:
+            return f.read()
+    except NotRegularFileError:
+        raise
+    except OSError as exc:
+        raise StoreAccessError(store, f"cannot read {key} ({exc.strerror})") from exc
+    finally:
+        os.close(fd)
 
 
 def atomic_write(path: str, data: bytes | memoryview, *, fsync: bool = False, exclusive: bool = False) -> bool:
@@ -78,10 +137,19 @@ class LocalDirStore(Store):
     parallelism = max(2, os.cpu_count() or 2)
     _copy_file_range = hasattr(os, "copy_file_range")
 
-    def __init__(self, path: str | os.PathLike, *, create: bool = True, fsync: bool = False) -> None:
+    def __init__(
+        self, path: str | os.PathLike, *, create: bool = True, fsync: bool = False, must_exist: bool = False
+    ) -> None:
         self.root = os.path.abspath(os.fspath(path))
         self.uri = self.root
         self.fsync = fsync
+        if must_exist:  # a command that only reads: a mistyped path is said, never created
+            if not os.path.isdir(self.root):
+                what = "nothing is there" if not os.path.lexists(self.root) else "the path is not a folder"
+                raise StoreNotFoundError(self.root, what)
+            if not any(os.path.isdir(os.path.join(self.root, d)) for d in STORE_FOLDERS):
+                raise StoreNotFoundError(self.root)
+            create = False
         if os.path.exists(self.root) and not os.path.isdir(self.root):
             raise StoreAccessError(self.root, "the path exists and is not a folder")
         if create:
@@ -123,13 +191,7 @@ class LocalDirStore(Store):
         return True
 
     def _get_object(self, key: str) -> bytes | None:
-        try:
-            with open(self._path(key), "rb") as f:
-                return f.read()
-        except FileNotFoundError:
-            return None
-        except IsADirectoryError:
-            return None
+        return read_regular_file(self._path(key), store=self.uri, key=key)
 
     def _exists_many(self, keys: list[str]) -> list[bool]:
         return [os.path.isfile(self._path(k)) for k in keys]

@@ -73,10 +73,13 @@ def test_cli_verify_reports_corruption_and_repairs(capsys, ckpt, tmp_path):
         (["rollback", "{tmp}/s", "--ref", "nope"], "no ref"),
         (["snapshot", "{tmp}", "--store", "s3://"], "no bucket"),
         (["snapshot", "{tmp}", "--store", "ftp:x"], "unknown scheme"),
+        (["diff", "{tmp}/typo", "nope", "nope"], "no Concord store"),
+        (["restore", "{tmp}/typo", "--root", "ab" * 32, "{tmp}/o"], "no Concord store"),
     ],
 )
 def test_cli_failures_are_one_clear_line(capsys, tmp_path, argv, needle):
     (tmp_path / "f.txt").write_text("x")
+    (tmp_path / "s" / "refs").mkdir(parents=True)  # an (empty) store; {tmp}/typo holds none
     code = main([a.replace("{tmp}", str(tmp_path)) for a in argv])
     out, err = capsys.readouterr()
     assert code == 1 and out == ""
