@@ -269,6 +269,32 @@ class DocumentError(StoreError, ValueError):
         super().__init__(f"{where}: {problem}. {fix or 'Remove it or copy it back from another store.'}")
 
 
+class ReservedNameError(InvalidNameError):
+    """A name the store format keeps for itself (``<tenant>/_ledger``, a federation ledger's head)."""
+
+    def __init__(self, name: str, what: str = "ref name", reserved: str = "_ledger") -> None:
+        self.name = name
+        ConcordError.__init__(
+            self,
+            f"{what} {name!r} is reserved: {reserved!r} names a federation ledger's head, which "
+            "points at ledger rounds, not snapshots; choose another name.",
+        )
+
+
+class StoreLockedError(StoreError, TimeoutError):
+    """A writer waited for a garbage collection of the store to finish, and it did not in time."""
+
+    def __init__(self, store: str, holder: str, waited: float) -> None:
+        self.store = store
+        self.holder = holder
+        self.waited = waited
+        super().__init__(
+            f"{store} is being garbage-collected ({holder}) and the collection did not finish within "
+            f"{waited:g} s; run again once it has (a collection killed midway stops holding the "
+            "store when its heartbeat stops, within 10 minutes)."
+        )
+
+
 class GcRefusedError(StoreError):
     """Garbage collection stopped before deleting anything: a ref names a snapshot whose
     manifest is missing or damaged, so what that snapshot keeps alive cannot be known."""

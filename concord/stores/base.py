@@ -31,6 +31,9 @@ from concord.hashing import chunk_id, is_digest
 
 _SEGMENT = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,127}")
 DEFAULT_NAMESPACE = "default"
+#: the one ref name the store format reserves: ``<tenant>/_ledger`` is a federation ledger's head,
+#: which names round hashes (no manifest). Refused wherever a user creates a ref.
+LEDGER_HEAD = "_ledger"
 REF_FORMAT = "concord/ref@1"
 
 #: what :meth:`Store.chunk_states` says about a chunk
@@ -58,6 +61,17 @@ def split_ref(name: str) -> tuple[str, str]:
     validate_segment(parts[0], "ref name")
     validate_segment(parts[1], "ref name")
     return parts[0], parts[1]
+
+
+def check_writable_ref(name: str, what: str = "ref name") -> str:
+    """``name`` in canonical form, if a snapshot, sync or tier may create it; a name the store
+    format reserves (:data:`LEDGER_HEAD`) is refused with :class:`ReservedNameError`."""
+    ns, n = split_ref(name)
+    if n == LEDGER_HEAD:
+        from concord.errors import ReservedNameError
+
+        raise ReservedNameError(name, what, LEDGER_HEAD)
+    return f"{ns}/{n}"
 
 
 def canonical_ref(name: str) -> str:
@@ -357,6 +371,12 @@ class Store(ABC):
 
     def has_manifest(self, root: str) -> bool:
         return self._exists_many([manifest_key(_check_digest(root, "root"))])[0]
+
+    def has_manifests(self, roots: Iterable[str]) -> set[str]:
+        """The subset of ``roots`` whose manifests this store holds (a batch question)."""
+        roots = [_check_digest(r, "root") for r in dict.fromkeys(roots)]
+        present = self._exists_many([manifest_key(r) for r in roots]) if roots else []
+        return {r for r, p in zip(roots, present) if p}
 
     def iter_manifests(self) -> Iterator[str]:
         for key in self._list_keys("manifests/"):

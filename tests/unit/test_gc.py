@@ -5,6 +5,9 @@ from __future__ import annotations
 import json
 import math
 import os
+import signal
+import subprocess
+import sys
 import time
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -159,15 +162,72 @@ def test_a_live_lease_postpones_everything(store, two_snapshots):
     assert collect_garbage(store, grace_seconds=0).deleted_manifests == 1
 
 
-def test_a_lease_left_by_a_killed_writer_expires(store, two_snapshots):
-    stale = write_lease(store, "killed sync", ttl_seconds=HOUR)
-    key = stale.__enter__()  # its writer never leaves the block
-    assert [lease.what for lease in read_leases(store)] == ["killed sync"]
-    assert collect_garbage(store, grace_seconds=0).postponed_by == ["killed sync"]
+def _lease_of_a_killed_writer(store: LocalDirStore) -> str:
+    """A real writer process that takes a lease and is SIGKILLed while holding it."""
+    code = (
+        "import sys, time\n"
+        "from concord.stores import LocalDirStore\n"
+        "from concord.gc import write_lease\n"
+        "with write_lease(LocalDirStore(sys.argv[1]), 'killed sync') as key:\n"
+        "    print(key, flush=True)\n"
+        "    time.sleep(600)\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", code, str(store.root)], stdout=subprocess.PIPE, text=True)
+    try:
+        key = proc.stdout.readline().strip()
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+    assert key.startswith(f"{LEASE_PREFIX}/")
+    return key
+
+
+def test_a_lease_left_by_a_killed_writer_on_this_machine_is_stale_at_once(store, two_snapshots):
+    key = _lease_of_a_killed_writer(store)
+    assert [(lease.what, lease.process) for lease in read_leases(store)] == [("killed sync", "gone")]
     dry = collect_garbage(store, grace_seconds=0, dry_run=True, now=_later())
     assert dry.postponed_by == [] and store.get_document(key) is not None  # a dry run removes nothing
     done = collect_garbage(store, grace_seconds=0, now=_later())
     assert done.postponed_by == [] and done.deleted_manifests == 1
+    assert store.get_document(key) is None
+
+
+def test_a_lease_whose_process_id_now_runs_another_program_is_stale(store, two_snapshots):
+    with write_lease(store, "a writer") as key:
+        doc = json.loads(store.get_document(key))
+        doc["pid_start"] = "1"  # this pid, but started at another time: the id was reused
+        store.put_document(key, json.dumps(doc).encode(), overwrite=True)
+        assert [lease.process for lease in read_leases(store)] == ["gone"]
+        assert collect_garbage(store, grace_seconds=0).deleted_manifests == 1
+
+
+def test_a_lease_from_another_machine_holds_until_its_heartbeat_stops(store, two_snapshots):
+    with write_lease(store, "sync on another host", ttl_seconds=HOUR) as key:
+        doc = json.loads(store.get_document(key))
+        doc["host"] = "another-host"
+        store.put_document(key, json.dumps(doc).encode(), overwrite=True)
+        assert [lease.process for lease in read_leases(store)] == [None]  # cannot be seen from here
+        held = collect_garbage(store, grace_seconds=0, now=time.time() + HOUR / 2)
+        assert held.postponed_by == ["sync on another host"] and held.deleted_manifests == 0
+        done = collect_garbage(store, grace_seconds=0, now=time.time() + 2 * HOUR)
+        assert done.postponed_by == [] and done.deleted_manifests == 1
+        assert store.get_document(key) is None
+
+
+def test_a_live_writer_on_this_machine_holds_however_old_its_heartbeat(store, two_snapshots):
+    with write_lease(store, "a slow sync", ttl_seconds=60):
+        held = collect_garbage(store, grace_seconds=0, now=_later())
+    assert held.postponed_by == ["a slow sync"] and held.deleted_manifests == 0
+
+
+def test_the_heartbeat_renews_the_lease(store):
+    with write_lease(store, "a writer", ttl_seconds=0.5) as key:
+        first = json.loads(store.get_document(key))["expires"]
+        deadline = time.time() + 20
+        while json.loads(store.get_document(key)).get("renewed") is None and time.time() < deadline:
+            time.sleep(0.05)
+        doc = json.loads(store.get_document(key))
+    assert doc.get("renewed") and doc["expires"] >= first
     assert store.get_document(key) is None
 
 
@@ -196,7 +256,8 @@ def test_a_lease_is_removed_when_the_writer_fails(store):
     with pytest.raises(ValueError, match="positive"):
         with write_lease(store, "a writer", ttl_seconds=0):
             pass
-    assert DEFAULT_LEASE_TTL == 6 * HOUR
+    # a writer killed on another host holds collections for minutes (its heartbeat stops), not hours
+    assert DEFAULT_LEASE_TTL <= 15 * 60
 
 
 class _LeaseWatchingStore(LocalDirStore):
@@ -355,3 +416,142 @@ def test_only_temporary_files_are_leftovers(store):
     for key in ("chunks/ab/not-a-temp", "../.tmp-outside", "chunks/../../.tmp-x"):
         with pytest.raises(ValueError, match="not a leftover"):
             store.delete_leftover(key)
+
+
+# --------------------------------------------------------------------------- every ref is live
+
+
+def test_a_ref_whose_name_starts_with_an_underscore_is_live(ckpt, tmp_path, store):
+    r = snapshot(ckpt, store, ref="models/_weights", chunk_size=SMALL_CHUNK)
+    bare = snapshot(fine_tune(ckpt, tmp_path / "t", ["embed.weight"]), store, ref="_private", chunk_size=SMALL_CHUNK)
+    result = collect_garbage(store, grace_seconds=0, now=_later())
+    assert (result.live_roots, result.deleted_manifests, result.deleted_chunks) == (2, 0, 0)
+    assert verify(store, ref="models/_weights").ok and verify(store, root=bare.root).ok
+    assert r.ref == "models/_weights"
+
+
+def test_the_ledger_head_name_is_refused_where_a_ref_is_created(ckpt, tmp_path, store):
+    from concord.errors import ReservedNameError
+
+    with pytest.raises(ReservedNameError, match="reserved.*ledger.*choose another name"):
+        snapshot(ckpt, store, ref="models/_ledger", chunk_size=SMALL_CHUNK)
+    assert store.list_refs() == [] and list(store.iter_chunks()) == []  # refused before any byte
+    snapshot(ckpt, store, ref="models/keep", chunk_size=SMALL_CHUNK)
+    with pytest.raises(ReservedNameError):
+        replicate(store, [LocalDirStore(tmp_path / "t")], ref="models/keep".replace("keep", "_ledger"))
+
+
+def test_a_snapshot_under_a_ledger_head_name_from_before_is_still_kept(ckpt, store):
+    """Written before the name was refused: a ``_ledger`` ref whose root has a manifest is a snapshot."""
+    r = snapshot(ckpt, store, chunk_size=SMALL_CHUNK)
+    store.cas_ref("models/_ledger", None, r.root, "written by an older version")
+    result = collect_garbage(store, grace_seconds=0, now=_later())
+    assert (result.live_roots, result.deleted_manifests, result.deleted_chunks) == (1, 0, 0)
+    assert verify(store, root=r.root).ok
+
+
+# --------------------------------------------------------------------------- writers racing a collection
+
+
+class _WriterDuringMarkStore(LocalDirStore):
+    """A real local store on which, while a collection lists the chunks (after it has read the
+    refs), a writer starts and finishes: it syncs a root this store still holds unreferenced."""
+
+    writer = None
+
+    def iter_chunk_stats(self):
+        if self.writer is not None:
+            writer, self.writer = self.writer, None
+            writer()
+        return super().iter_chunk_stats()
+
+
+def test_a_writer_that_only_reuses_old_objects_during_the_mark_keeps_its_snapshot(ckpt, tmp_path):
+    source = LocalDirStore(tmp_path / "source")
+    old = snapshot(fine_tune(ckpt, tmp_path / "old", ["embed.weight"]), source, ref="models/old", chunk_size=SMALL_CHUNK)
+    store = _WriterDuringMarkStore(tmp_path / "store")
+    snapshot(ckpt, store, ref="models/live", chunk_size=SMALL_CHUNK)
+    replicate(source, [store], ref="models/old")
+    assert store.delete_ref("models/old", old.root)  # demoted: the old root lies unreferenced
+    sent = []
+    store.writer = lambda: sent.extend(replicate(source, [store], ref="models/old"))
+    result = collect_garbage(store, grace_seconds=0, now=_later())
+    assert sent and sent[0].chunks_sent == 0  # the writer reused every object
+    assert result.deleted_manifests == 0 and result.deleted_chunks == 0
+    assert verify(store, ref="models/old").ok
+    _every_ref_verifies(store)
+
+
+def test_a_manifest_written_during_the_mark_keeps_its_chunks(ckpt, tmp_path):
+    store = _WriterDuringMarkStore(tmp_path / "store")
+    gone = snapshot(ckpt, store, ref="models/gone", chunk_size=SMALL_CHUNK)
+    assert store.delete_ref("models/gone", gone.root)
+    store.delete_manifest(gone.root)  # chunks alone, unreferenced
+    store.writer = lambda: store.put_manifest(gone.root, gone.manifest.to_json())
+    result = collect_garbage(store, grace_seconds=0, now=_later())
+    assert result.deleted_chunks == 0 and result.deleted_manifests == 0
+    assert verify(store, root=gone.root).ok
+
+
+def test_a_writer_waits_while_a_collection_holds_the_store(store):
+    from concord.errors import StoreLockedError
+    from concord.gc import LOCK_PREFIX, _collecting
+
+    slept = []
+    with _collecting(store, "garbage collection by test"):
+        assert len(store.list_documents(LOCK_PREFIX)) == 1
+        with pytest.raises(StoreLockedError, match="garbage-collected.*run again"):
+            with write_lease(store, "a snapshot", wait_seconds=1.0, sleep=slept.append):
+                pass
+        assert store.list_documents(LEASE_PREFIX) == []  # the waiting writer took its lease back
+    assert slept and store.list_documents(LOCK_PREFIX) == []
+    with write_lease(store, "a snapshot", wait_seconds=0) as key:  # the collection is over: at once
+        assert store.get_document(key) is not None
+
+
+def test_a_collection_killed_midway_does_not_hold_writers(store):
+    code = (
+        "import sys, time\n"
+        "from concord.stores import LocalDirStore\n"
+        "from concord.gc import _collecting\n"
+        "with _collecting(LocalDirStore(sys.argv[1]), 'garbage collection'):\n"
+        "    print('held', flush=True)\n"
+        "    time.sleep(600)\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", code, str(store.root)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "held"
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+    with write_lease(store, "a snapshot", wait_seconds=0) as key:
+        assert store.get_document(key) is not None
+    collect_garbage(store, grace_seconds=0)  # removes the dead collection's lock
+    from concord.gc import LOCK_PREFIX
+
+    assert store.list_documents(LOCK_PREFIX) == []
+
+
+def test_a_collection_can_wait_for_the_writers_at_work(store, two_snapshots):
+    released = []
+
+    def sleep(seconds):  # the writer at work finishes while the collection waits
+        if lease.gen_lease is not None:
+            lease.gen_lease.__exit__(None, None, None)
+            lease.gen_lease = None
+        released.append(seconds)
+
+    class lease:
+        gen_lease = write_lease(store, "a sync at work")
+
+    lease.gen_lease.__enter__()
+    result = collect_garbage(store, grace_seconds=0, wait_seconds=30, sleep=sleep)
+    assert released and result.postponed_by == [] and result.deleted_manifests == 1
+
+
+def test_nested_writers_on_one_store_share_a_lease(store):
+    with write_lease(store, "tier add") as outer:
+        with write_lease(store, "snapshot") as inner:
+            assert inner == outer and len(store.list_documents(LEASE_PREFIX)) == 1
+        assert store.get_document(outer) is not None  # the outer writer still holds it
+    assert store.list_documents(LEASE_PREFIX) == []
