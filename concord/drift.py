@@ -86,6 +86,15 @@ DEFAULT_BINS = 10
 KS_EXACT_MAX_N = 10_000
 #: new and vanished categories listed per column at most (the most frequent first)
 MAX_LISTED_CATEGORIES = 50
+#: categorical columns: the reference's most frequent categories compared one by one; its other
+#: categories are pooled as "(other)" and those it never had as "(new)"
+MAX_COMPARED_CATEGORIES = 100
+#: categorical columns: more than this share of current values in categories the reference never
+#: had makes a column critical, whatever PSI says
+NEW_SHARE_CRITICAL = 0.5
+#: streamed tables (:func:`data_drift_batches`): numeric values kept per column and side; above,
+#: a uniform sample of this many
+SAMPLE_SIZE = 500_000
 SEVERITIES = ("ok", "warning", "critical")
 #: the paging priority of each severity that is not ok
 PRIORITIES = {"warning": "P1", "critical": "P0"}
@@ -215,6 +224,10 @@ class ColumnDrift(Prioritised):
     chi2_pvalue: float | None = None
     new_categories: tuple[str, ...] | None = None
     vanished_categories: tuple[str, ...] | None = None
+    #: categorical: the share of current values whose category the reference never had
+    new_share: float | None = None
+    #: numeric: KS and Wasserstein (and a sampled reference's bin shares) come from uniform samples
+    sampled: bool = False
     null_share_reference: float | None = None
     null_share_current: float | None = None
     n_reference: int | None = None  # values compared (nulls left out); None if the column is absent
@@ -425,9 +438,15 @@ class _Side:
     dtype: str
     rows: int
     family: str | None = None  # "number" | "datetime" | "timedelta" | "label"; None: no values
-    values: Any = None  # numeric: sorted finite float64 values
+    values: Any = None  # numeric: sorted finite float64 values (a uniform sample of them when sampled)
     counts: Any = None  # categorical: pandas Series, label text -> count (> 0), most frequent first
     size: int = 0  # values (non-null)
+    kind: str = "categorical"  # "numeric" | "categorical": what the column is when it has no values
+    sampled: bool = False  # numeric: ``values`` is a uniform sample of the ``size`` values
+    low: float | None = None  # numeric: the smallest and largest value
+    high: float | None = None
+    edges: Any = None  # numeric, streamed: the bin edges ``bin_counts`` were counted on
+    bin_counts: Any = None  # numeric, streamed: the counts of every value on ``edges``
 
     @property
     def nulls(self) -> int:
@@ -486,37 +505,179 @@ def _numbers(s: "pd.Series", family: str) -> "np.ndarray":
     return s.to_numpy() / np.timedelta64(1, "s")
 
 
-def _side(s: "pd.Series") -> _Side:
+def _label_counts(s: "pd.Series") -> "pd.Series":
+    """Each label's count in ``s`` (labels as text, nulls left out), in no particular order."""
     import numpy as np
     import pandas as pd
 
-    side = _Side(dtype=str(s.dtype), rows=len(s))
-    if side.rows == 0:
-        return side
-    family = _family_of(s)
-    if family is None:
-        return side
-    if family == "label":
-        counts = s.value_counts(dropna=True, sort=False)
-        counts = counts[counts > 0]
-        labels = counts.index.astype(str)
-        counts = pd.Series(counts.to_numpy(dtype=np.int64), index=labels)
-        if labels.has_duplicates:  # e.g. True and "True": one label as text
-            counts = counts.groupby(level=0, sort=False).sum()
-        # most frequent first, ties by label: a stable order for reports
-        counts = counts.sort_index(kind="stable").sort_values(ascending=False, kind="stable")
-        side.counts = counts
-        side.size = int(counts.sum())
-    else:
+    counts = s.value_counts(dropna=True, sort=False)
+    counts = counts[counts > 0]
+    labels = counts.index.astype(str)
+    counts = pd.Series(counts.to_numpy(dtype=np.int64), index=labels)
+    if labels.has_duplicates:  # e.g. True and "True": one label as text
+        counts = counts.groupby(level=0, sort=False).sum()
+    return counts
+
+
+class _Column:
+    """One column of one table, taken in batch by batch: what :class:`_Side` needs, in bounded memory.
+
+    Numeric values are kept exactly while there are at most ``sample_size`` of them (all of them
+    when it is None); above, a uniform sample of ``sample_size`` values (Vitter's algorithm R,
+    drawn from a generator seeded with ``seed``, so the same batches give the same sample), while
+    the count, the smallest and largest value and, when ``edges`` are given, the counts on those
+    bins stay exact. Labels are counted exactly (memory grows with the distinct labels, not the
+    rows). A column whose values change family between batches (numbers in one, text in another)
+    is marked ``conflict`` and no longer taken in: the caller reads it again ``as_text``.
+    """
+
+    def __init__(self, *, sample_size: int | None = None, seed: int = 0, edges: "np.ndarray | None" = None, as_text: bool = False):
+        self.sample_size = sample_size
+        self.seed = seed
+        self.edges = edges
+        self.as_text = as_text
+        self.rows = 0
+        self.dtypes: list[str] = []
+        self.head: "pd.Series | None" = None  # the first rows, for the kind of a column without values
+        self.family: str | None = None
+        self.conflict = False
+        self.size = 0
+        self.parts: list = []  # numeric, exact: the values of each batch
+        self.sample = None  # numeric, sampled: the reservoir
+        self.rng = None
+        self.low = self.high = None
+        self.bin_counts = None
+        self.label_parts: list = []  # labels: each batch's counts, merged from time to time
+        self.label_pending = 0
+        self.counts = None
+
+    def add(self, s: "pd.Series") -> None:
+        import numpy as np
+
+        if self.head is None:
+            self.head = s.iloc[:64]
+        self.rows += len(s)
+        dtype = str(s.dtype)
+        if dtype not in self.dtypes:
+            self.dtypes.append(dtype)
+        if self.conflict or not len(s):
+            return
+        if self.as_text:
+            family = "label"
+            s = s.dropna().astype(str)
+        else:
+            family = _family_of(s)
+        if family is None:
+            return
+        if family == "label":
+            counts = _label_counts(s)
+            if not len(counts):
+                return
+            if not self._same_family(family):
+                return
+            self.size += int(counts.sum())
+            self.label_parts.append(counts)
+            self.label_pending += len(counts)
+            if self.label_pending > max(100_000, 2 * (0 if self.counts is None else len(self.counts))):
+                self._merge_labels()
+            return
         raw = _numbers(s, family)
         finite = np.isfinite(raw)
         values = raw.copy() if finite.all() else raw[finite]
-        del finite
-        values.sort()
-        side.values = values
-        side.size = int(values.size)
-    side.family = family if side.size else None
-    return side
+        del finite, raw
+        if not values.size or not self._same_family(family):
+            return
+        low, high = float(values.min()), float(values.max())
+        self.low = low if self.low is None else min(self.low, low)
+        self.high = high if self.high is None else max(self.high, high)
+        if self.edges is not None:
+            # bins closed on the right: a value's bin is the number of edges below it
+            counts = np.bincount(np.searchsorted(self.edges, values, side="left"), minlength=self.edges.size + 1)
+            self.bin_counts = counts if self.bin_counts is None else self.bin_counts + counts
+        self._take(values)
+
+    def _same_family(self, family: str) -> bool:
+        if self.family is None:
+            self.family = family
+        elif self.family != family:
+            self.conflict = True
+            self.parts, self.sample, self.label_parts, self.counts = [], None, [], None
+            return False
+        return True
+
+    def _take(self, values: "np.ndarray") -> None:
+        """Keep ``values`` exactly, or in the uniform sample once there are more than ``sample_size``."""
+        import numpy as np
+
+        k, seen = self.sample_size, self.size
+        self.size += values.size
+        if k is None or self.size <= k:
+            self.parts.append(values)
+            return
+        if self.sample is None:  # the first k values fill the reservoir
+            self.sample = np.concatenate([*self.parts, values[: k - seen]]) if seen < k else np.concatenate(self.parts)
+            self.parts = []
+            self.rng = np.random.default_rng([0x5EED, self.seed])
+            values = values[max(0, k - seen):]
+            seen = max(seen, k)
+        if not values.size:
+            return
+        # algorithm R: the value at (0-based) position i replaces slot j, drawn uniformly from
+        # 0..i, when j < k; in stream order, so the last value drawn for a slot is the one kept
+        slot = self.rng.integers(0, np.arange(seen + 1, seen + values.size + 1, dtype=np.int64))
+        taken = slot < k
+        slot, values = slot[taken][::-1], values[taken][::-1]
+        slot, last = np.unique(slot, return_index=True)
+        self.sample[slot] = values[last]
+
+    def _merge_labels(self) -> None:
+        import pandas as pd
+
+        parts = ([self.counts] if self.counts is not None else []) + self.label_parts
+        self.counts = parts[0] if len(parts) == 1 else pd.concat(parts).groupby(level=0, sort=False).sum()
+        self.label_parts, self.label_pending = [], 0
+
+    def finish(self) -> _Side:
+        """The column as the statistics take it (call once, after the last batch)."""
+        import numpy as np
+        import pandas as pd
+
+        if len(self.dtypes) == 1:
+            dtype = self.dtypes[0]
+        else:
+            try:
+                dtype = str(np.result_type(*(np.dtype(d) for d in self.dtypes)))
+            except TypeError:
+                dtype = "object"
+        head = self.head if self.head is not None else pd.Series([], dtype=object)
+        side = _Side(dtype=dtype, rows=self.rows, kind=_kind(None, head) if self.family is None else _kind(self.family, head))
+        if self.family is None or self.conflict:
+            return side
+        if self.family == "label":
+            self._merge_labels()
+            counts = self.counts
+            # most frequent first, ties by label: a stable order for reports
+            side.counts = counts.sort_index(kind="stable").sort_values(ascending=False, kind="stable")
+            side.size = int(side.counts.sum())
+        else:
+            if self.sample is not None:
+                values, side.sampled = self.sample, True
+            else:
+                values = self.parts[0] if len(self.parts) == 1 else np.concatenate(self.parts)
+            self.parts, self.sample = [], None
+            values.sort()
+            side.values, side.size = values, self.size
+            side.low, side.high = self.low, self.high
+            side.edges, side.bin_counts = self.edges, self.bin_counts
+        side.family = self.family if side.size else None
+        return side
+
+
+def _side(s: "pd.Series") -> _Side:
+    """A whole column, every value kept."""
+    column = _Column()
+    column.add(s)
+    return column.finish()
 
 
 # --------------------------------------------------------------------------- comparing one column
@@ -525,47 +686,102 @@ def _side(s: "pd.Series") -> _Side:
 def _numeric_histogram(
     name: str, ref: _Side, cur: _Side, bins: int
 ) -> tuple[ColumnHistogram, "np.ndarray", "np.ndarray"]:
-    """The histogram of a numeric column and both sides' bin counts."""
+    """The histogram of a numeric column and both sides' bin counts.
+
+    The edges are the reference's quantiles (of its sample, when sampled). A side's counts are
+    those of all its values: counted from them when every value is kept, counted as they were read
+    (:class:`_Column` with the edges) when the current side was sampled; a sampled reference's
+    shares are its sample's.
+    """
+    import numpy as np
+
     edges = quantile_edges(ref.values, bins)
-    rc = _bin_counts(ref.values, edges)
-    cc = _bin_counts(cur.values, edges)
+
+    def counts(side: _Side) -> "np.ndarray":
+        if side.sampled and side.bin_counts is not None and np.array_equal(side.edges, edges):
+            return side.bin_counts
+        return _bin_counts(side.values, edges)
+
+    rc, cc = counts(ref), counts(cur)
     hist = ColumnHistogram(
         column=name,
         kind="numeric",
         edges=tuple(float(e) for e in edges),
         reference=tuple(float(v) for v in rc / rc.sum()),
         current=tuple(float(v) for v in cc / cc.sum()),
-        low=float(min(ref.values[0], cur.values[0])),
-        high=float(max(ref.values[-1], cur.values[-1])),
+        low=float(min(ref.low, cur.low)),
+        high=float(max(ref.high, cur.high)),
     )
     return hist, rc, cc
 
 
-def _categorical_histogram(
-    name: str, ref: _Side, cur: _Side
-) -> tuple[ColumnHistogram, "np.ndarray", "np.ndarray", list[str], list[str]]:
-    """The histogram of a categorical column, both sides' counts, the new and the vanished labels."""
+@dataclass(frozen=True)
+class _Categories:
+    """A categorical column's comparison: the buckets the statistics use and what the overlay shows."""
+
+    hist: ColumnHistogram
+    rc: "np.ndarray"  # counts per compared bucket: the reference's top categories, (other), (new)
+    cc: "np.ndarray"
+    new: list[str]  # labels only current has, most frequent first
+    vanished: list[str]  # labels only the reference has, most frequent first
+    new_share: float  # the share of current values whose label the reference never had
+
+
+def _categorical_histogram(name: str, ref: _Side, cur: _Side) -> _Categories:
+    """Both sides' counts on the compared buckets, the overlay, the new and the vanished labels.
+
+    Compared buckets: the reference's :data:`MAX_COMPARED_CATEGORIES` most frequent categories one
+    by one, the rest of the reference's categories pooled as "(other)", and every category the
+    reference never had pooled as "(new)". However many categories either side has, there are at
+    most ``MAX_COMPARED_CATEGORIES + 2`` buckets, so the smoothing's empty-bucket shares add up to
+    at most ~1 % and a mass that moved to unseen categories is one bucket PSI sees whole.
+    """
     import numpy as np
 
     ref_labels, cur_labels = list(ref.counts.index), list(cur.counts.index)
     in_ref, in_cur = set(ref_labels), set(cur_labels)
     new = [label for label in cur_labels if label not in in_ref]  # most frequent first
     vanished = [label for label in ref_labels if label not in in_cur]
-    labels = ref_labels + new
-    rc = ref.counts.reindex(labels, fill_value=0).to_numpy(dtype=np.int64)
-    cc = cur.counts.reindex(labels, fill_value=0).to_numpy(dtype=np.int64)
+    top, rest = ref_labels[:MAX_COMPARED_CATEGORIES], ref_labels[MAX_COMPARED_CATEGORIES:]
+    cur_in_top = cur.counts.reindex(top, fill_value=0).to_numpy(dtype=np.int64)
+    new_count = int(cur.counts[new].sum()) if new else 0
+    rc = ref.counts.iloc[: len(top)].to_numpy(dtype=np.int64)
+    cc = cur_in_top
+    if rest:
+        rc = np.append(rc, int(ref.counts.iloc[len(top):].sum()))
+        cc = np.append(cc, int(cur.size - cur_in_top.sum() - new_count))
+    if new:
+        rc = np.append(rc, 0)
+        cc = np.append(cc, new_count)
+
+    # the overlay: the compared buckets, with the new categories one by one when they are few
+    labels = top + ([f"(other: {len(rest)} categories)"] if rest else [])
+    ref_shown, cur_shown = list(rc[: len(labels)]), list(cc[: len(labels)])
+    if new and len(new) <= MAX_LISTED_CATEGORIES:
+        labels += new
+        ref_shown += [0] * len(new)
+        cur_shown += list(cur.counts[new].to_numpy(dtype=np.int64))
+    elif new:
+        labels.append(f"(new: {len(new)} categories)")
+        ref_shown.append(0)
+        cur_shown.append(new_count)
+    ref_shown, cur_shown = np.asarray(ref_shown, dtype=np.float64), np.asarray(cur_shown, dtype=np.float64)
     hist = ColumnHistogram(
         column=name,
         kind="categorical",
         categories=tuple(labels),
-        reference=tuple(float(v) for v in rc / rc.sum()),
-        current=tuple(float(v) for v in cc / cc.sum()),
+        reference=tuple(float(v) for v in ref_shown / ref_shown.sum()),
+        current=tuple(float(v) for v in cur_shown / cur_shown.sum()),
     )
-    return hist, rc, cc, new, vanished
+    return _Categories(hist, rc, cc, new, vanished, new_count / cur.size)
 
 
 def _fmt(x: float) -> str:
     return f"{x:.3g}"
+
+
+def _percent(share: float) -> str:
+    return f"{100 * share:.3g}%"
 
 
 def _listed(labels: list[str]) -> str:
@@ -573,28 +789,24 @@ def _listed(labels: list[str]) -> str:
     return shown + (f" (+{len(labels) - 5} more)" if len(labels) > 5 else "")
 
 
-def _compare(
-    name: str, ref_s: "pd.Series | None", cur_s: "pd.Series | None", bins: int, t: DriftThresholds
-) -> ColumnDrift:
+def _compare(name: str, ref: _Side | None, cur: _Side | None, bins: int, t: DriftThresholds) -> ColumnDrift:
     """One column's result, before escalation (None: the column is absent from that table)."""
     import numpy as np
     from scipy.stats import chi2_contingency
 
-    if cur_s is None:
-        ref = _side(ref_s)
+    if cur is None:
         return ColumnDrift(
             column=name,
-            kind=_kind(ref.family, ref_s),
+            kind=ref.kind,
             severity="critical",
             finding="missing in current: the reference has this column, the current table does not",
             null_share_reference=ref.null_share,
             n_reference=ref.size,
         )
-    if ref_s is None:
-        cur = _side(cur_s)
+    if ref is None:
         return ColumnDrift(
             column=name,
-            kind=_kind(cur.family, cur_s),
+            kind=cur.kind,
             severity="ok",
             finding="new in current: the reference has no such column, so it is not compared",
             null_share_current=cur.null_share,
@@ -602,7 +814,6 @@ def _compare(
             compared=False,
         )
 
-    ref, cur = _side(ref_s), _side(cur_s)
     common = dict(
         column=name,
         null_share_reference=ref.null_share,
@@ -612,7 +823,7 @@ def _compare(
     )
     if ref.family and cur.family and ref.family != cur.family:
         return ColumnDrift(
-            kind=_kind(ref.family, ref_s),
+            kind=ref.kind,
             severity="critical",
             finding=(
                 f"type changed: {_described(ref)} in reference, {_described(cur)} in current; "
@@ -620,7 +831,7 @@ def _compare(
             ),
             **common,
         )
-    kind = _kind(ref.family or cur.family, ref_s)
+    kind = ref.kind if ref.family or not cur.family else cur.kind
     if not ref.size and not cur.size:
         finding = f"no values on either side ({_why_empty(ref)} in reference, {_why_empty(cur)} in current)"
         return ColumnDrift(kind=kind, severity="ok", finding=finding, **common)
@@ -642,22 +853,31 @@ def _compare(
         ks, ks_p, wasserstein = _ks_wasserstein(ref.values, cur.values)
         stats.update(ks=ks, ks_pvalue=ks_p, wasserstein=wasserstein)
         for label, side in (("reference", ref), ("current", cur)):
-            if side.values[0] == side.values[-1]:
-                notes.append(f"constant in {label} ({_fmt(float(side.values[0]))})")
+            if side.low == side.high:
+                notes.append(f"constant in {label} ({_fmt(side.low)})")
+        if ref.sampled or cur.sampled:
+            sizes = " and ".join(f"{side.values.size:,} of the {side.size:,} {label} values" for label, side in (("reference", ref), ("current", cur)) if side.sampled)
+            notes.append(f"KS and Wasserstein from uniform samples ({sizes})")
+            stats.update(sampled=True)
     else:
-        hist, rc, cc, new, vanished = _categorical_histogram(name, ref, cur)
+        cats = _categorical_histogram(name, ref, cur)
+        hist, rc, cc, new, vanished = cats.hist, cats.rc, cats.cc, cats.new, cats.vanished
         res = chi2_contingency(np.vstack((rc, cc)), correction=False)
         stats.update(
             chi2=float(res.statistic),
             chi2_pvalue=float(res.pvalue),
             new_categories=tuple(new[:MAX_LISTED_CATEGORIES]),
+            new_share=cats.new_share,
             vanished_categories=tuple(vanished[:MAX_LISTED_CATEGORIES]),
         )
         for label, side in (("reference", ref), ("current", cur)):
             if len(side.counts) == 1:
                 notes.append(f"constant in {label} ({side.counts.index[0]!r})")
         if new:
-            notes.append(f"{len(new)} new categor{'y' if len(new) == 1 else 'ies'}: {_listed(new)}")
+            notes.append(
+                f"{len(new)} new categor{'y' if len(new) == 1 else 'ies'}: {_listed(new)} "
+                f"({_percent(cats.new_share)} of current values)"
+            )
         if vanished:
             notes.append(f"{len(vanished)} vanished: {_listed(vanished)}")
     psi, kl, js = _divergences(smoothed_proportions(rc), smoothed_proportions(cc))
@@ -682,6 +902,13 @@ def _compare(
         head = f"drift ({PRIORITIES[severity]}): PSI {_fmt(psi)} > {limit}"
         if ks_p is not None:
             notes.append(f"KS p-value {_fmt(ks_p)} < {t.ks_pvalue} confirms it")
+    new_share = stats.get("new_share")
+    if new_share is not None and new_share > NEW_SHARE_CRITICAL and severity != "critical":
+        severity = "critical"
+        head = (
+            f"drift (P0): {_percent(new_share)} of current values are in categories the reference never had "
+            f"(more than {_percent(NEW_SHARE_CRITICAL)}); PSI {_fmt(psi)}"
+        )
     change = abs(cur.null_share - ref.null_share)
     if change > t.null_share_change:
         notes.append(
@@ -841,7 +1068,10 @@ def data_drift(
             )
 
     def compare(name: str) -> ColumnDrift:
-        return _compare(name, ref_cols.get(name), cur_cols.get(name), bins, thresholds)
+        ref_s, cur_s = ref_cols.get(name), cur_cols.get(name)
+        return _compare(
+            name, None if ref_s is None else _side(ref_s), None if cur_s is None else _side(cur_s), bins, thresholds
+        )
 
     if workers == 1 or len(names) < 2:
         compared_columns = [compare(name) for name in names]
@@ -900,7 +1130,7 @@ def column_histograms(
     if not ref.size or not cur.size or ref.family != cur.family:
         return None
     if ref.family == "label":
-        return _categorical_histogram(name, ref, cur)[0]
+        return _categorical_histogram(name, ref, cur).hist
     return _numeric_histogram(name, ref, cur, bins)[0]
 
 

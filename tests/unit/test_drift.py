@@ -287,6 +287,77 @@ def test_new_and_vanished_categories():
     assert same.new_categories == () and same.vanished_categories == () and same.psi == 0
 
 
+THREE = pd.DataFrame({"c": ["a"] * 10_000 + ["b"] * 10_000 + ["c"] * 10_000})
+#: PSI of a total replacement of THREE, by hand: the buckets are a, b, c and "(new)"; the
+#: reference is (1/3, 1/3, 1/3, 0) and current (0, 0, 0, 1), each empty bucket smoothed to 1e-4:
+#: r = (1/3, 1/3, 1/3, 1e-4) / 1.0001, c = (1e-4, 1e-4, 1e-4, 1) / 1.0003
+_R = np.array([1 / 3, 1 / 3, 1 / 3, 1e-4]) / 1.0001
+_C = np.array([1e-4, 1e-4, 1e-4, 1.0]) / 1.0003
+REPLACED_PSI = float(np.sum((_C - _R) * np.log(_C / _R)))
+
+
+@pytest.mark.parametrize("new_labels", [1, 3, 200_000])
+def test_a_category_replaced_wholesale_is_critical_whatever_the_cardinality(new_labels):
+    """3 categories in the reference, then only categories it never had: the unseen ones are one
+    "(new)" bucket, so PSI is the same for 1, 3 or 200,000 of them (once it was 0.24 at 200,000,
+    each empty category's epsilon swamping the reference)."""
+    per_label = max(1, 30_000 // new_labels)
+    cur = pd.DataFrame({"c": [f"n{i}" for i in range(new_labels) for _ in range(per_label)]})
+    col = data_drift(THREE, cur).column("c")
+    assert col.severity == "critical" and col.finding.startswith("drift (P0): PSI")
+    assert REPLACED_PSI == pytest.approx(17.3, abs=0.05)
+    assert col.psi == pytest.approx(REPLACED_PSI, rel=1e-12)
+    assert col.js > 0.83  # the JS distance is at its ceiling, sqrt(ln 2) = 0.8326
+    assert col.new_share == 1.0 and col.vanished_categories == ("a", "b", "c")
+    assert col.chi2_pvalue < 1e-12
+    assert f"{new_labels} new categor" in col.finding and "(100% of current values)" in col.finding
+    assert len(col.new_categories) == min(new_labels, 50)
+
+
+@pytest.mark.parametrize(("new_share", "psi_at_least"), [(0.3, 2.4), (0.6, 5.7), (0.9, 10.2)])
+def test_a_partly_replaced_category_is_critical(new_share, psi_at_least):
+    """The three reference categories keep their proportions in the rest of current; 200,000 new
+    categories take ``new_share`` of it. At 90 % it used to be "no drift" (PSI 0.04)."""
+    old = int(round(200_000 * (1 - new_share) / new_share))
+    cur = pd.DataFrame({"c": ["a", "b", "c"] * (old // 3) + [f"n{i}" for i in range(200_000)]})
+    col = data_drift(THREE, cur).column("c")
+    assert col.new_share == pytest.approx(new_share, abs=1e-4)
+    assert col.severity == "critical" and col.psi > psi_at_least
+    # the bins compared: a, b, c and the pooled new ones; the overlay pools them too (too many to list)
+    assert col.histogram.categories == ("a", "b", "c", "(new: 200000 categories)")
+    assert col.histogram.current[-1] == pytest.approx(new_share, abs=1e-4)
+
+
+def test_most_current_values_in_unseen_categories_is_critical_whatever_psi_says():
+    lenient = DriftThresholds(psi_warning=50.0, psi_critical=100.0)
+    cur = pd.DataFrame({"c": ["a"] * 4_000 + ["z"] * 6_000})
+    col = data_drift(THREE, cur, thresholds=lenient).column("c")
+    assert col.psi < 50 and col.new_share == 0.6
+    assert col.severity == "critical"
+    assert col.finding.startswith("drift (P0): 60% of current values are in categories the reference never had")
+    minority = data_drift(THREE, pd.DataFrame({"c": ["a"] * 6_000 + ["z"] * 4_000}), thresholds=lenient).column("c")
+    assert minority.new_share == 0.4 and minority.severity == "ok"
+
+
+def test_many_reference_categories_are_compared_top_k_plus_other():
+    from concord.drift import MAX_COMPARED_CATEGORIES
+
+    rng = np.random.default_rng(4)
+    labels = np.array([f"id{i}" for i in range(5_000)])
+    weights = 1 / np.arange(1, 5_001)
+    weights /= weights.sum()
+    ref = pd.DataFrame({"c": rng.choice(labels, 200_000, p=weights)})
+    same = ref.sample(frac=1.0, replace=True, random_state=5)  # no category the reference lacks
+    col = data_drift(ref, same).column("c")
+    assert col.severity == "ok" and col.psi < 0.01
+    assert len(col.histogram.categories) == MAX_COMPARED_CATEGORIES + 1
+    assert col.histogram.categories[-1].startswith("(other: ")
+    # the rare categories' mass moving to the most frequent one is still seen, through "(other)"
+    moved = ref["c"].where(ref["c"].isin(labels[:MAX_COMPARED_CATEGORIES]), labels[0])
+    shifted = data_drift(ref, pd.DataFrame({"c": moved})).column("c")
+    assert shifted.severity == "critical" and shifted.new_share == 0.0
+
+
 def test_booleans_and_categories_compare_as_labels():
     ref = pd.DataFrame(
         {"flag": [True, False] * 50, "cat": pd.Categorical(["x", "y"] * 50, categories=["x", "y", "z"])}
