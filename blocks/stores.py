@@ -19,9 +19,10 @@ from urllib.parse import urlparse
 import httpx
 from prefect.blocks.core import Block
 from prefect.exceptions import ObjectNotFound
-from pydantic import Field, PrivateAttr, SecretStr, field_validator, model_validator
+from pydantic import ConfigDict, Field, PrivateAttr, SecretStr, field_validator, model_validator
 
 from concord.errors import InvalidStoreURIError, StoreUnreachableError
+from concord.redact import redact
 from concord.stores.base import Ref, Store
 from concord.stores.local import LocalDirStore
 from concord.stores.s3 import S3ObjectStore, validate_bucket_name
@@ -262,6 +263,9 @@ class S3Store(StoreBlockMixin, Block):
     ```
     """
 
+    # a rejected field value (an endpoint URL with credentials in it) is not echoed in the error
+    model_config = ConfigDict(hide_input_in_errors=True)
+
     bucket: str = Field(
         description="The name of the S3 bucket that holds the store.",
         examples=["models"],
@@ -353,11 +357,11 @@ class S3Store(StoreBlockMixin, Block):
         parsed = urlparse(value)
         if parsed.scheme not in ("http", "https") or not parsed.netloc:
             raise ValueError(
-                f"endpoint_url {value!r} is not an http(s) URL; give e.g. "
+                f"endpoint_url {redact(value)!r} is not an http(s) URL; give e.g. "
                 "'http://127.0.0.1:9000' or 'https://s3.eu-west-1.amazonaws.com'"
             )
         if parsed.query or parsed.fragment:
-            raise ValueError(f"endpoint_url {value!r} must not have a query string or fragment")
+            raise ValueError(f"endpoint_url {redact(value)!r} must not have a query string or fragment")
         return value.rstrip("/")
 
     @field_validator("region_name", mode="before")
@@ -379,6 +383,10 @@ class S3Store(StoreBlockMixin, Block):
                 "boto3's credential chain (environment, config files, instance or pod role)"
             )
         return self
+
+    def __repr_args__(self):
+        for name, value in super().__repr_args__():
+            yield name, redact(value) if name == "endpoint_url" and isinstance(value, str) else value
 
     def _build_store(self) -> Store:
         return S3ObjectStore(

@@ -303,7 +303,9 @@ def main(argv: list[str] | None = None) -> int:
         print("concord: interrupted; re-run the same command to finish (stores are left consistent)", file=sys.stderr)
         return 130
     except (ConcordError, OSError, ValueError) as exc:
-        msg = " ".join(str(exc).split())
+        from concord.redact import redact
+
+        msg = " ".join(redact(exc).split())  # a library's error may show an endpoint's password
         print(f"concord: error: {msg}", file=sys.stderr)
         return 1
 

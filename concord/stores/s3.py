@@ -42,6 +42,7 @@ from concord.stores.base import (
     check_restore_request,
     chunk_key,
 )
+from concord.redact import redact, scrub_exception
 
 _BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
 _RESERVED_BUCKET_PREFIXES = ("xn--", "sthree-", "amzn-s3-demo-")
@@ -167,7 +168,7 @@ class S3ObjectStore(Store):
         self._cached_client: Any = None
 
     def __repr__(self) -> str:
-        where = f", endpoint_url={self.endpoint_url!r}" if self.endpoint_url else ""
+        where = f", endpoint_url={self._endpoint_name()!r}" if self.endpoint_url else ""
         return f"{type(self).__name__}({self.uri!r}{where})"
 
     @property
@@ -249,7 +250,8 @@ class S3ObjectStore(Store):
                 raise
 
     def _endpoint_name(self) -> str:
-        return self.endpoint_url or "AWS"
+        """The endpoint as it may be shown: any credential in its user-info hidden."""
+        return redact(self.endpoint_url) if self.endpoint_url else "AWS"
 
     @contextmanager
     def _translate(self, action: str, key: str | None = None) -> Iterator[None]:
@@ -257,13 +259,17 @@ class S3ObjectStore(Store):
         from botocore import exceptions as bce
 
         what = f"{action} {key}" if key is not None else action
+        # each botocore error is chained under the Concord one: its message (the endpoint URL)
+        # is scrubbed first, so a traceback never shows a password either
         try:
             yield
         except (bce.ConnectionError, bce.HTTPClientError) as exc:
+            scrub_exception(exc)
             raise StoreUnreachableError(self.uri, f"{what} at {self._endpoint_name()} failed ({exc})") from exc
         except (bce.NoCredentialsError, bce.PartialCredentialsError) as exc:
             raise StoreAccessError(self.uri, f"{what}: no usable credentials ({exc})") from exc
         except bce.ClientError as exc:
+            scrub_exception(exc)
             code = _error_code(exc)
             message = exc.response.get("Error", {}).get("Message") or str(exc)
             if code == "NoSuchBucket":
@@ -276,6 +282,7 @@ class S3ObjectStore(Store):
                 raise StoreAccessError(self.uri, f"{what}: {code}: {message}") from exc
             raise StoreError(f"store {self.uri}: {what} failed: {code}: {message}") from exc
         except bce.BotoCoreError as exc:
+            scrub_exception(exc)
             raise StoreError(f"store {self.uri}: {what} failed: {exc}") from exc
 
     def _key(self, key: str) -> str:
