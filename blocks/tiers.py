@@ -13,6 +13,7 @@ importing Prefect themselves.
 
 from __future__ import annotations
 
+import os
 from typing import Any, Literal, Optional
 
 import httpx
@@ -21,7 +22,7 @@ from prefect.exceptions import ObjectNotFound
 from pydantic import Field, field_validator
 
 from concord.errors import PolicyError, StoreUnreachableError
-from concord.tiering.policy import TierPolicy, format_duration, parse_duration
+from concord.tiering.policy import TierPolicy, format_duration, parse_duration, store_kind
 
 __all__ = ["ColdStorageClass", "RestoreTier", "TierPolicyBlock", "WarmStorageClass", "load_policy_block"]
 
@@ -279,10 +280,19 @@ class TierPolicyBlock(Block):
     @field_validator("hot_store", "warm_store", "cold_store", mode="before")
     @classmethod
     def _check_store(cls, value: Any, info) -> Any:
+        """Empty and relative folders are refused: a policy file's relative folders are relative to
+        the file, but a saved block has no folder of its own, and each worker that loads it would
+        read a relative folder against its own working folder."""
         if isinstance(value, str):
             value = value.strip()
             if not value:
                 raise ValueError(f"{info.field_name} is empty: give {_STORE_HELP}")
+            if store_kind(value) == "local" and not value.startswith("file://"):
+                if not os.path.isabs(os.path.expanduser(value)):
+                    raise ValueError(
+                        f"{info.field_name} {value!r} is a relative folder: a saved block is read by workers in "
+                        "other working folders; give an absolute path"
+                    )
         return value
 
     @field_validator("hot_media", "warm_media", "cold_media", "ready_marker", mode="before")

@@ -833,8 +833,10 @@ def _read_nights(store: "Store", name: str) -> dict[str, dict]:
     raw = store.get_document(history_key(name))
     if raw is None:
         return {}
+    from concord.documents import MAX_SMALL_DOCUMENT_BYTES, load_json_document
+
     try:
-        doc = json.loads(raw)
+        doc = load_json_document(raw, history_key(name), max_bytes=MAX_SMALL_DOCUMENT_BYTES)
         if doc.get("format") != HISTORY_FORMAT:
             raise ValueError(f"format {doc.get('format')!r}")
         return {str(n["night"]): n for n in doc["nights"] if isinstance(n.get("severities"), dict)}

@@ -52,6 +52,13 @@ def _read_store(spec: str):
     return open_store_to_read(spec)
 
 
+def _read_store(spec: str):
+    """A store for a command that only reads: never created; a path holding no store is an error."""
+    from concord.stores import open_store_to_read
+
+    return open_store_to_read(spec)
+
+
 # ----------------------------------------------------------------------------- commands
 
 
@@ -144,14 +151,15 @@ def cmd_verify(args) -> int:
     lines += [f"  broken {b}" for b in r.broken_refs] + [f"  note: {g}" for g in r.history_gaps]
     _emit(args, r.to_dict(), lines)
     if not r.ok:
-        broken = set(r.missing) | set(r.corrupt) | set(r.bad_manifests)
-        if r.broken_refs and broken <= set(r.repaired):  # only refs are wrong: name the first and its fix
+        if r.broken_refs:  # a ref that cannot be restored is the first thing to say: name it and the fix
             more = f" (and {len(r.broken_refs) - 1} more ref(s), listed above)" if len(r.broken_refs) > 1 else ""
-            print(f"concord: error: {' '.join(r.broken_refs[0].split())}{more}", file=sys.stderr)
+            chunks = set(r.missing) | set(r.corrupt)
+            bad = len(chunks - set(r.repaired))
+            also = f"; also {bad} missing or corrupt chunk(s)" if bad else ""
+            print(f"concord: error: {' '.join(r.broken_refs[0].split())}{more}{also}", file=sys.stderr)
             return 1
-        refs = f"; {len(r.broken_refs)} ref(s) name no sound snapshot" if r.broken_refs else ""
         print(
-            f"concord: error: {store.uri} has missing or corrupt data{refs}; "
+            f"concord: error: {store.uri} has missing or corrupt data; "
             "re-run with --repair-from STORE pointing at a healthy replica",
             file=sys.stderr,
         )

@@ -80,7 +80,9 @@ def report_lines(report) -> list[str]:
 def _finish(report, emit, extra: dict | None = None) -> int:
     emit(report.to_dict() | (extra or {}), report_lines(report) + [f"plot: {p}" for p in (extra or {}).get("plots", [])])
     if report.severity == "critical":
-        print(f"concord: critical drift: {report.verdict()}", file=sys.stderr)
+        from concord.text import one_line
+
+        print(f"concord: critical drift: {one_line(report.verdict())}", file=sys.stderr)
         return EXIT_CRITICAL
     return 0
 
@@ -198,7 +200,7 @@ def cmd_audit_model(args, emit, progress) -> int:
 
 
 def add_parsers(sub, common) -> None:
-    from concord.cli import STORE_HELP
+    from concord.cli import STORE_HELP, _name_arg, ref_arg
     from concord.cli_federate import _positive_int
     from concord.cli_lineage import _wrap
     from concord.cli_tier import _step
@@ -211,7 +213,7 @@ def add_parsers(sub, common) -> None:
     weights.add_argument("--max-ulps", type=_step, default=1, metavar="N", help="a tensor in another dtype passes within N ULPs of the lower precision (default 1)")
     weights.add_argument("--top", type=_positive_int, default=10, metavar="N", help="worst tensors listed per replica (default 10)")
     refp = argparse.ArgumentParser(add_help=False)
-    refp.add_argument("--reference", metavar="CLUSTER", help="the cluster the others are compared with (default: the first store)")
+    refp.add_argument("--reference", metavar="CLUSTER", type=_name_arg("cluster label or store"), help="the cluster the others are compared with (default: the first store)")
     cards = argparse.ArgumentParser(add_help=False)
     cards.add_argument("--require", type=_names("license,retention"), metavar="FIELD,...", help="card fields every cluster must have (default: the module's list)")
 
@@ -238,14 +240,14 @@ def add_parsers(sub, common) -> None:
         "replicas", parents=[common, weights, refp],
         help="compare a snapshot's weights across stores: Merkle roots, then tensors in ULPs; exit 3 when critical",
     )
-    s.add_argument("--ref", required=True, metavar="REF", help="ref (or 64-hex root) of the snapshot, in every store")
+    s.add_argument("--ref", required=True, metavar="REF", type=ref_arg, help="ref (or 64-hex root) of the snapshot, in every store")
     s.add_argument("stores", metavar="STORE", nargs="+", help=STORE_HELP)
     s.set_defaults(func=_wrap(cmd_audit_replicas))
 
     s = audit.add_parser(
         "cards", parents=[common, cards, refp], help="compare a snapshot's model card (README, metadata) across stores; exit 3 when critical"
     )
-    s.add_argument("--ref", required=True, metavar="REF", help="ref (or 64-hex root) of the snapshot, in every store")
+    s.add_argument("--ref", required=True, metavar="REF", type=ref_arg, help="ref (or 64-hex root) of the snapshot, in every store")
     s.add_argument("stores", metavar="STORE", nargs="+", help=STORE_HELP)
     s.set_defaults(func=_wrap(cmd_audit_cards))
 

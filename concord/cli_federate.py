@@ -19,12 +19,24 @@ METHOD_HELP = (
 
 
 def _weights(text: str) -> list[float]:
+    """``0.5,0.3,0.2`` → floats: each finite and not negative, their sum finite too."""
+    import math
+
     try:
         values = [float(w) for w in text.split(",") if w.strip()]
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r}: give numbers separated by commas, e.g. 0.5,0.3,0.2") from None
     if not values:
         raise argparse.ArgumentTypeError("give at least one weight")
+    bad = next((w for w in values if not math.isfinite(w) or w < 0), None)
+    if bad is not None:
+        raise argparse.ArgumentTypeError(f"weight {bad!r} in {text!r}: each weight must be a finite number of 0 or more")
+    try:
+        total = math.fsum(values)
+    except OverflowError:
+        total = math.inf
+    if not math.isfinite(total):
+        raise argparse.ArgumentTypeError(f"the weights {text!r} sum to more than the largest float; scale them down (only their ratios matter)")
     return values
 
 
@@ -134,12 +146,12 @@ def cmd_verify(args, emit, progress) -> int:
     lines += [f"  ✗ {p}" for p in report.problems]
     emit(report.to_dict(), lines)
     if not report.ok:
-        print(
-            f"concord: error: the ledger of {report.tenant} in {report.store} does not verify "
-            f"({len(report.problems)} problem(s)); restore it from a good copy of the store",
-            file=sys.stderr,
+        from concord.cli import fail
+
+        return fail(
+            f"the ledger of {report.tenant} in {report.store} does not verify "
+            f"({len(report.problems)} problem(s)); restore it from a good copy of the store"
         )
-        return 1
     return 0
 
 

@@ -105,8 +105,9 @@ def cmd_contract_validate(args, emit, progress) -> int:
     lines += [f"  ✗ {f.expectation}" + (f" [{f.column}]" if f.column else "") + f": {f.details}" for f in res.failures]
     emit(res.to_dict(), lines)
     if not res.success:
-        print(f"concord: error: the data violates contract {contract.ref} ({len(res.failures)} failing expectation(s))", file=sys.stderr)
-        return 1
+        from concord.cli import fail
+
+        return fail(f"the data violates contract {contract.ref} ({len(res.failures)} failing expectation(s))")
     return 0
 
 
@@ -119,8 +120,9 @@ def cmd_contract_compatible(args, emit, progress) -> int:
     lines += [f"  ✗ {b}" for b in res.breaking] + [f"  · {n}" for n in res.notes]
     emit(res.to_dict(), lines)
     if not res.compatible:
-        print(f"concord: error: {res.new} is not backward compatible with {res.old} ({len(res.breaking)} breaking change(s))", file=sys.stderr)
-        return 1
+        from concord.cli import fail
+
+        return fail(f"{res.new} is not backward compatible with {res.old} ({len(res.breaking)} breaking change(s))")
     return 0
 
 
@@ -201,7 +203,7 @@ def cmd_lineage_graph(args, emit, progress) -> int:
     png = render_png(graph, os.path.join(out, f"{args.name}.png"))
     emit(
         {"name": args.name, "nodes": graph["nodes"], "edges": graph["edges"], "mermaid": mermaid, "png": png, "mermaid_file": mmd},
-        [mermaid, f"picture: {png}", f"mermaid: {mmd}"],
+        [*mermaid.splitlines(), f"picture: {png}", f"mermaid: {mmd}"],
     )
     return 0
 
@@ -220,6 +222,8 @@ def _wrap(fn):
 
 
 def add_parsers(sub, common) -> None:
+    from concord.cli import ref_arg, root_arg
+
     lin = argparse.ArgumentParser(add_help=False)
     lin.add_argument("--tracking-uri", help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else sqlite in $CONCORD_HOME)")
     reg = argparse.ArgumentParser(add_help=False)
@@ -265,8 +269,8 @@ def add_parsers(sub, common) -> None:
     s.add_argument("name", metavar="NAME")
     s.add_argument("--store", required=True, help="store holding the snapshot")
     g = s.add_mutually_exclusive_group(required=True)
-    g.add_argument("--ref")
-    g.add_argument("--root")
+    g.add_argument("--ref", type=ref_arg)
+    g.add_argument("--root", type=root_arg)
     s.add_argument("--holder", action="append", metavar="STORE", help="another store holding it (repeatable)")
     s.add_argument("--data", metavar="ID", help="data snapshot it was trained or evaluated on")
     s.add_argument("--contract", metavar="NAME@VERSION", help="schema contract of that data")

@@ -67,8 +67,9 @@ def _seconds(value) -> str:
 
 
 def _fail(message: str) -> int:
-    print(f"concord: error: {message}", file=sys.stderr)
-    return 1
+    from concord.cli import fail
+
+    return fail(message)
 
 
 # ----------------------------------------------------------------------------- status table
@@ -266,7 +267,7 @@ def cmd_check(args, emit, progress) -> int:
 
     doc = policy.to_dict()
     text = yaml.safe_dump(doc, sort_keys=False, allow_unicode=True).rstrip("\n")
-    emit({"source": args.policy, "ok": True, "policy": doc}, [f"# {args.policy}: ok (normalised)", text])
+    emit({"source": args.policy, "ok": True, "policy": doc}, [f"# {args.policy}: ok (normalised)", *text.splitlines()])
     return 0
 
 

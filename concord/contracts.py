@@ -287,11 +287,12 @@ class Contract:
     @classmethod
     def from_json(cls, data: bytes | str) -> "Contract":
         """Read a contract document, checking every field; :class:`ContractError` says what is wrong."""
+        from concord.documents import MAX_SMALL_DOCUMENT_BYTES, load_json_document
+
         where = "contract document"
-        try:
-            doc = json.loads(data)
-        except (TypeError, ValueError) as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
-            raise ContractError(where, f"not valid JSON ({exc})") from exc
+        doc = load_json_document(
+            data, where, max_bytes=MAX_SMALL_DOCUMENT_BYTES, expect=None, error=lambda problem: ContractError(where, problem)
+        )
         if not isinstance(doc, dict):
             raise ContractError(where, f"expected a JSON object, got {type(doc).__name__}")
         if doc.get("format") != FORMAT:

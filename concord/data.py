@@ -218,8 +218,14 @@ def data_info(store: Store, snapshot_id: str) -> DataSnapshot:
     raw = store.get_document(document_key(snapshot_id))
     if raw is None:
         raise DataSnapshotNotFoundError(store.uri, snapshot_id)
+    from concord.documents import MAX_SMALL_DOCUMENT_BYTES, load_json_document
+
+    where = f"{document_key(snapshot_id)} in {store.uri}"
+    doc = load_json_document(
+        raw, where, max_bytes=MAX_SMALL_DOCUMENT_BYTES,
+        error=lambda problem: ManifestError(where, f"unreadable dataset document ({problem})"),
+    )
     try:
-        doc = json.loads(raw)
         if doc.get("kind") != DOCUMENT_FORMAT or doc.get("id") != snapshot_id:
             raise ValueError("unknown format or id mismatch")
         return DataSnapshot(

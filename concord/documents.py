@@ -112,7 +112,7 @@ def load_json_document(
     except RecursionError:
         raise fail(f"nested deeper than the {max_depth} levels any Concord document has") from None
     except UnicodeDecodeError as exc:
-        raise fail(f"not UTF-8 text (byte {exc.start})") from None
+        raise fail(f"not valid JSON (not UTF-8 text at byte {exc.start})") from None
     except ValueError as exc:
         raise fail(f"not valid JSON ({' '.join(str(exc).split())[:200]})") from None
     if not _depth_ok(doc, max_depth):

@@ -65,6 +65,19 @@ class UnsafePathError(ConcordError, ValueError):
         )
 
 
+class ControlCharacterNameError(ConcordError, ValueError):
+    """A file to snapshot has a control character (``\\x00``-``\\x1f``, ``\\x7f``) in its name."""
+
+    def __init__(self, path: str) -> None:
+        from concord.text import printable
+
+        self.path = path
+        super().__init__(
+            f"{printable(path)}: the file name holds a control character (shown escaped); such a "
+            "name cannot be printed or restored safely. Rename the file, then snapshot again."
+        )
+
+
 class InvalidNameError(ConcordError, ValueError):
     """A ref, namespace or tenant name is not allowed."""
 

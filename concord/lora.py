@@ -550,7 +550,14 @@ def _normalise_weights(weights: Sequence[float] | None, n: int) -> list[float]:
                 f"weight {i} is {x!r}", "Weights must be finite and non-negative (e.g. numbers of examples)."
             )
     ws = [float(x) for x in ws]
-    total = math.fsum(ws)
+    try:
+        total = math.fsum(ws)
+    except OverflowError:
+        total = math.inf
+    if not math.isfinite(total):
+        raise AggregationError(
+            "the weights sum to more than the largest float", "Scale them down (only their ratios matter), e.g. 0.5,0.5."
+        )
     if total <= 0:
         raise AggregationError("the weights sum to zero", "Give at least one adapter a positive weight.")
     return [x / total for x in ws]

@@ -182,10 +182,12 @@ def read_card(store: Store, root: str) -> dict:
     fields: dict[str, Any] = {}
     for entry in jsons:
         where = f"{entry.path} of snapshot {root[:12]} in {store.uri}"
-        try:
-            doc = json.loads(_read_file(store, manifest, entry))
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise ModelCardError(where, f"not JSON ({exc})") from exc
+        from concord.documents import load_json_document
+
+        doc = load_json_document(
+            _read_file(store, manifest, entry), where, max_bytes=MAX_CARD_BYTES, expect=None,
+            error=lambda problem: ModelCardError(where, problem),
+        )
         if not isinstance(doc, dict):
             raise ModelCardError(where, f"holds a JSON {type(doc).__name__}, not an object")
         fields.update(_json_safe(doc))

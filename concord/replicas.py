@@ -54,13 +54,14 @@ torch is imported inside the functions that need it.
 from __future__ import annotations
 
 import math
+import os
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
 from concord.drift import SEVERITIES, Prioritised
-from concord.errors import ConcordError, ManifestError, ManifestNotFoundError, ReplicaConfigError
+from concord.errors import ChunkNotFoundError, ConcordError, ManifestError, ManifestNotFoundError, ReplicaConfigError
 from concord.hashing import ChunkHasher
 from concord.manifest import FileEntry, Manifest, Part
 from concord.progress import Progress, ensure
@@ -436,6 +437,14 @@ def _describe(stats: dict, low: str | None) -> str:
 # --------------------------------------------------------------------------- reading
 
 
+def _memory_limit() -> int:
+    """This machine's physical memory in bytes (no tensor larger than it can be compared)."""
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return 1 << 40
+
+
 class _Reader:
     """Assembles a part's bytes from its chunks (each verified), a few chunks in flight at once."""
 
@@ -444,20 +453,37 @@ class _Reader:
         self.progress = progress
 
     def part_bytes(self, store: Store, part: Part, chunk_size: int) -> bytearray:
+        """The part's bytes. What the manifest claims is checked before memory is taken for it:
+        the size against this machine's memory, that every chunk is there, and the first chunk's
+        length; so a crafted manifest claiming a huge tensor is a finding, never an allocation."""
+        where = f"{store.uri}: part {part.name or part.kind}"
+        limit = _memory_limit()
+        if part.length > limit:
+            raise ManifestError(
+                where,
+                f"claims {part.length} bytes, more than this machine's {limit} bytes of memory; nothing of it was read",
+            )
+        spans = list(part.chunk_spans(chunk_size))
+        ids = [cid for cid, _, _ in spans]
+        missing = set(ids) - store.has_chunks(ids)
+        if missing:
+            raise ChunkNotFoundError(store.uri, sorted(missing)[0])
+        first = store.get_chunk(spans[0][0]) if spans else b""
+        if spans and len(first) != spans[0][2]:
+            raise ManifestError(where, f"chunk {spans[0][0]} holds {len(first)} bytes, expected {spans[0][2]}")
         buf = bytearray(part.length)
         view = memoryview(buf)
 
         def fetch(span: tuple[str, int, int]) -> None:
             cid, offset, length = span
-            data = store.get_chunk(cid)
+            data = first if span is spans[0] else store.get_chunk(cid)
             if len(data) != length:
-                where = f"{store.uri}: part {part.name or part.kind}"
                 raise ManifestError(where, f"chunk {cid} holds {len(data)} bytes, expected {length}")
             start = offset - part.offset
             view[start : start + length] = data
             self.progress.advance(length)
 
-        list(self.pool.map(fetch, part.chunk_spans(chunk_size)))
+        list(self.pool.map(fetch, spans))
         return buf
 
     def tensor(self, store: Store, part: Part, chunk_size: int) -> "torch.Tensor | bytearray":

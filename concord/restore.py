@@ -2,8 +2,8 @@
 
 Everything is written into a temporary sibling folder, every chunk verified as it is read, and
 the folder is renamed into place only when complete: the destination either does not exist or
-holds the whole snapshot. Manifest paths that would leave the folder are refused before any byte
-is written.
+holds the whole snapshot. Manifest paths that would leave the folder, or that hold a control
+character (which ``concord snapshot`` never records), are refused before any byte is written.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from concord.errors import RestoreTargetError, UnsafePathError
 from concord.manifest import Manifest, safe_relpath
 from concord.progress import Progress, ensure
 from concord.stores.base import Store
+from concord.text import control_char
 
 
 @dataclass(frozen=True)
@@ -36,6 +37,9 @@ def _target_paths(manifest: Manifest, base: str) -> list[str]:
     real_base = os.path.realpath(base)
     for f in manifest.files:
         rel = safe_relpath(f.path)
+        if control_char(rel) is not None:
+            raise UnsafePathError(f.path, "it holds a control character, and restore never creates such a name "
+                                  "(it could forge terminal output); rename the file at its source and snapshot it again")
         full = os.path.realpath(os.path.join(real_base, *rel.split("/")))
         if os.path.commonpath([full, real_base]) != real_base or full == real_base:
             raise UnsafePathError(f.path, "it resolves outside the restore folder")

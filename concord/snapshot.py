@@ -22,7 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Iterable, Iterator
 from dataclasses import dataclass, field
 
-from concord.errors import SourceChangedError, SourceNotFoundError
+from concord.errors import ControlCharacterNameError, SourceChangedError, SourceNotFoundError
 from concord.gc import write_lease
 from concord.hashing import chunk_id
 from concord.manifest import (
@@ -35,6 +35,8 @@ from concord.manifest import (
 )
 from concord.progress import Progress, ensure
 from concord.safetensors_header import looks_like_safetensors, read_header
+from concord.text import control_char
+from concord.walk import walk_files
 from concord.stores.base import Store, canonical_ref
 
 #: chunks in flight at once: bounds memory (futures, ids) whatever the checkpoint size
@@ -63,7 +65,10 @@ class SnapshotResult:
 def collect_files(source: str | os.PathLike) -> list[tuple[str, str]]:
     """``(relative posix path, absolute path)`` of every regular file under ``source``, sorted.
 
-    Symlinks to files are followed (a Hugging Face cache folder is made of them).
+    Symlinks are followed (a Hugging Face cache folder is made of them), but no folder is
+    walked twice, so a link loop ends (see :mod:`concord.walk`). A file name holding a control
+    character is refused (:class:`ControlCharacterNameError`): it could not be shown on a
+    terminal as it is, nor restored safely everywhere.
     """
     src = os.path.abspath(os.fspath(source))
     if not os.path.exists(src):
@@ -71,13 +76,10 @@ def collect_files(source: str | os.PathLike) -> list[tuple[str, str]]:
     if os.path.isfile(src):
         return [(os.path.basename(src), src)]
     out = []
-    for dirpath, dirnames, filenames in os.walk(src, followlinks=True):
-        dirnames.sort()
-        for fn in filenames:
-            full = os.path.join(dirpath, fn)
-            if os.path.isfile(full):
-                rel = os.path.relpath(full, src).replace(os.sep, "/")
-                out.append((rel, full))
+    for rel, full in walk_files(src):
+        if control_char(rel) is not None:
+            raise ControlCharacterNameError(os.path.join(src, rel))
+        out.append((rel, full))
     if not out:
         raise ValueError(f"{src}: the folder holds no files; point at a checkpoint folder or file.")
     return sorted(out)

@@ -301,13 +301,15 @@ class Watcher:
 
 
 def _list_local(path: str) -> dict[str, tuple]:
+    """Size of every file under ``path``, walked as a snapshot walks it (links followed, no
+    folder twice: :func:`concord.walk.walk_files`)."""
+    from concord.walk import walk_files
+
     out: dict[str, tuple] = {}
-    for dirpath, _, filenames in os.walk(path, followlinks=True):
-        for fn in filenames:
-            full = os.path.join(dirpath, fn)
-            try:
-                size = os.stat(full).st_size
-            except FileNotFoundError:
-                continue
-            out[os.path.relpath(full, path).replace(os.sep, "/")] = (size,)
+    for rel, full in walk_files(path):
+        try:
+            size = os.stat(full).st_size
+        except FileNotFoundError:
+            continue
+        out[rel] = (size,)
     return out

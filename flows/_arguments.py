@@ -58,10 +58,9 @@ def started_by_event(*values: object) -> bool:
 
 
 def _has_files(folder: str) -> bool:
-    for _, _, filenames in os.walk(folder, followlinks=True):
-        if any(fn != MARKER for fn in filenames):
-            return True
-    return False
+    from concord.walk import walk_files
+
+    return any(rel.rsplit("/", 1)[-1] != MARKER for rel, _ in walk_files(folder))
 
 
 def checkpoint_problems(value: object, what: str, *, relative: bool, need_files: bool) -> list[str]:

@@ -132,6 +132,13 @@ def _copy_range(src_fd: int, offset: int, length: int, dst: str) -> None:
         os.close(out)
 
 
+def _object_place(key: str) -> bool:
+    """Whether only an object (never a folder) belongs at ``key``: a ref (``refs/NS/NAME``), a
+    chunk (``chunks/XX/ID``) or any ``.json`` document."""
+    parts = key.split("/")
+    return key.endswith(".json") or (parts[0] in ("refs", "chunks") and len(parts) == 3)
+
+
 class LocalDirStore(Store):
     #: local hashing and copying are CPU-bound: one thread per core
     parallelism = max(2, os.cpu_count() or 2)
@@ -203,10 +210,21 @@ class LocalDirStore(Store):
             pass
 
     def _list_keys(self, prefix: str) -> Iterator[str]:
+        """Every name under ``prefix`` where an object is: regular files, and also whatever else
+        sits where only an object can be (a FIFO, a folder named like a document or in a ref's
+        place, a link to one), so that reading it says what it is instead of it silently missing."""
         base = self._path(prefix.rstrip("/"))
         for dirpath, dirnames, filenames in os.walk(base):
-            dirnames[:] = [d for d in dirnames if not d.startswith(".")]
             rel = os.path.relpath(dirpath, self.root).replace(os.sep, "/")
+            keep = []
+            for d in dirnames:
+                if d.startswith("."):
+                    continue
+                if _object_place(f"{rel}/{d}"):
+                    yield f"{rel}/{d}"  # a folder (or a link to one) where an object belongs
+                else:
+                    keep.append(d)
+            dirnames[:] = keep
             for fn in filenames:
                 if not fn.startswith("."):
                     yield f"{rel}/{fn}"

@@ -56,15 +56,44 @@ class CopyRecord:
         return json.dumps({"format": RECORD_FORMAT, **asdict(self)}, indent=1, sort_keys=True).encode()
 
     @classmethod
-    def from_json(cls, data: bytes) -> "CopyRecord | None":
-        try:
-            doc = json.loads(data)
-            if doc.get("format") != RECORD_FORMAT:
-                return None
-            doc.pop("format")
-            return cls(**doc)
-        except (ValueError, TypeError, AttributeError):
+    def from_json(cls, data: bytes, where: str = "tier record") -> "CopyRecord | None":
+        """The record in ``data``; None for a document of another format (not a record of this
+        version). Anything else that is not a record (not JSON, too large or deep, a field missing
+        or of the wrong type) raises :class:`~concord.errors.DocumentError` naming ``where``."""
+        from concord.documents import (
+            MAX_RECORD_BYTES,
+            load_json_document,
+            need_int,
+            need_optional_int,
+            need_optional_str,
+            need_str,
+        )
+        from concord.errors import DocumentError
+        from concord.hashing import is_digest
+
+        def fail(problem: str) -> DocumentError:
+            return DocumentError(
+                where,
+                problem,
+                "Remove it: the copy itself (its ref) is untouched, and the record is written again the "
+                "next time `concord tier sweep` copies or verifies that checkpoint.",
+            )
+
+        doc = load_json_document(data, where, max_bytes=MAX_RECORD_BYTES, error=fail)
+        if doc.get("format") != RECORD_FORMAT:
             return None
+        if not is_digest(doc.get("root")):
+            raise fail("root is not a 64-hex digest")
+        text = {k: need_str(doc.get(k), k, fail, max_len=1024) for k in ("name", "tier", "created", "added")}
+        optional = {k: need_optional_str(doc.get(k), k, fail, max_len=1024) for k in ("verified", "verified_how", "storage_class")}
+        return cls(
+            root=doc["root"],
+            step=need_optional_int(doc.get("step"), "step", fail),
+            bytes=need_int(doc.get("bytes"), "bytes", fail, low=-1),
+            files=need_int(doc.get("files"), "files", fail, low=-1),
+            **text,
+            **optional,
+        )
 
 
 def copies(store: Store, namespace: str) -> dict[str, str]:
@@ -90,7 +119,7 @@ def read_records(store: Store, namespace: str) -> dict[str, CopyRecord]:
         if not key.endswith(".json"):
             continue
         data = store.get_document(key)
-        rec = CopyRecord.from_json(data) if data is not None else None
+        rec = CopyRecord.from_json(data, f"tier record {key} in {store.uri}") if data is not None else None
         if rec is not None:
             out[rec.name] = rec
     return out

@@ -51,15 +51,17 @@ PARTIAL_SUFFIXES = (".tmp", ".part", ".partial", ".incomplete", ".lock")
 
 
 def _scan(path: str) -> dict[str, tuple[int, int]]:
+    """Size and time of every file under ``path``, walked as a snapshot walks it (links followed,
+    no folder twice: :func:`concord.walk.walk_files`)."""
+    from concord.walk import walk_files
+
     out = {}
-    for dirpath, dirnames, filenames in os.walk(path, followlinks=True):
-        for fn in filenames:
-            full = os.path.join(dirpath, fn)
-            try:
-                st = os.stat(full)
-            except FileNotFoundError:
-                continue  # removed while we looked: the next scan sees the change
-            out[os.path.relpath(full, path)] = (st.st_size, st.st_mtime_ns)
+    for rel, full in walk_files(path):
+        try:
+            st = os.stat(full)
+        except FileNotFoundError:
+            continue  # removed while we looked: the next scan sees the change
+        out[rel] = (st.st_size, st.st_mtime_ns)
     return out
 
 

@@ -22,6 +22,7 @@ YAML::
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from dataclasses import dataclass, field, replace
@@ -50,20 +51,42 @@ _READY_KEYS = {"marker", "settle"}
 _RESTORE_KEYS = {"days", "tier", "timeout", "poll"}
 
 
+#: longest duration a policy or command line may give (100 years): longer ones overflow clocks
+MAX_DURATION = 100 * 365.25 * 86400
+
+
 def parse_duration(value: Any, what: str) -> float:
-    """``90``, ``"90s"``, ``"15m"``, ``"2h"``, ``"7d"``, ``"1w"`` → seconds."""
-    if isinstance(value, bool):
-        raise ValueError(f"{what}: {value!r} is not a duration; write e.g. 90s, 15m, 2h or 7d")
+    """``90``, ``"90s"``, ``"15m"``, ``"2h"``, ``"7d"``, ``"1w"`` → seconds.
+
+    Anything else is refused with a ``ValueError``: another type, a negative number, and
+    infinities, NaN and values over :data:`MAX_DURATION` (``.inf`` would otherwise pass as a
+    timeout, then print as ``infs``, which this very parser refuses)."""
+    problem = f"{what}: {_show(value)} is not a duration; write e.g. 90s, 15m, 2h or 7d"
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise ValueError(problem)
     if isinstance(value, (int, float)):
-        seconds = float(value)
+        try:
+            seconds = float(value)
+        except OverflowError:
+            seconds = math.inf
     else:
-        m = _DURATION.match(str(value))
+        m = _DURATION.match(value)
         if not m:
-            raise ValueError(f"{what}: {value!r} is not a duration; write e.g. 90s, 15m, 2h or 7d")
+            raise ValueError(problem)
         seconds = float(m.group(1)) * _UNITS[m.group(2)]
+    if math.isnan(seconds):
+        raise ValueError(problem)
     if seconds < 0:
-        raise ValueError(f"{what}: {value!r} is negative")
+        raise ValueError(f"{what}: {_show(value)} is negative")
+    if seconds > MAX_DURATION:
+        raise ValueError(f"{what}: {_show(value)} is longer than 100 years; give a finite duration such as 12h or 30d")
     return seconds
+
+
+def _show(value: Any, limit: int = 60) -> str:
+    """``repr(value)``, cut to about ``limit`` characters (a problem line quotes what it refuses)."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[: limit - 10]}…({len(text)} chars)"
 
 
 def format_duration(seconds: float | None) -> str:
@@ -305,14 +328,24 @@ class TierPolicy:
                 problems.append(str(exc))
                 return None
 
+        def text(value, what, example):
+            """A string key: anything else (a number, a list, a mapping) is a problem, never str()-ed."""
+            if value is None:
+                return None
+            if not isinstance(value, str):
+                problems.append(f"{what} must be text such as {example}, got {_kind(value)} {_show(value)}")
+                return None
+            return value
+
         specs = {}
+        refused_store = False  # then the copy rules would only be checked against stand-ins
         for t in TIERS:
             raw = doc.get(t)
             if raw is None:
                 problems.append(f"{t} is required (at least {{store: ...}})")
                 raw = {}
             if not isinstance(raw, dict):
-                problems.append(f"{t} must be a mapping such as {{store: PATH}}")
+                problems.append(f"{t} must be a mapping such as {{store: PATH}}, got {_kind(raw)} {_show(raw)}")
                 raw = {}
             if t == "cold" and ("keep" in raw or "keep_days" in raw):
                 problems.append("cold keeps every checkpoint (each keeps at least one verified cold copy): remove cold.keep")
@@ -320,64 +353,83 @@ class TierPolicy:
             _unknown(raw, _TIER_KEYS[t], f"{t}.", problems)
             keep = raw.get("keep")
             if keep is not None and (isinstance(keep, bool) or not isinstance(keep, int)):
-                problems.append(f"{t}.keep must be a whole number, got {keep!r}")
+                problems.append(f"{t}.keep must be a whole number, got {_kind(keep)} {_show(keep)}")
                 keep = None
             keep_days = raw.get("keep_days")
             if keep_days is not None:
-                try:
-                    keep_days = float(keep_days)
-                except (TypeError, ValueError):
-                    problems.append(f"{t}.keep_days must be a number of days, got {keep_days!r}")
+                if isinstance(keep_days, bool) or not isinstance(keep_days, (int, float)) or not 0 < keep_days <= 36525:
+                    problems.append(f"{t}.keep_days must be a number of days above 0 and at most 36525 (100 years), got {_show(keep_days)}")
                     keep_days = None
+                else:
+                    keep_days = float(keep_days)
             offsite = raw.get("offsite")
             if offsite is not None and not isinstance(offsite, bool):
-                problems.append(f"{t}.offsite must be true or false")
+                problems.append(f"{t}.offsite must be true or false, got {_show(offsite)}")
                 offsite = None
-            sc = raw.get("storage_class")
+            store = raw.get("store")
+            if store is not None and not isinstance(store, str):
+                problems.append(
+                    f"{t}.store must be text (a folder, s3://bucket/prefix or block:NAME), got {_kind(store)} {_show(store)}"
+                )
+                store = None
+                refused_store = True
+            sc = text(raw.get("storage_class"), f"{t}.storage_class", "STANDARD_IA")
+            media = text(raw.get("media"), f"{t}.media", "tape")
             specs[t] = TierSpec(
                 tier=t,
-                store=str(raw.get("store") or ""),
+                store=(store or "").strip(),
                 keep=keep,
                 keep_days=keep_days,
-                storage_class=str(sc).upper() if sc else None,
-                media=str(raw["media"]) if raw.get("media") else None,
+                storage_class=sc.upper() if sc else None,
+                media=media or None,
                 offsite=offsite,
                 rto_seconds=dur(raw.get("rto"), f"{t}.rto"),
                 rpo_seconds=dur(raw.get("rpo"), f"{t}.rpo"),
             )
-        if any(f"{t} is required" in p or f"{t} must be a mapping" in p for t in TIERS for p in problems):
+        if any(p.startswith((f"{t} is required", f"{t} must be a mapping")) for t in TIERS for p in problems):
             raise PolicyError(source, problems)  # the rest would only repeat what is missing
-        ready = doc.get("ready") or {}
-        restore = doc.get("restore") or {}
+        ready = {} if doc.get("ready") is None else doc["ready"]
+        restore = {} if doc.get("restore") is None else doc["restore"]
         for name, sub, keys in (("ready", ready, _READY_KEYS), ("restore", restore, _RESTORE_KEYS)):
             if not isinstance(sub, dict):
-                problems.append(f"{name} must be a mapping")
+                problems.append(f"{name} must be a mapping, got {_kind(sub)} {_show(sub)}")
             else:
                 _unknown(sub, keys, f"{name}.", problems)
         ready = ready if isinstance(ready, dict) else {}
         restore = restore if isinstance(restore, dict) else {}
-        pin = doc.get("pin") or []
-        if isinstance(pin, str) or not isinstance(pin, (list, tuple)):
-            problems.append("pin must be a list of checkpoint names")
+        pin = [] if doc.get("pin") is None else doc["pin"]
+        if not isinstance(pin, (list, tuple)):
+            problems.append(f"pin must be a list of checkpoint names, got {_kind(pin)} {_show(pin)}")
             pin = []
+        for p in pin:
+            if not isinstance(p, str):
+                problems.append(f"pin: {_show(p)} is not a checkpoint name (names are text; quote a number: '100')")
+        pin = [p for p in pin if isinstance(p, str)]
+        namespace = text(doc.get("namespace"), "namespace", "llama-lora")
+        marker = text(ready.get("marker"), "ready.marker", "COMPLETE")
+        restore_tier = text(restore.get("tier"), "restore.tier", "Standard")
         days = restore.get("days", 1)
+        if isinstance(days, bool) or not isinstance(days, int) or days < 1:
+            problems.append(f"restore.days must be a whole number of 1 or more, got {_show(days)}")
+            days = 1
         policy = cls(
             hot=specs["hot"],
             warm=specs["warm"],
             cold=specs["cold"],
-            namespace=str(doc.get("namespace") or "checkpoints"),
+            namespace=namespace if namespace is not None else "checkpoints",
             rpo_seconds=dur(doc.get("rpo"), "rpo"),
-            pin=tuple(str(p) for p in pin),
+            pin=tuple(pin),
             gc_grace_seconds=_or(dur(doc.get("gc_grace"), "gc_grace"), 3600.0),
-            marker=str(ready["marker"]) if ready.get("marker") else None,
+            marker=marker,
             settle_seconds=_or(dur(ready.get("settle"), "ready.settle"), 2.0),
-            restore_days=days if isinstance(days, int) and not isinstance(days, bool) else -1,
-            restore_tier=str(restore.get("tier", "Standard")),
+            restore_days=days,
+            restore_tier=restore_tier if restore_tier is not None else "Standard",
             restore_timeout_seconds=_or(dur(restore.get("timeout"), "restore.timeout"), 12 * 3600.0),
             restore_poll_seconds=_or(dur(restore.get("poll"), "restore.poll"), 30.0),
             source=source,
         )
-        problems.extend(policy.problems())
+        if not refused_store:
+            problems.extend(policy.problems())
         if problems:
             raise PolicyError(source, list(dict.fromkeys(problems)))
         return policy
@@ -408,17 +460,42 @@ def _or(value, default):
     return default if value is None else value
 
 
+def _kind(value: Any) -> str:
+    """What a YAML value is, in YAML's words (a problem line says what it got)."""
+    if value is None:
+        return "nothing"
+    if isinstance(value, bool):
+        return "true/false"
+    if isinstance(value, (int, float)):
+        return "a number"
+    if isinstance(value, str):
+        return "text"
+    if isinstance(value, dict):
+        return "a mapping"
+    if isinstance(value, (list, tuple)):
+        return "a list"
+    return type(value).__name__
+
+
 def _unknown(doc: dict, allowed: set[str], where: str, problems: list[str]) -> None:
     for key in doc:
         if key not in allowed:
-            problems.append(f"unknown key {where}{key} (allowed: {', '.join(sorted(allowed))})")
+            shown = key if isinstance(key, str) and key.isprintable() and len(key) <= 60 else _show(key)
+            problems.append(f"unknown key {where}{shown} (allowed: {', '.join(sorted(allowed))})")
 
 
 _POLICY_SOURCES: dict[str, Any] = {}
 
+#: largest policy file read (a policy is a few hundred bytes)
+MAX_POLICY_BYTES = 64 * 1024
+
 
 def load_policy(spec: "str | os.PathLike | TierPolicy") -> TierPolicy:
-    """A validated policy from a YAML file, or ``block:NAME`` (a Prefect ``TierPolicyBlock``)."""
+    """A validated policy from a YAML file, or ``block:NAME`` (a Prefect ``TierPolicyBlock``).
+
+    A file is read only up to :data:`MAX_POLICY_BYTES`, as plain YAML: anchors and aliases (and
+    so alias bombs) are refused (:mod:`concord.yamlsafe`). Its relative folders are relative to
+    the file."""
     if isinstance(spec, TierPolicy):
         return spec.validate()
     text = os.fspath(spec)
@@ -431,11 +508,23 @@ def load_policy(spec: "str | os.PathLike | TierPolicy") -> TierPolicy:
         raise PolicyError(text, ["block: policies need the blocks package installed (pip install -e .)"])
     import yaml
 
+    from concord.yamlsafe import load as load_yaml
+
     try:
-        with open(text, encoding="utf-8") as f:
-            doc = yaml.safe_load(f)
+        with open(text, "rb") as f:
+            data = f.read(MAX_POLICY_BYTES + 1)
     except FileNotFoundError:
         raise PolicyError(text, ["no such policy file; write one (see docs/tiering.md) or pass block:NAME"]) from None
+    except OSError as exc:
+        raise PolicyError(text, [f"the policy file cannot be read ({exc.strerror or exc})"]) from None
+    if len(data) > MAX_POLICY_BYTES:
+        raise PolicyError(
+            text, [f"the file is larger than {MAX_POLICY_BYTES // 1024} KiB; a tier policy is a few hundred bytes of YAML"]
+        )
+    try:
+        doc = load_yaml(data.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise PolicyError(text, [f"not UTF-8 text (byte {exc.start})"]) from None
     except yaml.YAMLError as exc:
         raise PolicyError(text, [f"not valid YAML ({' '.join(str(exc).split())})"]) from None
     if isinstance(doc, dict):
