@@ -33,10 +33,27 @@ def _progress(args):
 
 
 def _emit(args, payload: dict, lines: list[str]) -> None:
+    """Print ``payload`` as one JSON object (``--json``), or ``lines`` for a person.
+
+    Every human line goes through :func:`concord.text.printable`: a file name, ref message or
+    column name holding a newline or a terminal escape is shown escaped, never obeyed."""
     if args.json:
         sys.stdout.write(json.dumps(payload, sort_keys=True) + "\n")
     else:
-        sys.stdout.write("\n".join(lines) + "\n")
+        from concord.text import printable
+
+        sys.stdout.write("\n".join(printable(line) for line in lines) + "\n")
+
+
+def fail(message: object) -> int:
+    """The CLI's one error printer: ``concord: error: MESSAGE`` as one bounded line on stderr
+    (:func:`concord.text.one_line`); returns the exit status 1."""
+    from concord.redact import redact
+    from concord.text import one_line
+
+    # a library's error may show an endpoint's password: hidden here whatever raised it
+    print(f"concord: error: {one_line(redact(message))}", file=sys.stderr)
+    return 1
 
 
 def _store(spec: str):
@@ -206,20 +223,55 @@ def cmd_log(args) -> int:
 
 
 def _chunk_size(text: str) -> int:
+    """``4194304``, ``4M``, ``512K``, ``1.5MiB`` → bytes; anything else (``infM``, ``nanK``,
+    ``1e400``, ``-4M``) is refused in one line."""
+    import math
+
     units = {"k": 1024, "m": 1024**2, "g": 1024**3}
     t = text.strip().lower().removesuffix("ib").removesuffix("b")
+    problem = f"{text!r} is not a size; write e.g. 4194304, 4M or 512K"
     try:
         if t and t[-1] in units:
-            return int(float(t[:-1]) * units[t[-1]])
+            number = float(t[:-1])
+            if not math.isfinite(number) or not math.isfinite(number * units[t[-1]]):
+                raise argparse.ArgumentTypeError(problem)
+            return int(number * units[t[-1]])
         return int(t)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a size; write e.g. 4194304, 4M or 512K") from None
+    except (ValueError, OverflowError):
+        raise argparse.ArgumentTypeError(problem) from None
+
+
+def _name_arg(what: str, hint: str = "; to give none, leave the option out"):
+    """An argparse type for a ref or root given explicitly: an empty or blank one is refused
+    (``--ref ""`` would otherwise quietly mean "no ref")."""
+
+    def check(text: str) -> str:
+        if not text.strip():
+            raise argparse.ArgumentTypeError(f"{text!r} is {'blank' if text else 'empty'}: give a {what}{hint}")
+        return text
+
+    check.__name__ = what.replace(" ", "_")
+    return check
+
+
+ref_arg = _name_arg("ref name ([namespace/]name)")
+root_arg = _name_arg("64-hex snapshot root")
+ref_positional = _name_arg("ref name ([namespace/]name)", "")
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, but a wrong command line is one line on stderr (exit 2), not a usage block."""
+
+    def error(self, message: str):
+        from concord.text import one_line
+
+        self.exit(2, f"{self.prog}: error: {one_line(message)} (see `{self.prog} --help`)\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--json", action="store_true", help="print one JSON object on stdout")
-    p = argparse.ArgumentParser(
+    p = Parser(
         prog="concord",
         description=(
             "Keep model assets consistent across cluster stores: snapshot, diff, sync, restore, verify, "
@@ -231,7 +283,7 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("snapshot", parents=[common], help="snapshot a checkpoint folder into a store")
     s.add_argument("source", metavar="DIR", help="checkpoint folder (or one file)")
     s.add_argument("--store", required=True, help=STORE_HELP)
-    s.add_argument("--ref", help="point this ref ([namespace/]name) at the new snapshot")
+    s.add_argument("--ref", type=ref_arg, help="point this ref ([namespace/]name) at the new snapshot")
     s.add_argument("--chunk-size", type=_chunk_size, help="chunk size (default 4M; 64K to 64M)")
     s.add_argument("--message", help="note kept in the ref's history")
     s.set_defaults(func=cmd_snapshot)
@@ -247,30 +299,30 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("source", metavar="SRC", help=STORE_HELP)
     s.add_argument("targets", metavar="DST", nargs="+")
     g = s.add_mutually_exclusive_group(required=True)
-    g.add_argument("--ref", help="ref to replicate (moved on each target by compare-and-swap)")
-    g.add_argument("--root", help="64-hex root to replicate (no ref is moved)")
+    g.add_argument("--ref", type=ref_arg, help="ref to replicate (moved on each target by compare-and-swap)")
+    g.add_argument("--root", type=root_arg, help="64-hex root to replicate (no ref is moved)")
     s.set_defaults(func=cmd_sync)
 
     s = sub.add_parser("restore", parents=[common], help="write a snapshot's files into a new folder")
     s.add_argument("store", metavar="STORE", help=STORE_HELP)
     g = s.add_mutually_exclusive_group(required=True)
-    g.add_argument("--ref")
-    g.add_argument("--root")
+    g.add_argument("--ref", type=ref_arg)
+    g.add_argument("--root", type=root_arg)
     s.add_argument("out_dir", metavar="OUT_DIR")
     s.set_defaults(func=cmd_restore)
 
     s = sub.add_parser("verify", parents=[common], help="re-hash chunks; report (and repair) missing or corrupt ones")
     s.add_argument("store", metavar="STORE", help=STORE_HELP)
     g = s.add_mutually_exclusive_group()
-    g.add_argument("--ref", help="check only what this ref needs (default: the whole store)")
-    g.add_argument("--root")
+    g.add_argument("--ref", type=ref_arg, help="check only what this ref needs (default: the whole store)")
+    g.add_argument("--root", type=root_arg)
     s.add_argument("--repair-from", metavar="STORE", help="fetch good copies of bad chunks from this store")
     s.set_defaults(func=cmd_verify)
 
     s = sub.add_parser("rollback", parents=[common], help="move a ref back to an earlier root of its history")
     s.add_argument("store", metavar="STORE", help=STORE_HELP)
-    s.add_argument("--ref", required=True)
-    s.add_argument("--to", metavar="ROOT", help="root (or 8+ hex prefix) from the history; default: the previous one")
+    s.add_argument("--ref", type=ref_arg, required=True)
+    s.add_argument("--to", metavar="ROOT", type=root_arg, help="root (or 8+ hex prefix) from the history; default: the previous one")
     s.set_defaults(func=cmd_rollback)
 
     s = sub.add_parser("refs", parents=[common], help="list the refs of a store")
@@ -279,7 +331,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("log", parents=[common], help="show a ref's history")
     s.add_argument("store", metavar="STORE", help=STORE_HELP)
-    s.add_argument("ref", metavar="REF")
+    s.add_argument("ref", metavar="REF", type=ref_positional)
     s.set_defaults(func=cmd_log)
 
     from concord import cli_lineage
@@ -310,12 +362,8 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("concord: interrupted; re-run the same command to finish (stores are left consistent)", file=sys.stderr)
         return 130
-    except (ConcordError, OSError, ValueError) as exc:
-        from concord.redact import redact
-
-        msg = " ".join(redact(exc).split())  # a library's error may show an endpoint's password
-        print(f"concord: error: {msg}", file=sys.stderr)
-        return 1
+    except (ConcordError, OSError, ValueError, ArithmeticError) as exc:
+        return fail(exc)
 
 
 if __name__ == "__main__":  # pragma: no cover

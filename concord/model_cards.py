@@ -127,6 +127,8 @@ def parse_readme(text: str, where: str = "README.md") -> dict:
     """The fields of a Hugging Face model card: its YAML front matter, then :data:`SECTION_FIELDS`."""
     import yaml
 
+    from concord.yamlsafe import load as load_yaml
+
     lines = text.lstrip("\ufeff").splitlines()
     fields: dict[str, Any] = {}
     body = lines
@@ -135,7 +137,7 @@ def parse_readme(text: str, where: str = "README.md") -> dict:
         if end is None:
             raise ModelCardError(where, "the front matter opened by '---' on the first line is never closed")
         try:
-            meta = yaml.safe_load("\n".join(lines[1:end]))
+            meta = load_yaml("\n".join(lines[1:end]))  # no anchors or aliases: no alias bombs
         except yaml.YAMLError as exc:
             raise ModelCardError(where, f"the front matter is not valid YAML ({exc})") from exc
         if meta is None:
