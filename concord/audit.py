@@ -36,9 +36,10 @@ import json
 import math
 import os
 import re
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import date, timedelta
-from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Iterator, Mapping, Sequence
 
 from concord.drift import PRIORITIES, SEVERITIES, ColumnHistogram, DriftReport, Prioritised, column_histograms
 from concord.errors import DataFormatError, DriftConfigError
@@ -48,6 +49,7 @@ if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
 
     from concord.contracts import Contract
+    from concord.drift import TableBatches
     from concord.stores.base import Store
 
 __all__ = [
@@ -55,7 +57,9 @@ __all__ = [
     "HISTORY_NIGHTS",
     "SECTIONS",
     "AuditReport",
+    "OpenTable",
     "TableSource",
+    "audit_data",
     "audit_name",
     "card_rows",
     "check_contract",
@@ -66,10 +70,12 @@ __all__ = [
     "column_order",
     "model_holders",
     "night_of",
+    "open_table",
     "plot_histograms",
     "plot_histograms_by_column",
     "spec_name",
     "store_labels",
+    "stream_drift",
     "previous_nights",
     "record_night",
     "render_markdown",
@@ -171,6 +177,117 @@ def load_table(spec: "str | os.PathLike", store: "Store | None" = None, *, which
         raise DriftConfigError(which, f"{path}: {exc.problem}", "Give a .parquet or .csv file (the format comes from the extension).") from exc
     name = os.path.splitext(os.path.basename(path))[0]
     return df, TableSource(spec=text, kind="file", name=name, path=path)
+
+
+@dataclass(frozen=True)
+class OpenTable:
+    """A table an audit reads in batches (:func:`open_table`): where it came from, its file and format."""
+
+    source: TableSource
+    path: str
+    format: str  # "parquet" | "csv"
+
+    def batches(self, batch_bytes: int | None = None) -> "TableBatches":
+        """The table read about ``batch_bytes`` at a time (default ``concord.data.BATCH_BYTES``)."""
+        from concord.data import BATCH_BYTES, table_batches
+
+        return table_batches(self.path, batch_bytes=batch_bytes or BATCH_BYTES)
+
+    def read(self) -> "pd.DataFrame":
+        """The whole table (for what needs it whole: a contract's validation)."""
+        from concord.data import read_table
+
+        return read_table(self.path)
+
+
+@contextmanager
+def open_table(spec: "str | os.PathLike", store: "Store | None" = None, *, which: str = "table") -> Iterator[OpenTable]:
+    """The table ``spec`` names, as :func:`load_table` takes it, without reading it: a file as it is,
+    a data snapshot restored (every chunk verified) into a temporary folder removed on leaving.
+    Errors are :func:`load_table`'s."""
+    text = os.fspath(spec).strip()
+    if not text:
+        raise DriftConfigError(which, "is empty", _INPUT_HELP)
+    if names_snapshot(text):
+        if store is None:
+            raise DriftConfigError(which, f"{text!r} names a data snapshot but no data store was given", "Pass the store that holds it.")
+        from concord.data import data_file, data_info
+        from concord.refs import resolve_root
+
+        try:
+            snapshot_id = resolve_root(store, text)
+            data_info(store, snapshot_id)
+        except (KeyError, ValueError) as exc:
+            raise DriftConfigError(which, f"no data snapshot {text!r} in {store.uri} ({' '.join(str(exc).split())})", _INPUT_HELP) from exc
+        with data_file(store, snapshot_id) as (path, info):
+            yield OpenTable(TableSource(spec=text, kind="snapshot", name=info.name, id=snapshot_id, store=store.uri), path, info.format)
+        return
+    path = os.path.abspath(text)
+    if not os.path.isfile(path):
+        what = "a folder, not a table" if os.path.isdir(path) else "no such file"
+        raise DriftConfigError(which, f"{path}: {what}", _INPUT_HELP)
+    from concord.data import FORMATS
+
+    fmt = FORMATS.get(os.path.splitext(path)[1].lower())
+    if fmt is None:
+        ext = os.path.splitext(path)[1].lower()
+        raise DriftConfigError(
+            which, f"{path}: unknown data format {ext or '(no extension)'!r}", "Give a .parquet or .csv file (the format comes from the extension)."
+        )
+    name = os.path.splitext(os.path.basename(path))[0]
+    yield OpenTable(TableSource(spec=text, kind="file", name=name, path=path), path, fmt)
+
+
+def stream_drift(
+    reference: OpenTable,
+    current: OpenTable,
+    *,
+    which: tuple[str, str] = ("reference", "current"),
+    batch_bytes: int | None = None,
+    **options: Any,
+) -> DriftReport:
+    """:func:`~concord.drift.data_drift_batches` of two open tables, read about ``batch_bytes`` at a
+    time (options: columns, thresholds, bins, history, sample_size); a file that turns out
+    unreadable is a :class:`DriftConfigError` naming the input."""
+    from concord.drift import data_drift_batches
+
+    tables = []
+    for label, table in zip(which, (reference, current)):
+        try:
+            tables.append(table.batches(batch_bytes))
+        except DataFormatError as exc:
+            raise DriftConfigError(label, f"{table.path}: {exc.problem}", "Give a .parquet or .csv file (the format comes from the extension).") from exc
+    try:
+        return data_drift_batches(tables[0], tables[1], **options)
+    except DataFormatError as exc:
+        label = which[0] if exc.source == reference.path else which[1]
+        raise DriftConfigError(label, f"{exc.source}: {exc.problem}", "Give a .parquet or .csv file (the format comes from the extension).") from exc
+
+
+def audit_data(
+    reference: "str | os.PathLike",
+    current: "str | os.PathLike",
+    store: "Store | None" = None,
+    *,
+    contract: "Contract | None" = None,
+    **options: Any,
+) -> "AuditReport":
+    """The data audit ``concord audit data`` runs: the drift of ``current`` from ``reference`` (each a
+    file, a data snapshot id or a ``data/<name>`` ref in ``store``), read batch by batch
+    (:func:`stream_drift`, ``options`` are its keywords), and, with a
+    ``contract``, the current table validated against it (read whole: great-expectations validates
+    one DataFrame). The report's ``drift`` keeps the :class:`DriftReport` (its histograms draw the PNGs)."""
+    with open_table(reference, store, which="reference") as ref, open_table(current, store, which="current") as cur:
+        drift = stream_drift(ref, cur, **options)
+        checked = None
+        if contract is not None:
+            try:
+                frame = cur.read()
+            except DataFormatError as exc:
+                raise DriftConfigError("current", f"{cur.path}: {exc.problem}", _INPUT_HELP) from exc
+            checked = check_contract(contract, frame)
+            del frame
+    return AuditReport.assemble(drift=drift, reference=ref.source, current=cur.source, contract=checked)
 
 
 def check_contract(contract: "Contract", df: "pd.DataFrame") -> dict:

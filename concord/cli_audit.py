@@ -91,9 +91,9 @@ def _finish(report, emit, extra: dict | None = None) -> int:
 
 
 def cmd_audit_data(args, emit, progress) -> int:
-    from concord.audit import AuditReport, check_contract, load_table, names_snapshot, plot_histograms
+    from concord.audit import audit_data, names_snapshot, plot_histograms
     from concord.cli_lineage import default_registry
-    from concord.drift import DriftThresholds, data_drift
+    from concord.drift import DriftThresholds
 
     defaults = DriftThresholds()
     thresholds = DriftThresholds(
@@ -108,18 +108,13 @@ def cmd_audit_data(args, emit, progress) -> int:
         from concord.contracts import load_contract
 
         contract = load_contract(registry, args.contract) if registry is not None else load_contract(_open("."), args.contract)
-    reference, ref_source = load_table(args.reference, data_store, which="reference")
-    current, cur_source = load_table(args.current, data_store, which="current")
-    drift = data_drift(reference, current, columns=args.columns, thresholds=thresholds, bins=args.bins)
-    report = AuditReport.assemble(
-        drift=drift,
-        reference=ref_source,
-        current=cur_source,
-        contract=check_contract(contract, current) if contract is not None else None,
+    # both tables are read in batches (memory does not grow with them); a contract reads current whole
+    report = audit_data(
+        args.reference, args.current, data_store, contract=contract, columns=args.columns, thresholds=thresholds, bins=args.bins
     )
     extra = {}
     if args.plots:
-        extra["plots"] = plot_histograms(report, reference, current, args.plots)
+        extra["plots"] = plot_histograms(report, out_dir=args.plots)
     return _finish(report, emit, extra)
 
 

@@ -20,8 +20,9 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Iterator
 
 from concord.errors import DataFormatError, DataSnapshotNotFoundError, ManifestError
 from concord.hashing import is_digest
@@ -30,6 +31,8 @@ from concord.stores.base import Store, validate_segment
 
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
+
+    from concord.drift import TableBatches
 
 DATA_NAMESPACE = "data"
 DOCUMENT_PREFIX = "datasets"
@@ -125,6 +128,87 @@ def _read(path: str, fmt: str) -> "pd.DataFrame":
         raise DataFormatError(path, f"cannot read it as {fmt} ({exc})") from exc
 
 
+#: bytes of a file (CSV text, or decoded parquet values) read per batch by :func:`table_batches`
+BATCH_BYTES = 16 << 20
+
+
+def table_batches(path: "str | os.PathLike", *, batch_bytes: int = BATCH_BYTES) -> "TableBatches":
+    """A parquet or CSV file as :class:`concord.drift.TableBatches`: read batch by batch, about
+    ``batch_bytes`` at a time, so that memory does not grow with the file.
+
+    Parquet: record batches of the columns asked for (pyarrow), as :func:`read_table` would type
+    them. CSV: ``pandas.read_csv`` in blocks of rows, each block typed on its own as
+    :func:`read_table` types the whole file; a column asked for ``as_text`` is read as text.
+    The columns are known at once (the parquet footer, the CSV header); a file that is not there or
+    cannot be read is a :class:`~concord.errors.DataFormatError`, raised here or while reading.
+    """
+    from concord.drift import TableBatches
+
+    path = os.path.abspath(os.fspath(path))
+    if not os.path.isfile(path):
+        raise DataFormatError(path, "no such file")
+    fmt = _format_of(path)
+    if fmt == "parquet":
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        try:
+            pf = pq.ParquetFile(path)
+            columns = tuple(str(c) for c in pf.schema_arrow.empty_table().to_pandas().columns)
+        except (ValueError, OSError) as exc:
+            raise DataFormatError(path, f"cannot read it as parquet ({exc})") from exc
+        width = max(1, len(pf.schema_arrow))
+
+        def read(names, as_text=False):
+            rows = max(1024, batch_bytes // (8 * min(width, max(1, len(names)))))
+            try:
+                for batch in pq.ParquetFile(path).iter_batches(batch_size=rows, columns=list(names), use_threads=False):
+                    yield pa.Table.from_batches([batch]).to_pandas()
+            except (ValueError, OSError) as exc:
+                raise DataFormatError(path, f"cannot read it as parquet ({exc})") from exc
+
+        return TableBatches(columns, read)
+
+    import pandas as pd
+
+    try:
+        columns = tuple(str(c) for c in pd.read_csv(path, nrows=0).columns)
+    except (ValueError, OSError) as exc:
+        raise DataFormatError(path, f"cannot read it as csv ({exc})") from exc
+    with open(path, "rb") as f:
+        head = f.read(1 << 20)
+    line = max(1, len(head) // max(1, head.count(b"\n")))  # bytes per row, about
+
+    def read(names, as_text=False):
+        rows = max(1024, batch_bytes // line)
+        wanted = set(names)
+        try:
+            with pd.read_csv(path, usecols=lambda c: c in wanted, chunksize=rows, dtype=str if as_text else None) as reader:
+                yield from reader
+        except (ValueError, OSError) as exc:
+            raise DataFormatError(path, f"cannot read it as csv ({exc})") from exc
+
+    return TableBatches(columns, read)
+
+
+@contextmanager
+def data_file(store: Store, snapshot_id: str, *, progress: Progress | None = None) -> "Iterator[tuple[str, DataSnapshot]]":
+    """The file of a data snapshot, restored (every chunk verified) into a temporary folder that is
+    removed on leaving: ``(path, info)``."""
+    info = data_info(store, snapshot_id)
+    from concord.refs import load_manifest
+    from concord.restore import restore
+
+    manifest = load_manifest(store, snapshot_id)
+    with tempfile.TemporaryDirectory(prefix="concord-data-") as tmp:
+        out = os.path.join(tmp, "data")
+        restore(store, manifest, out, progress=progress)
+        path = os.path.join(out, info.path)
+        if not os.path.isfile(path):
+            raise DataSnapshotNotFoundError(store.uri, snapshot_id)
+        yield path, info
+
+
 def _describe(path: str, fmt: str) -> tuple[int, tuple[str, ...], dict[str, str]]:
     """Rows, columns and dtypes of a table file (Parquet from its footer, without reading the data)."""
     if fmt == "parquet":
@@ -169,13 +253,21 @@ def register_data(
             # snapshot the file under a fixed name, through a link: the id is the content's alone
             path = os.path.join(staged, f"data.{fmt}")
             os.symlink(src, path)
-        rows, columns, schema = _describe(path, fmt)
-        digest = file_digest(path)
-        size = os.path.getsize(path)
+        # the user's file is read where it is, so that an error names it, not the link to it
+        shown = path if _is_dataframe(source) else src
+        rows, columns, schema = _describe(shown, fmt)
+        digest = file_digest(shown)
+        size = os.path.getsize(shown)
 
+        from concord.errors import SourceChangedError
         from concord.snapshot import snapshot
 
-        result = snapshot(staged, store, ref=f"{DATA_NAMESPACE}/{name}", message=f"data {name}", progress=progress)
+        try:
+            result = snapshot(staged, store, ref=f"{DATA_NAMESPACE}/{name}", message=f"data {name}", progress=progress)
+        except SourceChangedError as exc:
+            if exc.path != path:
+                raise
+            raise SourceChangedError(shown) from None
     snap = DataSnapshot(
         id=result.root,
         name=name,
@@ -246,15 +338,5 @@ def data_info(store: Store, snapshot_id: str) -> DataSnapshot:
 
 def load_data(store: Store, snapshot_id: str, *, progress: Progress | None = None) -> "pd.DataFrame":
     """The table of a data snapshot, restored (every chunk verified) into a temporary folder and read."""
-    info = data_info(store, snapshot_id)
-    from concord.refs import load_manifest
-    from concord.restore import restore
-
-    manifest = load_manifest(store, snapshot_id)
-    with tempfile.TemporaryDirectory(prefix="concord-data-") as tmp:
-        out = os.path.join(tmp, "data")
-        restore(store, manifest, out, progress=progress)
-        path = os.path.join(out, info.path)
-        if not os.path.isfile(path):
-            raise DataSnapshotNotFoundError(store.uri, snapshot_id)
+    with data_file(store, snapshot_id, progress=progress) as (path, info):
         return _read(path, info.format)

@@ -55,7 +55,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence
 
 from concord.errors import DriftConfigError
 
@@ -72,8 +72,11 @@ __all__ = [
     "ColumnHistogram",
     "DriftReport",
     "DriftThresholds",
+    "SAMPLE_SIZE",
+    "TableBatches",
     "column_histograms",
     "data_drift",
+    "data_drift_batches",
     "quantile_edges",
     "smoothed_proportions",
 ]
@@ -336,6 +339,17 @@ def _bin_counts(sorted_values: "np.ndarray", edges: "np.ndarray") -> "np.ndarray
     return np.diff(np.concatenate(([0], at_or_below, [sorted_values.size])))
 
 
+def _unsorted_bin_counts(values: "np.ndarray", edges: "np.ndarray") -> "np.ndarray":
+    """Counts of an unsorted finite sample in the bins (-inf, e0], (e0, e1], ..., (e_last, +inf)."""
+    import numpy as np
+
+    if edges.size <= 32:  # a vectorised comparison per edge beats a binary search per value
+        at_or_below = np.array([np.count_nonzero(values <= e) for e in edges], dtype=np.int64)
+        return np.diff(np.concatenate(([0], at_or_below, [values.size])))
+    # a value's bin is the number of edges below it
+    return np.bincount(np.searchsorted(edges, values, side="left"), minlength=edges.size + 1)
+
+
 def smoothed_proportions(counts: "Sequence[float] | np.ndarray") -> "np.ndarray":
     """Shares of ``counts`` with every empty bin set to :data:`EPSILON`, renormalised to sum to 1.
 
@@ -591,8 +605,7 @@ class _Column:
         self.low = low if self.low is None else min(self.low, low)
         self.high = high if self.high is None else max(self.high, high)
         if self.edges is not None:
-            # bins closed on the right: a value's bin is the number of edges below it
-            counts = np.bincount(np.searchsorted(self.edges, values, side="left"), minlength=self.edges.size + 1)
+            counts = _unsorted_bin_counts(values, self.edges)
             self.bin_counts = counts if self.bin_counts is None else self.bin_counts + counts
         self._take(values)
 
@@ -622,13 +635,20 @@ class _Column:
             seen = max(seen, k)
         if not values.size:
             return
-        # algorithm R: the value at (0-based) position i replaces slot j, drawn uniformly from
-        # 0..i, when j < k; in stream order, so the last value drawn for a slot is the one kept
-        slot = self.rng.integers(0, np.arange(seen + 1, seen + values.size + 1, dtype=np.int64))
-        taken = slot < k
-        slot, values = slot[taken][::-1], values[taken][::-1]
-        slot, last = np.unique(slot, return_index=True)
-        self.sample[slot] = values[last]
+        # algorithm R: the value at (0-based) position i is taken with probability k / (i + 1), into
+        # a slot drawn uniformly from 0..k-1; in stream order, so the last value taken into a slot stays
+        taken = self.rng.random(values.size)
+        taken *= np.arange(seen + 1, seen + values.size + 1, dtype=np.float64)
+        values = values[taken < k]
+        if not values.size:
+            return
+        slot = self.rng.integers(0, k, size=values.size)
+        order = np.arange(values.size)
+        latest = np.empty(k, dtype=np.int64)
+        latest[slot] = -1
+        np.maximum.at(latest, slot, order)  # the last value taken into each slot
+        last = latest[slot] == order
+        self.sample[slot[last]] = values[last]
 
     def _merge_labels(self) -> None:
         import pandas as pd
@@ -1016,71 +1036,46 @@ def _check_history(history: Mapping[str, Sequence[str]] | None) -> dict[str, lis
     return checked
 
 
-def data_drift(
-    reference: "pd.DataFrame",
-    current: "pd.DataFrame",
-    *,
-    columns: Sequence[str] | None = None,
-    thresholds: DriftThresholds | None = None,
-    bins: int = DEFAULT_BINS,
-    history: Mapping[str, Sequence[str]] | None = None,
-    workers: int = 1,
-) -> DriftReport:
-    """Compare ``current`` with ``reference`` column by column (see the module's documentation).
-
-    ``columns`` limits the comparison (default: the reference's columns, then those only the current
-    table has); naming a column neither table has is an error. ``bins``: reference quantile bins per
-    numeric column. ``history`` maps a column to its severities on the previous nights, most recent
-    last (``DriftReport.severities()`` of each night); a column at "warning" tonight whose last
-    ``escalate_after_nights - 1`` nights were all "warning" or "critical" is reported "critical",
-    with ``escalated`` set. A column missing from ``history`` has no previous nights.
-    ``workers``: columns compared at once, in threads (numpy's sorts and searches run outside the
-    GIL); each holds about ten times a column's values in memory.
-    """
+def _check_options(thresholds: Any, bins: Any, history: Any) -> tuple[DriftThresholds, int, dict[str, list[str]]]:
     thresholds = DriftThresholds() if thresholds is None else thresholds
     if not isinstance(thresholds, DriftThresholds):
         raise DriftConfigError(
             "thresholds", f"is a {type(thresholds).__name__}", "Pass a concord.drift.DriftThresholds."
         )
-    bins = _check_bins(bins)
-    past = _check_history(history)
-    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
-        raise DriftConfigError(
-            "workers", f"must be a whole number >= 1, got {workers!r}", "Use 1 (the default) or the cores to use."
-        )
-    ref_cols = _columns_by_name(reference, "reference")
-    cur_cols = _columns_by_name(current, "current")
+    return thresholds, _check_bins(bins), _check_history(history)
 
+
+def _column_names(columns: Sequence[str] | None, ref_names: Sequence[str], cur_names: Sequence[str]) -> list[str]:
+    """The columns to compare: ``columns``, or the reference's then those only current has."""
     if columns is None:
-        names = list(ref_cols) + [n for n in cur_cols if n not in ref_cols]
-    else:
-        if isinstance(columns, str) or not isinstance(columns, Sequence):
-            raise DriftConfigError(
-                "columns", f"{columns!r} is not a list of column names", f"Pass a list, e.g. [{columns!r}]."
-            )
-        names = list(dict.fromkeys(str(c) for c in columns))
-        unknown = [n for n in names if n not in ref_cols and n not in cur_cols]
-        if unknown:
-            raise DriftConfigError(
-                "columns",
-                f"{', '.join(map(repr, unknown))} is in neither table",
-                f"Choose among the reference's columns: {', '.join(ref_cols) or '(none)'}.",
-            )
-
-    def compare(name: str) -> ColumnDrift:
-        ref_s, cur_s = ref_cols.get(name), cur_cols.get(name)
-        return _compare(
-            name, None if ref_s is None else _side(ref_s), None if cur_s is None else _side(cur_s), bins, thresholds
+        in_ref = set(ref_names)
+        return list(ref_names) + [n for n in cur_names if n not in in_ref]
+    if isinstance(columns, str) or not isinstance(columns, Sequence):
+        raise DriftConfigError(
+            "columns", f"{columns!r} is not a list of column names", f"Pass a list, e.g. [{columns!r}]."
         )
+    names = list(dict.fromkeys(str(c) for c in columns))
+    known = set(ref_names) | set(cur_names)
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise DriftConfigError(
+            "columns",
+            f"{', '.join(map(repr, unknown))} is in neither table",
+            f"Choose among the reference's columns: {', '.join(ref_names) or '(none)'}.",
+        )
+    return names
 
-    if workers == 1 or len(names) < 2:
-        compared_columns = [compare(name) for name in names]
-    else:
-        from concurrent.futures import ThreadPoolExecutor
 
-        with ThreadPoolExecutor(max_workers=min(workers, len(names))) as pool:
-            compared_columns = list(pool.map(compare, names))
-
+def _report(
+    names: list[str],
+    compared_columns: list[ColumnDrift],
+    past: dict[str, list[str]],
+    thresholds: DriftThresholds,
+    bins: int,
+    rows_reference: int,
+    rows_current: int,
+) -> DriftReport:
+    """The report of the compared columns, lasting warnings escalated."""
     results = []
     for name, result in zip(names, compared_columns):
         if _escalated(result.severity, past.get(name, ()), thresholds.escalate_after_nights):
@@ -1101,11 +1096,175 @@ def data_drift(
         columns=tuple(_json_safe(r) for r in results),
         drift_share=drifted / len(compared) if compared else None,
         severity=worst,
-        rows_reference=len(reference),
-        rows_current=len(current),
+        rows_reference=rows_reference,
+        rows_current=rows_current,
         thresholds=thresholds,
         bins=bins,
     )
+
+
+def data_drift(
+    reference: "pd.DataFrame",
+    current: "pd.DataFrame",
+    *,
+    columns: Sequence[str] | None = None,
+    thresholds: DriftThresholds | None = None,
+    bins: int = DEFAULT_BINS,
+    history: Mapping[str, Sequence[str]] | None = None,
+    workers: int = 1,
+) -> DriftReport:
+    """Compare ``current`` with ``reference`` column by column (see the module's documentation).
+
+    ``columns`` limits the comparison (default: the reference's columns, then those only the current
+    table has); naming a column neither table has is an error. ``bins``: reference quantile bins per
+    numeric column. ``history`` maps a column to its severities on the previous nights, most recent
+    last (``DriftReport.severities()`` of each night); a column at "warning" tonight whose last
+    ``escalate_after_nights - 1`` nights were all "warning" or "critical" is reported "critical",
+    with ``escalated`` set. A column missing from ``history`` has no previous nights.
+    ``workers``: columns compared at once, in threads (numpy's sorts and searches run outside the
+    GIL); each holds about ten times a column's values in memory.
+
+    Every value is used: the statistics are exact. Tables too large to hold go through
+    :func:`data_drift_batches` instead.
+    """
+    thresholds, bins, past = _check_options(thresholds, bins, history)
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+        raise DriftConfigError(
+            "workers", f"must be a whole number >= 1, got {workers!r}", "Use 1 (the default) or the cores to use."
+        )
+    ref_cols = _columns_by_name(reference, "reference")
+    cur_cols = _columns_by_name(current, "current")
+    names = _column_names(columns, list(ref_cols), list(cur_cols))
+
+    def compare(name: str) -> ColumnDrift:
+        ref_s, cur_s = ref_cols.get(name), cur_cols.get(name)
+        return _compare(
+            name, None if ref_s is None else _side(ref_s), None if cur_s is None else _side(cur_s), bins, thresholds
+        )
+
+    if workers == 1 or len(names) < 2:
+        compared_columns = [compare(name) for name in names]
+    else:
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(max_workers=min(workers, len(names))) as pool:
+            compared_columns = list(pool.map(compare, names))
+    return _report(names, compared_columns, past, thresholds, bins, len(reference), len(current))
+
+
+# --------------------------------------------------------------------------- tables read in batches
+
+
+@dataclass(frozen=True)
+class TableBatches:
+    """A table read batch by batch, so that its size does not matter.
+
+    ``columns`` are its column names, in order. ``read(names, as_text)`` yields DataFrames that
+    hold (at least) the columns ``names``, of any number of rows, from the first row to the last;
+    it can be called more than once, each time from the start. ``as_text`` asks for the values as
+    the text they were written as, where the format has it (CSV); elsewhere it may be ignored.
+    :func:`concord.data.table_batches` reads parquet and CSV files this way;
+    :meth:`of_frame` slices a DataFrame.
+    """
+
+    columns: tuple[str, ...]
+    read: Callable[[Sequence[str], bool], Iterable["pd.DataFrame"]]
+
+    @classmethod
+    def of_frame(cls, df: "pd.DataFrame", rows: int = 1 << 16, which: str = "table") -> "TableBatches":
+        """``df`` in slices of ``rows`` rows."""
+        by_name = _columns_by_name(df, which)
+
+        def read(names: Sequence[str], as_text: bool = False) -> Iterable["pd.DataFrame"]:
+            import pandas as pd
+
+            frame = pd.DataFrame({n: by_name[n] for n in names}, index=df.index)
+            for start in range(0, len(frame), rows):
+                yield frame.iloc[start : start + rows]
+
+        return cls(tuple(by_name), read)
+
+
+def _seed(name: str) -> int:
+    import zlib
+
+    return zlib.crc32(name.encode("utf-8", "surrogatepass"))
+
+
+def _read_sides(
+    table: TableBatches, names: list[str], sample_size: int | None, edges: Mapping[str, "np.ndarray"]
+) -> tuple[int, dict[str, _Side]]:
+    """One pass over ``table``: its rows, and each column of ``names`` as :class:`_Side`.
+
+    A column whose values change family from one batch to another (numbers, then text, in a CSV
+    file) is read again as text, alone, in a second pass.
+    """
+    def taken(names: list[str], as_text: bool) -> tuple[int, dict[str, _Column]]:
+        cols = {n: _Column(sample_size=sample_size, seed=_seed(n), edges=edges.get(n), as_text=as_text) for n in names}
+        rows = 0
+        for batch in table.read(names or list(table.columns[:1]), as_text):
+            rows += len(batch)
+            for n, column in cols.items():
+                column.add(batch[n])
+        return rows, cols
+
+    rows, cols = taken(names, False)
+    conflicting = [n for n, c in cols.items() if c.conflict]
+    if conflicting:
+        cols.update(taken(conflicting, True)[1])
+    return rows, {n: c.finish() for n, c in cols.items()}
+
+
+def data_drift_batches(
+    reference: TableBatches,
+    current: TableBatches,
+    *,
+    columns: Sequence[str] | None = None,
+    thresholds: DriftThresholds | None = None,
+    bins: int = DEFAULT_BINS,
+    history: Mapping[str, Sequence[str]] | None = None,
+    sample_size: int | None = SAMPLE_SIZE,
+) -> DriftReport:
+    """:func:`data_drift` of two tables read batch by batch, in memory that does not grow with them.
+
+    The reference is read first: each numeric column's count, smallest and largest value, and its
+    values, all of them while there are at most ``sample_size``, else a uniform sample of
+    ``sample_size`` (the bin edges are the sample's quantiles); each categorical column's counts.
+    Then the current table in one pass: the same, plus each numeric value counted on the
+    reference's bins as it is read. PSI, KL, JS and chi-squared use every value's bin or category
+    (a sampled reference's bin shares are its sample's); KS and Wasserstein use the two samples
+    (the KS p-value is the samples' own, so it is conservative). Tables of at most ``sample_size``
+    values per column give exactly :func:`data_drift`'s report. ``sample_size=None`` keeps every
+    value (exact, memory grows with the tables). The samples are drawn from generators seeded by
+    the column's name: the same tables give the same report.
+    """
+    thresholds, bins, past = _check_options(thresholds, bins, history)
+    if sample_size is not None and (isinstance(sample_size, bool) or not isinstance(sample_size, int) or sample_size < 2):
+        raise DriftConfigError(
+            "sample_size", f"must be a whole number >= 2 or None, got {sample_size!r}", f"Use the default, {SAMPLE_SIZE}."
+        )
+    for which, table in (("reference", reference), ("current", current)):
+        if not isinstance(table, TableBatches):
+            raise DriftConfigError(
+                which, f"is a {type(table).__name__}, not TableBatches", "Read files with concord.data.table_batches."
+            )
+        seen: set[str] = set()
+        for name in table.columns:
+            if name in seen:
+                raise DriftConfigError(which, f"two columns are named {name!r}", "Rename one of them.")
+            seen.add(name)
+    names = _column_names(columns, list(reference.columns), list(current.columns))
+    in_ref, in_cur = set(reference.columns), set(current.columns)
+
+    rows_ref, ref_sides = _read_sides(reference, [n for n in names if n in in_ref], sample_size, {})
+    edges = {
+        n: quantile_edges(side.values, bins)
+        for n, side in ref_sides.items()
+        if side.family not in (None, "label")
+    }
+    rows_cur, cur_sides = _read_sides(current, [n for n in names if n in in_cur], sample_size, edges)
+    compared_columns = [_compare(n, ref_sides.get(n), cur_sides.get(n), bins, thresholds) for n in names]
+    return _report(names, compared_columns, past, thresholds, bins, rows_ref, rows_cur)
 
 
 def column_histograms(

@@ -116,20 +116,21 @@ def data_drift_task(
     Returns ``{name, night, drift: DriftReport.to_dict(), reference, current: TableSource dicts,
     history, history_key, plots: {column: path}}``.
     """
-    from concord.audit import audit_name, load_table, night_of, plot_histograms_by_column, previous_nights, record_night
-    from concord.drift import DriftThresholds, data_drift
+    from concord.audit import audit_name, night_of, open_table, plot_histograms_by_column, previous_nights, record_night, stream_drift
+    from concord.drift import DriftThresholds
 
     limits = DriftThresholds(**(thresholds or {}))
     log = run_logger()
     with open_stores(data_store, history_store) as (ds, hs):
-        ref_df, ref_src = load_table(reference, ds, which="reference")
-        cur_df, cur_src = load_table(current, ds, which="current")
-        name = name or audit_name(ref_src.name, cur_src.name)
-        history = previous_nights(hs, name, night) if hs is not None else {}
-        report = data_drift(ref_df, cur_df, columns=list(columns) if columns else None, thresholds=limits, bins=bins, history=history)
+        # both tables read in batches: memory does not grow with them
+        with open_table(reference, ds, which="reference") as ref, open_table(current, ds, which="current") as cur:
+            ref_src, cur_src = ref.source, cur.source
+            name = name or audit_name(ref_src.name, cur_src.name)
+            history = previous_nights(hs, name, night) if hs is not None else {}
+            report = stream_drift(ref, cur, columns=list(columns) if columns else None, thresholds=limits, bins=bins, history=history)
         key = record_night(hs, name, report.severities(), night, severity=report.severity) if hs is not None else None
     tonight = night_of(night).isoformat()
-    plots = plot_histograms_by_column(report, ref_df, cur_df, plots_dir or default_plots_dir(name, tonight)) if draw_plots else {}
+    plots = plot_histograms_by_column(report, out_dir=plots_dir or default_plots_dir(name, tonight)) if draw_plots else {}
     for c in report.drifted:
         (log.error if c.severity == "critical" else log.warning)("%s: %s", c.column, c.finding)
     log.info(

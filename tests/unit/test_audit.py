@@ -291,6 +291,71 @@ def test_a_snapshot_needs_its_store(tmp_path):
         load_table("f" * 64, LocalDirStore(tmp_path / "empty"))
 
 
+def test_audit_data_reads_files_and_snapshots_in_batches_with_the_whole_tables_verdict(tmp_path):
+    from concord.audit import audit_data
+    from concord.data import register_data
+
+    ref, cur = frames(n=3000, shift=400.0, tilt=True)
+    ref.to_csv(tmp_path / "ref.csv", index=False)
+    cur.to_parquet(tmp_path / "cur.parquet", index=False)
+    store = LocalDirStore(tmp_path / "registry")
+    snap = register_data(cur, store, name="tonight")
+    contract = infer_contract(ref, "toy", 1)
+    whole = data_drift(ref, cur).to_dict()
+    for current in (str(tmp_path / "cur.parquet"), snap.id, "data/tonight"):
+        report = audit_data(str(tmp_path / "ref.csv"), current, store, contract=contract)
+        d = report.to_dict()
+        assert d["columns"] == whole["columns"] and d["rows_current"] == 3000
+        assert report.sections == {"data": "critical", "contract": "critical"}  # mass moved past the bounds
+        assert d["current"]["kind"] == ("file" if current.endswith(".parquet") else "snapshot")
+        assert set(report.drift.histograms()) == {"mass", "length", "kind"}
+    assert audit_data(str(tmp_path / "ref.csv"), str(tmp_path / "cur.parquet")).contract is None
+
+
+def test_a_csv_column_that_turns_to_text_midway_is_compared_as_text(tmp_path):
+    """Numbers for 5,000 rows, then a word: the whole column is text, as when the file is read whole."""
+    from concord.audit import audit_data
+
+    ref = pd.DataFrame({"code": np.arange(6000) % 7, "mass": np.arange(6000.0)})
+    cur = ref.astype({"code": object})
+    cur.loc[5500, "code"] = "seven"
+    ref.to_csv(tmp_path / "ref.csv", index=False)
+    cur.to_csv(tmp_path / "cur.csv", index=False)
+    from concord.data import table_batches
+
+    # blocks of ~1,000 rows: the word is in the sixth
+    assert len(list(table_batches(tmp_path / "cur.csv", batch_bytes=8_000).read(["code"], False))) > 5
+    streamed = audit_data(str(tmp_path / "ref.csv"), str(tmp_path / "cur.csv"), batch_bytes=8_000).drift
+    code = streamed.column("code")
+    assert code.severity == "critical" and code.finding.startswith("type changed: numeric (int64) in reference, categorical")
+    assert code.n_current == 6000
+    whole = data_drift(pd.read_csv(tmp_path / "ref.csv"), pd.read_csv(tmp_path / "cur.csv")).column("code")
+    assert whole.severity == "critical" and whole.finding.startswith("type changed: numeric (int64) in reference, categorical")
+    assert streamed.column("mass").to_dict() == data_drift(ref, cur).column("mass").to_dict()
+
+
+def test_open_table_refuses_like_load_table(tmp_path):
+    from concord.audit import open_table
+
+    with pytest.raises(DriftConfigError, match="no such file"):
+        with open_table(tmp_path / "missing.csv", which="current"):
+            pass
+    (tmp_path / "t.txt").write_text("x")
+    with pytest.raises(DriftConfigError, match="unknown data format"):
+        with open_table(tmp_path / "t.txt"):
+            pass
+    with pytest.raises(DriftConfigError, match="no data snapshot 'data/toy'"):
+        with open_table("data/toy", LocalDirStore(tmp_path / "empty")):
+            pass
+    from concord.audit import audit_data
+
+    (tmp_path / "bad.parquet").write_bytes(b"not parquet")
+    (tmp_path / "ok.csv").write_text("a\n1\n")
+    with pytest.raises(DriftConfigError, match="cannot read it as parquet") as caught:
+        audit_data(tmp_path / "ok.csv", tmp_path / "bad.parquet")
+    assert str(caught.value).startswith("current: ")
+
+
 def test_names_of_inputs_and_stores():
     assert spec_name("data/datasets/penguins-reference.parquet") == "penguins-reference"
     assert spec_name("data/penguins~1") == "penguins" and spec_name("ab" * 32) == "ab" * 6

@@ -171,3 +171,57 @@ def test_to_dict_is_json(frame, store):
     snap = register_data(frame, store, name="t")
     d = json.loads(json.dumps(snap.to_dict()))
     assert d["id"] == snap.id and d["columns"] == list(snap.columns) and d["schema"] == snap.schema
+
+
+# --------------------------------------------------------------------------- reading in batches
+
+
+def _batched(path, names, **kwargs) -> list[pd.DataFrame]:
+    from concord.data import table_batches
+
+    return list(table_batches(path, **kwargs).read(names, False))
+
+
+@pytest.mark.parametrize("suffix", [".csv", ".parquet"])
+def test_table_batches_give_the_whole_table_back_in_pieces(frame, tmp_path, suffix):
+    from concord.data import read_table, table_batches
+
+    big = pd.concat([frame] * 50, ignore_index=True)  # 10,000 rows
+    path = tmp_path / f"t{suffix}"
+    big.to_csv(path, index=False) if suffix == ".csv" else big.to_parquet(path, index=False)
+    table = table_batches(path, batch_bytes=20_000)
+    assert table.columns == ("id", "species", "mass_g", "flag")
+    pieces = list(table.read(["mass_g", "species"], False))
+    assert len(pieces) > 5 and sum(len(p) for p in pieces) == len(big)
+    whole = read_table(path)
+    glued = pd.concat(pieces, ignore_index=True)
+    assert_frame_equal(glued[["mass_g", "species"]], whole[["mass_g", "species"]])
+    # read again: from the start
+    assert sum(len(p) for p in table.read(["id"], False)) == len(big)
+
+
+def test_csv_batches_as_text_keep_the_written_text(tmp_path):
+    path = tmp_path / "mixed.csv"
+    path.write_text("x\n" + "1.50\n" * 3000 + "n/a-ish\n")
+    numbers = _batched(path, ["x"], batch_bytes=4096)
+    assert numbers[0]["x"].dtype.kind == "f" and numbers[-1]["x"].dtype.kind != "f"  # typed block by block
+    from concord.data import table_batches
+
+    text = list(table_batches(path, batch_bytes=4096).read(["x"], True))
+    assert set(pd.concat(text)["x"]) == {"1.50", "n/a-ish"}
+
+
+def test_table_batches_refuse_what_they_cannot_read(tmp_path):
+    from concord.data import table_batches
+
+    with pytest.raises(DataFormatError, match="no such file"):
+        table_batches(tmp_path / "nope.csv")
+    (tmp_path / "t.txt").write_text("a\n1\n")
+    with pytest.raises(DataFormatError, match="unknown data format"):
+        table_batches(tmp_path / "t.txt")
+    (tmp_path / "bad.parquet").write_bytes(b"not parquet at all")
+    with pytest.raises(DataFormatError, match="cannot read it as parquet"):
+        table_batches(tmp_path / "bad.parquet")
+    (tmp_path / "empty.csv").write_bytes(b"")
+    with pytest.raises(DataFormatError, match="cannot read it as csv"):
+        table_batches(tmp_path / "empty.csv")

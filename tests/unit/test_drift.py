@@ -634,3 +634,83 @@ def test_importing_drift_imports_no_heavy_library():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+# --------------------------------------------------------------------------- tables read in batches
+
+
+def test_batches_give_data_drifts_report_while_every_value_is_kept(penguins):
+    from concord.drift import TableBatches, data_drift_batches
+
+    adelie = penguins[penguins.species == "Adelie"]
+    gentoo = penguins[penguins.species == "Gentoo"]
+    for ref, cur in ((adelie, gentoo), (penguins.iloc[::2], penguins.iloc[1::2])):
+        whole = data_drift(ref, cur, history={"body_mass_g": ["warning"]})
+        batched = data_drift_batches(
+            TableBatches.of_frame(ref, rows=17), TableBatches.of_frame(cur, rows=23), history={"body_mass_g": ["warning"]}
+        )
+        assert batched.to_dict() == whole.to_dict()
+        assert batched.histograms() == whole.histograms()
+    odd = pd.DataFrame({"x": [1.0, 2.0, np.nan, 4.0], "s": ["a", None, "b", "a"], "gone": [1, 2, 3, 4]})
+    cur = pd.DataFrame({"x": [np.nan] * 4, "s": ["a", "a", "c", "c"], "added": [1, 2, 3, 4]})
+    batched = data_drift_batches(TableBatches.of_frame(odd, rows=1), TableBatches.of_frame(cur, rows=3), columns=None)
+    assert batched.to_dict() == data_drift(odd, cur).to_dict()
+
+
+def _sorted_by_time(n: int, seed: int, shift: float = 0.0) -> pd.DataFrame:
+    """Rows in time order (a column sorted from first to last row), a normal column, a label."""
+    rng = np.random.default_rng(seed)
+    return pd.DataFrame(
+        {
+            "t": np.arange(n, dtype=np.float64) + shift * n,
+            "x": rng.normal(4 * shift, 1.0, n),
+            "c": rng.choice(list("abc"), n),
+        }
+    )
+
+
+def test_large_tables_are_compared_on_uniform_samples_with_exact_counts():
+    from concord.drift import TableBatches, data_drift_batches
+
+    n, k = 400_000, 20_000
+    ref, cur = _sorted_by_time(n, 1), _sorted_by_time(n, 2, shift=0.25)
+    exact = data_drift(ref, cur)
+    sampled = data_drift_batches(TableBatches.of_frame(ref, rows=30_000), TableBatches.of_frame(cur, rows=30_000), sample_size=k)
+    assert sampled.severities() == exact.severities() == {"t": "critical", "x": "critical", "c": "ok"}
+    assert sampled.rows_reference == sampled.rows_current == n
+    for name in ("t", "x"):
+        s, e = sampled.column(name), exact.column(name)
+        assert s.sampled and not e.sampled
+        assert (s.n_reference, s.n_current) == (n, n)
+        assert f"KS and Wasserstein from uniform samples ({k:,} of the {n:,} reference values" in s.finding
+        # the current side's bins hold every value: its shares are exact on the sample's edges
+        edges = np.array(s.histogram.edges)
+        counts = np.bincount(np.searchsorted(edges, cur[name].to_numpy(), side="left"), minlength=edges.size + 1)
+        assert s.histogram.current == tuple(counts / n)
+        assert (s.histogram.low, s.histogram.high) == (e.histogram.low, e.histogram.high)
+        # the edges are the sample's deciles: within a few sampling errors of the reference's own,
+        # also for the time-ordered column (a sample of the first rows would miss the last ones)
+        ref_counts = np.bincount(np.searchsorted(edges, ref[name].to_numpy(), side="left"), minlength=edges.size + 1)
+        np.testing.assert_allclose(ref_counts / n, 0.1, atol=6 * math.sqrt(0.09 / k))
+        # KS of two uniform samples: within the DKW bound of the exact statistic (alpha = 1e-9 per side)
+        assert abs(s.ks - e.ks) <= 2 * math.sqrt(math.log(2 / 1e-9) / (2 * k))
+        assert s.wasserstein == pytest.approx(e.wasserstein, rel=0.1)
+        assert s.psi == pytest.approx(e.psi, rel=0.1, abs=0.005)
+    assert sampled.column("c").to_dict() == exact.column("c").to_dict()  # categories: exact counts
+    again = data_drift_batches(TableBatches.of_frame(ref, rows=30_000), TableBatches.of_frame(cur, rows=30_000), sample_size=k)
+    assert again.to_dict() == sampled.to_dict()  # the samples are seeded: the same tables, the same report
+
+
+def test_batches_refuse_bad_options():
+    from concord.drift import TableBatches, data_drift_batches
+
+    df = pd.DataFrame({"x": [1.0, 2.0]})
+    t = TableBatches.of_frame(df)
+    with pytest.raises(DriftConfigError, match="sample_size: must be a whole number >= 2"):
+        data_drift_batches(t, t, sample_size=1)
+    with pytest.raises(DriftConfigError, match="not TableBatches"):
+        data_drift_batches(df, t)
+    with pytest.raises(DriftConfigError, match="'nope' is in neither table"):
+        data_drift_batches(t, t, columns=["nope"])
+    with pytest.raises(DriftConfigError, match="two columns are named 'x'"):
+        data_drift_batches(TableBatches(("x", "x"), t.read), t)
