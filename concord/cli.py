@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+from contextlib import contextmanager
+from typing import Iterator
 
 STORE_HELP = "a folder, file:///path, s3://bucket/prefix or block:NAME"
 
@@ -352,13 +355,45 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+#: set for the duration of a command, before Prefect or MLflow is imported (restored afterwards)
+_QUIET_ENV = {
+    # ``block:NAME`` without PREFECT_API_URL: Prefect starts a temporary server for the lookup,
+    # whose telemetry heartbeat logs an error, or a long traceback, on this command's stderr
+    # when it cannot be sent. Forced off: that server lives only as long as the command.
+    "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+}
+_QUIET_DEFAULTS = {
+    "DO_NOT_TRACK": "1",  # Prefect's client-side usage events (and their first-run notice)
+    "MLFLOW_LOGGING_LEVEL": "WARNING",  # MLflow's INFO lines (database set-up of a sqlite tracking URI)
+}
+
+
+@contextmanager
+def _quiet_libraries() -> Iterator[None]:
+    """The libraries a command may load print nothing of their own on its stderr: a command
+    answers with its output and, on failure, one ``concord: error:`` line. A value the user set
+    for ``DO_NOT_TRACK`` or ``MLFLOW_LOGGING_LEVEL`` is kept."""
+    values = dict(_QUIET_ENV, **{k: v for k, v in _QUIET_DEFAULTS.items() if k not in os.environ})
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     from concord.errors import ConcordError
 
     try:
-        return args.func(args)
+        with _quiet_libraries():
+            return args.func(args)
     except KeyboardInterrupt:
         print("concord: interrupted; re-run the same command to finish (stores are left consistent)", file=sys.stderr)
         return 130

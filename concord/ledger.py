@@ -36,11 +36,11 @@ from datetime import datetime, timezone
 
 from concord.errors import InvalidNameError, LedgerConflictError, LedgerError, RefConflictError
 from concord.hashing import canonical_json
-from concord.stores.base import Store, validate_segment
+from concord.stores.base import LEDGER_HEAD, Store, validate_segment
 
 LEDGER_FORMAT = "concord/ledger-round@1"
 #: the ref (in the tenant's namespace) holding the hash of the newest round
-HEAD_NAME = "_ledger"
+HEAD_NAME = LEDGER_HEAD
 #: fields every round has, set by :func:`append_round` (a record may not carry them)
 RESERVED = ("format", "round", "tenant", "time", "prev", "hash")
 

@@ -35,9 +35,9 @@ from concord.manifest import (
 )
 from concord.progress import Progress, ensure
 from concord.safetensors_header import looks_like_safetensors, read_header
+from concord.stores.base import Store, check_writable_ref
 from concord.text import control_char
 from concord.walk import walk_files
-from concord.stores.base import Store, canonical_ref
 
 #: chunks in flight at once: bounds memory (futures, ids) whatever the checkpoint size
 WINDOW = 64
@@ -196,7 +196,7 @@ def snapshot(
 ) -> SnapshotResult:
     """Snapshot ``source`` into ``store``; with ``ref``, point that ref at the new root (compare-and-swap)."""
     check_chunk_size(chunk_size)
-    ref = canonical_ref(ref) if ref else None
+    ref = check_writable_ref(ref) if ref else None
     files = collect_files(source)
     expected = None
     if ref:

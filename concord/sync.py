@@ -20,7 +20,7 @@ from concord.gc import write_lease
 from concord.manifest import Manifest
 from concord.progress import Progress, ensure
 from concord.refs import resolve_root
-from concord.stores.base import Store, canonical_ref
+from concord.stores.base import Store, check_writable_ref
 
 HAS_BATCH = 1000
 
@@ -91,7 +91,7 @@ def replicate(
         raise ValueError("replicate: name at least one target store")
     if (ref is None) == (root is None):
         raise ValueError("replicate: give exactly one of ref= or root=")
-    ref = canonical_ref(ref) if ref else None
+    ref = check_writable_ref(ref) if ref else None
     root = resolve_root(source, ref or root)
     manifest_bytes = source.get_manifest_bytes(root)
     manifest = Manifest.from_json(manifest_bytes, expected_root=root, verify=True)

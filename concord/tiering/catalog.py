@@ -13,7 +13,7 @@ import json
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 
-from concord.stores.base import Store, validate_segment
+from concord.stores.base import LEDGER_HEAD, Store, validate_segment
 
 RECORD_FORMAT = "concord/tier-copy@1"
 
@@ -101,7 +101,7 @@ def copies(store: Store, namespace: str) -> dict[str, str]:
     out = {}
     for ref in store.list_refs():
         ns, _, name = ref.partition("/")
-        if ns == namespace and not name.startswith("_"):
+        if ns == namespace and name != LEDGER_HEAD:  # every other ref there is a checkpoint
             r = store.read_ref(ref)
             if r is not None:
                 out[name] = r.root

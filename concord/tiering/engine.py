@@ -30,8 +30,9 @@ from concord.errors import (
     SafetensorsError,
     SourceNotFoundError,
 )
+from concord.gc import write_lease
 from concord.progress import Progress
-from concord.stores.base import Store, validate_segment
+from concord.stores.base import Store, check_writable_ref, validate_segment
 from concord.tiering.catalog import (
     CopyRecord,
     copies,
@@ -345,16 +346,20 @@ def add_checkpoint(
     src = os.path.abspath(os.fspath(path))
     name = name or os.path.basename(src.rstrip(os.sep))
     validate_segment(name, "checkpoint name")
+    check_writable_ref(policy.ref(name), "checkpoint name")
     scan = checkpoint_ready(src, marker=policy.marker, settle_seconds=policy.settle_seconds, sleep=sleep)
     stores = stores or open_tiers(policy)
     ref = policy.ref(name)
     existing = {t: stores[t].read_ref(ref) for t in TIERS}
     known = next((r.root for r in existing.values() if r is not None), None)
     hot = stores["hot"]
-    snap = snapshot(src, hot, progress=progress, message=f"checkpoint {name}")
-    if known is not None and known != snap.root:
-        raise CheckpointConflictError(name, known, snap.root)
-    hot.cas_ref(ref, None, snap.root, f"tier add {name}")
+    # one lease from before the snapshot looks at hot until the ref has moved: a collection in
+    # between would see a manifest no ref names yet
+    with write_lease(hot, f"tier add {name}"):
+        snap = snapshot(src, hot, progress=progress, message=f"checkpoint {name}")
+        if known is not None and known != snap.root:
+            raise CheckpointConflictError(name, known, snap.root)
+        hot.cas_ref(ref, None, snap.root, f"tier add {name}")
     c = Checkpoint(name, snap.root, checkpoint_time(scan), step if step is not None else step_of(name), snap.bytes, snap.files)
     _record(policy, "hot", hot, c, how="on-write")
     new_bytes = {"hot": snap.new_bytes}

@@ -111,6 +111,27 @@ def test_garbage_of_demoted_copies_is_collected(tmp_path, base, policy):
     assert set(stores["hot"].iter_chunks()) == live
 
 
+def test_a_checkpoint_whose_name_starts_with_an_underscore_is_kept_in_every_tier(tmp_path, base, policy):
+    (f,) = checkpoints(tmp_path, base, [10])
+    os.utime(f / "COMPLETE", (1_700_000_000,) * 2)
+    result = add_checkpoint(policy, f, name="_ck")
+    assert result.sweep.ok
+    assert held(policy) == {"hot": {"_ck"}, "warm": {"_ck"}, "cold": {"_ck"}}
+    stores = open_tiers(policy)
+    for t in ("hot", "warm", "cold"):
+        assert verify(stores[t], ref=policy.ref("_ck")).ok, t
+    assert [c["name"] for c in tier_status(policy)["checkpoints"]] == ["_ck"]
+
+
+def test_the_ledger_head_name_is_refused_as_a_checkpoint_name(tmp_path, base, policy):
+    from concord.errors import ReservedNameError
+
+    (f,) = checkpoints(tmp_path, base, [10])
+    with pytest.raises(ReservedNameError, match="reserved"):
+        add_checkpoint(policy, f, name="_ledger")
+    assert not (tmp_path / "hot").exists() or list(LocalDirStore(tmp_path / "hot").iter_chunks()) == []
+
+
 def test_adding_again_is_idempotent_and_a_changed_folder_is_refused(tmp_path, base, policy):
     (f,) = checkpoints(tmp_path, base, [10])
     first = add_checkpoint(policy, f)
