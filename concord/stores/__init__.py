@@ -113,8 +113,35 @@ def open_store(spec: "str | os.PathLike | Store", *, create: bool = True, must_e
 
 def open_store_to_read(spec: "str | os.PathLike | Store") -> Store:
     """The store ``spec`` names, for a command that only reads: never created, and a path that
-    holds no store is an error (:class:`~concord.errors.StoreNotFoundError`), not an empty store."""
-    return open_store(spec, create=False, must_exist=True)
+    holds no store is an error (:class:`~concord.errors.StoreNotFoundError`), not an empty store.
+
+    A folder is looked at on the spot; a bucket and prefix (or a block's store) are asked for one
+    key under ``refs/``, ``manifests/`` or ``chunks/`` (a missing bucket raises its own clear error)."""
+    if isinstance(spec, Store):
+        return spec
+    from concord.errors import StoreAccessError, StoreNotFoundError
+
+    store = open_store(spec, create=False, must_exist=True)
+    if isinstance(store, LocalDirStore):
+        return store
+    try:
+        held = holds_a_store(store)
+    except StoreAccessError as exc:
+        store.close()
+        cause = getattr(exc.__cause__, "response", None) or {}
+        if cause.get("Error", {}).get("Code") in ("404", "NoSuchBucket", "NotFound"):
+            where = getattr(store, "endpoint_url", None) or "AWS"
+            raise StoreNotFoundError(store.uri, f"bucket {getattr(store, 'bucket', '?')!r} does not exist at {where}") from None
+        raise
+    if not held:
+        store.close()
+        raise StoreNotFoundError(store.uri, "no refs/, manifests/ or chunks/ under it")
+    return store
+
+
+def holds_a_store(store: Store) -> bool:
+    """Whether anything sits under ``refs/``, ``manifests/`` or ``chunks/`` of ``store``."""
+    return any(next(iter(store._list_keys(prefix)), None) is not None for prefix in ("refs/", "manifests/", "chunks/"))
     if not isinstance(spec, str) or not spec.strip():
         raise InvalidStoreURIError(str(spec), "empty store address")
     spec = spec.strip()
