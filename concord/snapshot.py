@@ -196,7 +196,7 @@ def snapshot(
 ) -> SnapshotResult:
     """Snapshot ``source`` into ``store``; with ``ref``, point that ref at the new root (compare-and-swap)."""
     check_chunk_size(chunk_size)
-    ref = check_writable_ref(ref) if ref else None
+    ref = check_writable_ref(ref) if ref is not None else None  # "" is a mistake, not "no ref"
     files = collect_files(source)
     expected = None
     if ref:

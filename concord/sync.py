@@ -91,7 +91,7 @@ def replicate(
         raise ValueError("replicate: name at least one target store")
     if (ref is None) == (root is None):
         raise ValueError("replicate: give exactly one of ref= or root=")
-    ref = check_writable_ref(ref) if ref else None
+    ref = check_writable_ref(ref) if ref is not None else None  # "" is a mistake, not "no ref"
     root = resolve_root(source, ref or root)
     manifest_bytes = source.get_manifest_bytes(root)
     manifest = Manifest.from_json(manifest_bytes, expected_root=root, verify=True)

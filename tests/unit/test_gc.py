@@ -555,3 +555,14 @@ def test_nested_writers_on_one_store_share_a_lease(store):
             assert inner == outer and len(store.list_documents(LEASE_PREFIX)) == 1
         assert store.get_document(outer) is not None  # the outer writer still holds it
     assert store.list_documents(LEASE_PREFIX) == []
+
+
+def test_an_empty_ref_is_refused_by_the_core_not_taken_for_none(ckpt, tmp_path, store):
+    from concord.errors import InvalidNameError
+
+    with pytest.raises(InvalidNameError):
+        snapshot(ckpt, store, ref="", chunk_size=SMALL_CHUNK)
+    r = snapshot(ckpt, store, ref="m", chunk_size=SMALL_CHUNK)
+    with pytest.raises(InvalidNameError):
+        replicate(store, [LocalDirStore(tmp_path / "t")], ref="", root=None)
+    assert r.ref == "default/m"
