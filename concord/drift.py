@@ -29,10 +29,15 @@ them (with the exact p-value where scipy manages it); above, they are computed h
 sorted samples in one merge, with Smirnov's asymptotic p-value as ``ks_2samp(method="asymp")``
 gives it.
 
-Categorical columns (strings, categories, booleans, anything else) are compared over their
-categories, labels taken as text: PSI, KL and JS over the smoothed shares as above, Pearson's
-chi-squared test on the 2 x K table of counts (``scipy.stats.chi2_contingency``, no continuity
-correction), and the categories new in current and vanished from it.
+Categorical columns (strings, categories, booleans, anything else) are compared over buckets of
+their categories, labels taken as text: the reference's :data:`MAX_COMPARED_CATEGORIES` most
+frequent ones one by one, its others pooled as "(other)", and every category the reference never had
+pooled as "(new)" (so that thousands of empty categories' epsilons cannot swamp the reference: a
+wholesale replacement scores the same PSI at any cardinality). On them: PSI, KL and JS over the
+smoothed shares as above, Pearson's chi-squared test on the 2 x K table of counts
+(``scipy.stats.chi2_contingency``, no continuity correction); and the categories new in current and
+vanished from it, with ``new_share``, the share of current values in new categories. More than
+:data:`NEW_SHARE_CRITICAL` (half) of them there makes a column critical whatever PSI says.
 
 Nulls (None, NaN, NaT, and ±inf in numeric columns) are left out of every statistic and reported as
 each side's null share; a change of null share larger than ``null_share_change`` is itself a finding.
@@ -47,6 +52,13 @@ becomes critical (see :func:`data_drift`'s ``history``). Structural findings hav
 a column missing from current, of another type, or with no values left in current is critical; one
 with no values in the reference is a warning; one only current has is ok and not counted as
 compared.
+
+:func:`data_drift` takes two DataFrames and uses every value. :func:`data_drift_batches` takes two
+tables read batch by batch (:class:`TableBatches`; :func:`concord.data.table_batches` for files) in
+memory that does not grow with them: the reference first, then the current table in one pass; counts,
+categories and the current side's bin counts stay exact, and above :data:`SAMPLE_SIZE` values per
+column and side, the edges, the reference's bin shares, KS and Wasserstein come from seeded uniform
+samples (see ``docs/drift.md`` for the bounds).
 
 numpy, pandas and scipy are imported inside the functions that need them.
 """
