@@ -72,13 +72,6 @@ def _read_store(spec: str):
     return open_store_to_read(spec)
 
 
-def _read_store(spec: str):
-    """A store for a command that only reads: never created; a path holding no store is an error."""
-    from concord.stores import open_store_to_read
-
-    return open_store_to_read(spec)
-
-
 # ----------------------------------------------------------------------------- commands
 
 
