@@ -20,7 +20,7 @@ RECORD_FORMAT = "concord/tier-copy@1"
 
 def utc_iso(ts: float | None = None) -> str:
     when = datetime.now(timezone.utc) if ts is None else datetime.fromtimestamp(ts, timezone.utc)
-    return when.isoformat(timespec="seconds")
+    return when.isoformat(timespec="milliseconds")  # as precise as ref times: the two are compared
 
 
 def parse_iso(text: str | None) -> float | None:
