@@ -136,8 +136,8 @@ def table_batches(path: "str | os.PathLike", *, batch_bytes: int = BATCH_BYTES) 
     """A parquet or CSV file as :class:`concord.drift.TableBatches`: read batch by batch, about
     ``batch_bytes`` at a time, so that memory does not grow with the file.
 
-    Parquet: record batches of the columns asked for (pyarrow), as :func:`read_table` would type
-    them. CSV: ``pandas.read_csv`` in blocks of rows, each block typed on its own as
+    Parquet: consecutive row groups, one column at a time (pyarrow), typed as :func:`read_table`
+    types them. CSV: ``pandas.read_csv`` in blocks of rows, each block typed on its own as
     :func:`read_table` types the whole file; a column asked for ``as_text`` is read as text.
     The columns are known at once (the parquet footer, the CSV header); a file that is not there or
     cannot be read is a :class:`~concord.errors.DataFormatError`, raised here or while reading.
@@ -149,7 +149,6 @@ def table_batches(path: "str | os.PathLike", *, batch_bytes: int = BATCH_BYTES) 
         raise DataFormatError(path, "no such file")
     fmt = _format_of(path)
     if fmt == "parquet":
-        import pyarrow as pa
         import pyarrow.parquet as pq
 
         try:
@@ -157,13 +156,26 @@ def table_batches(path: "str | os.PathLike", *, batch_bytes: int = BATCH_BYTES) 
             columns = tuple(str(c) for c in pf.schema_arrow.empty_table().to_pandas().columns)
         except (ValueError, OSError) as exc:
             raise DataFormatError(path, f"cannot read it as parquet ({exc})") from exc
-        width = max(1, len(pf.schema_arrow))
 
         def read(names, as_text=False):
-            rows = max(1024, batch_bytes // (8 * min(width, max(1, len(names)))))
+            rows = max(1024, batch_bytes // 64)  # about 2 MB of float64 per column read
             try:
-                for batch in pq.ParquetFile(path).iter_batches(batch_size=rows, columns=list(names), use_threads=False):
-                    yield pa.Table.from_batches([batch]).to_pandas()
+                pf = pq.ParquetFile(path)
+                # consecutive row groups of about ``rows`` rows, one column at a time: a column
+                # chunk is contiguous in the file, and pyarrow keeps what it decoded until the end
+                # of the row groups it was given, so this bounds memory by ``batch_bytes``
+                groups, group, count = [], [], 0
+                for i in range(pf.metadata.num_row_groups):
+                    group.append(i)
+                    count += pf.metadata.row_group(i).num_rows
+                    if count >= rows:
+                        groups.append(group)
+                        group, count = [], 0
+                if group:
+                    groups.append(group)
+                for group in groups:
+                    for name in names:
+                        yield pf.read_row_groups(group, columns=[name], use_threads=False).to_pandas()
             except (ValueError, OSError) as exc:
                 raise DataFormatError(path, f"cannot read it as parquet ({exc})") from exc
 

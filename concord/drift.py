@@ -1171,9 +1171,11 @@ def data_drift(
 class TableBatches:
     """A table read batch by batch, so that its size does not matter.
 
-    ``columns`` are its column names, in order. ``read(names, as_text)`` yields DataFrames that
-    hold (at least) the columns ``names``, of any number of rows, from the first row to the last;
-    it can be called more than once, each time from the start. ``as_text`` asks for the values as
+    ``columns`` are its column names, in order. ``read(names, as_text)`` yields DataFrames of
+    consecutive rows holding some or all of the columns ``names`` (others are ignored): every value
+    of every column asked for is in exactly one of them, each column's in row order (a CSV reader
+    yields blocks of rows with every column, a parquet reader one column of some row groups at a
+    time); it can be called more than once, each time from the start. ``as_text`` asks for the values as
     the text they were written as, where the format has it (CSV); elsewhere it may be ignored.
     :func:`concord.data.table_batches` reads parquet and CSV files this way;
     :meth:`of_frame` slices a DataFrame.
@@ -1213,11 +1215,15 @@ def _read_sides(
     """
     def taken(names: list[str], as_text: bool) -> tuple[int, dict[str, _Column]]:
         cols = {n: _Column(sample_size=sample_size, seed=_seed(n), edges=edges.get(n), as_text=as_text) for n in names}
+        asked = names or list(table.columns[:1])
         rows = 0
-        for batch in table.read(names or list(table.columns[:1]), as_text):
-            rows += len(batch)
-            for n, column in cols.items():
-                column.add(batch[n])
+        for batch in table.read(asked, as_text):
+            by_name = _columns_by_name(batch, "a batch")
+            if asked[0] in by_name:  # each row is in exactly one batch holding the first column
+                rows += len(batch)
+            for n, s in by_name.items():
+                if n in cols:
+                    cols[n].add(s)
         return rows, cols
 
     rows, cols = taken(names, False)
