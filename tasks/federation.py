@@ -114,9 +114,9 @@ def federate_task(
     r["event_id"] = events.emit(FEDERATION_COMPLETED, _tenant(tenant), related, payload)
     rejected = [c["adapter"] for c in r["clients"] if not c["accepted"]]
     log.info(
-        "round %d of %s: %s over %d adapter(s) → %s %s (rank %s, relative error %s)%s; ledger %s",
+        "round %d of %s: %s over %d adapter(s) → %s %s (rank %s, relative error %s)%s; ledger: %s",
         r["round"], tenant, r["method"], len(r["clients"]), r["ref"], r["root"][:12], r["rank"], r["relative_error"],
-        f"; rejected {', '.join(rejected)}" if rejected else "", r["hash"][:12],
+        f"; rejected {', '.join(rejected)}" if rejected else "", r["ledger_note"],
     )
     return r
 
