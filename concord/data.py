@@ -193,10 +193,13 @@ def table_batches(path: "str | os.PathLike", *, batch_bytes: int = BATCH_BYTES) 
 
     def read(names, as_text=False):
         rows = max(1024, batch_bytes // line)
-        wanted = set(names)
+        wanted = list(names)
+        # every column parsed, as read_table parses them (``usecols`` would let a row with too many
+        # fields through), then only those asked for kept
         try:
-            with pd.read_csv(path, usecols=lambda c: c in wanted, chunksize=rows, dtype=str if as_text else None) as reader:
-                yield from reader
+            with pd.read_csv(path, chunksize=rows, dtype=str if as_text else None) as reader:
+                for block in reader:
+                    yield block[wanted] if len(wanted) < block.shape[1] else block
         except (ValueError, OSError) as exc:
             raise DataFormatError(path, f"cannot read it as csv ({exc})") from exc
 

@@ -354,6 +354,11 @@ def test_open_table_refuses_like_load_table(tmp_path):
     with pytest.raises(DriftConfigError, match="cannot read it as parquet") as caught:
         audit_data(tmp_path / "ok.csv", tmp_path / "bad.parquet")
     assert str(caught.value).startswith("current: ")
+    # a row with too many fields deep in a CSV file is refused, as when the file is read whole
+    (tmp_path / "ragged.csv").write_text("a,b\n" + "1,2\n" * 5000 + "1,2,3,4\n")
+    with pytest.raises(DriftConfigError, match="Expected 2 fields in line 5002, saw 4") as caught:
+        audit_data(tmp_path / "ragged.csv", tmp_path / "ok.csv", columns=["a"])
+    assert str(caught.value).startswith("reference: ")
 
 
 def test_names_of_inputs_and_stores():
