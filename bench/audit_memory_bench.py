@@ -11,8 +11,8 @@ Measured, each in a child process polled from here (``probe_memory``: RSS, file 
 a memory-mapped or buffered read counts too):
 
 - the whole-table audit, as ``concord audit data`` ran before streaming: both files read whole
-  with ``concord.data.read_table`` (``pandas.read_csv``), then ``data_drift`` on the two frames;
-- the streamed audit, as ``concord audit data`` runs now: ``concord.audit.audit_data`` reads the
+  with ``concord.lineage.data.read_table`` (``pandas.read_csv``), then ``data_drift`` on the two frames;
+- the streamed audit, as ``concord audit data`` runs now: ``concord.audit.report.audit_data`` reads the
   reference in blocks (bin edges, category counts, a bounded sample per column), then the current
   file in one pass.
 
@@ -131,12 +131,12 @@ def child(how: str, reference: str, current: str) -> None:
     sys.stdin.readline()
     t0 = time.perf_counter()
     if how == "whole":
-        from concord.data import read_table
-        from concord.drift import data_drift
+        from concord.lineage.data import read_table
+        from concord.audit.drift import data_drift
 
         report = data_drift(read_table(reference), read_table(current))
     else:
-        from concord.audit import audit_data
+        from concord.audit.report import audit_data
 
         report = audit_data(reference, current).drift
     seconds = time.perf_counter() - t0
@@ -171,7 +171,7 @@ def run(opts: Options) -> list[Table]:
         f"rows per file: {whole['rows'][0]:,} reference, {whole['rows'][1]:,} current; best of {opts.runs} run(s), peaks the highest",
         "peak RSS of the child process above nothing (imports included: "
         f"{whole['baseline_mb']:.0f} MB before reading); whole table = `read_table` both files, then `data_drift`",
-        "streamed = `concord.audit.audit_data`, what `concord audit data` runs",
+        "streamed = `concord.audit.report.audit_data`, what `concord audit data` runs",
         "verdicts: " + ", ".join(f"{c} {s}" for c, s in streamed["verdict"].items() if s != "ok"),
     ]
     if not same:

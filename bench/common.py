@@ -500,7 +500,7 @@ def ensure_finetuned(base: Checkpoint, data_dir: Path, *, fraction: float = 0.05
     import numpy as np
     import torch
 
-    from concord.safetensors_header import read_header
+    from concord.snapshots.safetensors_header import read_header
 
     names = changed_tensor_names(base.shape, fraction)
     folder = data_dir / f"{base.folder.name}-ft"

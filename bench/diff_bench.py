@@ -39,8 +39,8 @@ LIMIT_SECONDS = 1.0
 
 
 def run(opts: Options) -> list[Table]:
-    from concord.diff import diff_manifests
-    from concord.refs import load_manifest
+    from concord.snapshots.diff import diff_manifests
+    from concord.snapshots.refs import load_manifest
 
     n_tensors, per_tensor = (100, 1000) if opts.quick else (1000, 1000)
     store, (ra, rb), build_seconds = _ensure_manifests(opts.data_dir, n_tensors, per_tensor)
@@ -107,7 +107,7 @@ def run(opts: Options) -> list[Table]:
 
 def _ensure_manifests(data_dir: Path, n_tensors: int, per_tensor: int):
     """The two manifests' store and roots, built once and reused while the parameters match."""
-    from concord.manifest import DEFAULT_CHUNK_SIZE
+    from concord.snapshots.manifest import DEFAULT_CHUNK_SIZE
     from concord.stores import LocalDirStore
 
     name = f"diff-{n_tensors}x{per_tensor}"
@@ -149,7 +149,7 @@ def _ensure_manifests(data_dir: Path, n_tensors: int, per_tensor: int):
 def _manifest(ids: str, replaced: dict[int, str], header_id: str, n_tensors: int, per_tensor: int, chunk_size: int):
     """A manifest of ``SHARDS`` safetensors files sharing ``n_tensors`` tensors of ``per_tensor``
     chunks; tensor ``t`` takes its ids from ``replaced[t]`` if there, else from ``ids``."""
-    from concord.manifest import Manifest, make_file, make_part
+    from concord.snapshots.manifest import Manifest, make_file, make_part
 
     tensor_len = per_tensor * chunk_size
     # bf16 elements laid out as [rows, 131072]: per_tensor × chunk_size bytes exactly

@@ -298,7 +298,7 @@ def memory_child(reference: str, current: str, rows: int, workers: int) -> None:
     import pandas as pd
 
     from bench.evidently_runner import read_rows
-    from concord.drift import data_drift
+    from concord.audit.drift import data_drift
 
     # load the modules the audit imports before the baseline is taken
     tiny = pd.DataFrame({"x": np.arange(20_000, dtype=np.float64)})
@@ -325,7 +325,7 @@ def _measure(
     then Concord's memory probes."""
     import numpy as np
 
-    from concord.drift import data_drift
+    from concord.audit.drift import data_drift
 
     size = Size(rows)
     log(f"loading {rows:,} rows × {COLUMNS} columns of both tables")

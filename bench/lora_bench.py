@@ -3,9 +3,9 @@
 Eight clients hold LoRA adapters of rank 16 (lora_alpha 32) on the four attention projections
 (q, k, v, o; 4096 × 4096) of 32 layers: 128 modules, random float32 factors (A ~ N(0, 1/in),
 B ~ N(0, 0.01²)), random per-client weights (numbers of examples). They are built in memory as
-``concord.lora.Adapter`` objects: the benchmark measures the math, not file reading.
+``concord.federation.lora.Adapter`` objects: the benchmark measures the math, not file reading.
 
-- ``exact`` at rank 16: ``concord.lora.aggregate(method="exact", rank=16)`` over all 128 modules,
+- ``exact`` at rank 16: ``concord.federation.lora.aggregate(method="exact", rank=16)`` over all 128 modules,
   with its default options (the Gram-matrix norms and distances of ``max_norm_ratio=10`` included).
 - The dense route at rank 16: form ``ΔW = Σ p_k s_k B_k A_k`` as a float32 [4096, 4096] matrix,
   ``torch.linalg.svd``, keep 16 singular triplets. It takes 10–20 s a module on 2 cores, so it runs
@@ -44,7 +44,7 @@ def make_adapters(layers: int, d: int, seed: int = 2024):
     """``CLIENTS`` in-memory adapters of random float32 factors, and their weights."""
     import torch
 
-    from concord.lora import Adapter, LoraModule
+    from concord.federation.lora import Adapter, LoraModule
 
     base = "bench/llama-like"
     adapters = []
@@ -111,7 +111,7 @@ def low_rank(result, names) -> dict:
 def run(opts: Options) -> list[Table]:
     import torch
 
-    from concord.lora import aggregate
+    from concord.federation.lora import aggregate
 
     layers, d = shape(opts.quick)
     adapters, weights = make_adapters(layers, d)
@@ -255,7 +255,7 @@ def memory_child(layers: int, d: int) -> None:
 
     import torch
 
-    from concord.lora import aggregate
+    from concord.federation.lora import aggregate
 
     # load the linear-algebra kernels before the baseline is taken
     x = torch.randn(64, 8, dtype=torch.float64)

@@ -49,7 +49,7 @@ FLAT_SLACK_MB = 32
 
 
 def run(opts: Options) -> list[Table]:
-    from concord.snapshot import snapshot
+    from concord.snapshots.snapshot import snapshot
     from concord.stores import LocalDirStore
 
     ckpt = ensure_checkpoint(opts.data_dir, opts.size_gb)
@@ -211,7 +211,7 @@ def memory_child(file: str, store_dir: str) -> None:
     import gc
 
     from concord.hashing import chunk_id
-    from concord.snapshot import snapshot
+    from concord.snapshots.snapshot import snapshot
     from concord.stores import LocalDirStore
 
     chunk_id(b"")  # load BLAKE3 before the baseline is taken

@@ -47,9 +47,9 @@ FRACTION = 0.05
 
 
 def run(opts: Options) -> list[Table]:
-    from concord.snapshot import snapshot
+    from concord.snapshots.snapshot import snapshot
     from concord.stores import LocalDirStore
-    from concord.sync import replicate
+    from concord.snapshots.sync import replicate
 
     base = ensure_checkpoint(opts.data_dir, opts.size_gb)
     ft = ensure_finetuned(base, opts.data_dir, fraction=FRACTION)

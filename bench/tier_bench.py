@@ -173,7 +173,7 @@ def write_checkpoint(folder: Path, base, step: int) -> Path:
 
 
 def _bytes_table(opts, base, stores, held, sizes, adds, stored_bytes) -> Table:
-    from concord.refs import load_manifest
+    from concord.snapshots.refs import load_manifest
 
     stored = {t: stored_bytes(s) for t, s in stores.items()}
     per_tier_plain = {t: sum(sizes[n] for n in held[t]) for t in stores}

@@ -6,7 +6,7 @@ with ``--quick``) is snapshotted into a local store in the work folder, in 4 MiB
 once so the store's chunks sit in the page cache.
 
 Timed, in interleaved rounds, each a whole-store verify of that store:
-- the baseline: ``concord.verify.verify`` called once (one pass on the store's threads, no
+- the baseline: ``concord.snapshots.verify.verify`` called once (one pass on the store's threads, no
   orchestration): what verify-store did in a single task before the fan-out;
 - verify-store on threads (``CONCORD_TASK_RUNNER=threads``): batches of 256 MiB, two in flight;
 - verify-store on a Dask cluster started for each run (``CONCORD_TASK_RUNNER=dask``, one worker
@@ -53,10 +53,10 @@ def _prefect_server() -> Iterator[None]:
 def run(opts: Options) -> list[Table]:
     from distributed import LocalCluster
 
-    from concord.manifest import DEFAULT_CHUNK_SIZE
-    from concord.snapshot import snapshot
+    from concord.snapshots.manifest import DEFAULT_CHUNK_SIZE
+    from concord.snapshots.snapshot import snapshot
     from concord.stores import LocalDirStore
-    from concord.verify import verify
+    from concord.snapshots.verify import verify
     from flows._runner import task_runner
     from flows.verify import verify_store
 

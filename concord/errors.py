@@ -380,7 +380,7 @@ class DataSnapshotNotFoundError(ConcordError, KeyError):
         self.snapshot_id = snapshot_id
         super().__init__(
             f"no data snapshot {snapshot_id} in {store}; register the data there with "
-            "`concord.data.register_data`, or sync the snapshot and its datasets/ document there."
+            "`concord.lineage.data.register_data`, or sync the snapshot and its datasets/ document there."
         )
 
     def __str__(self) -> str:
@@ -429,8 +429,8 @@ class ContractError(ConcordError, ValueError):
         self.where = where
         self.problem = problem
         fix = fix or (
-            "Fix the contract (see concord.contracts.Contract for the fields), or infer a "
-            "fresh one from good data with concord.contracts.infer_contract."
+            "Fix the contract (see concord.lineage.contracts.Contract for the fields), or infer a "
+            "fresh one from good data with concord.lineage.contracts.infer_contract."
         )
         super().__init__(f"{where}: {problem}. {fix}")
 
@@ -448,7 +448,7 @@ class ContractConflictError(ContractError):
             f"already saved in {store} with different content (saved {saved_digest[:12]}, "
             f"new {new_digest[:12]})",
             "A saved version never changes: bump the version and save again, then check the "
-            "change with concord.contracts.compatible(old, new).",
+            "change with concord.lineage.contracts.compatible(old, new).",
         )
 
 
@@ -466,7 +466,7 @@ class ContractNotFoundError(ConcordError, KeyError, FileNotFoundError):
         else:
             listing = "; none is saved there yet"
         super().__init__(
-            f"no contract {ref!r} in {where}{listing}. Save it with concord.contracts.save_contract, "
+            f"no contract {ref!r} in {where}{listing}. Save it with concord.lineage.contracts.save_contract, "
             "or pass 'name@VERSION', 'name' (its latest version) or the path of a .json file."
         )
 

@@ -4,7 +4,7 @@
         [--state FILE] [--interval S] [--marker COMPLETE] [--settle S] [--model NAME] [--once]
 
 Every ``--interval`` seconds it scans the watched folders and S3 prefixes
-(:class:`concord.watch.Watcher`) and emits one ``concord.checkpoint.created`` event per checkpoint
+(:class:`concord.snapshots.watch.Watcher`) and emits one ``concord.checkpoint.created`` event per checkpoint
 that became complete, about the resource ``concord.checkpoint.<model>/<name>``, with the
 announcement as payload. The event id is derived from the checkpoint's path and fingerprint, so
 a duplicate emission (a state file lost, two watchers) carries the same id and is recognisable
@@ -28,7 +28,7 @@ import uuid
 from typing import Any
 
 from concord.errors import ConcordError
-from concord.watch import Announcement, Watcher
+from concord.snapshots.watch import Announcement, Watcher
 
 log = logging.getLogger("concord.watcher")
 

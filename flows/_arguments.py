@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 
-from concord.staging import is_s3, s3_checkpoint_problem
+from concord.snapshots.staging import is_s3, s3_checkpoint_problem
 
 #: the completion marker the checkpoint watcher waits for; on its own it is no checkpoint
 MARKER = "COMPLETE"
@@ -58,7 +58,7 @@ def started_by_event(*values: object) -> bool:
 
 
 def _has_files(folder: str) -> bool:
-    from concord.walk import walk_files
+    from concord.snapshots.walk import walk_files
 
     return any(rel.rsplit("/", 1)[-1] != MARKER for rel, _ in walk_files(folder))
 

@@ -31,7 +31,7 @@ from prefect import flow
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from pydantic import BaseModel, Field, model_validator
 
-from concord.audit import (
+from concord.audit.report import (
     AuditReport,
     audit_name,
     column_rows,
@@ -41,7 +41,7 @@ from concord.audit import (
     spec_name,
     worst_tensor_rows,
 )
-from concord.cli_lineage import default_registry
+from concord.cli.lineage import default_registry
 from flows._params import ModelName, StoreAddress
 from tasks.audit import (
     AUDIT_EXPERIMENT,

@@ -173,7 +173,7 @@ def corrupt_chunk(store_path: str, cid: str) -> str:
 
 
 def run(home: Path, story: Story) -> None:
-    from concord.refs import load_manifest
+    from concord.snapshots.refs import load_manifest
     from concord.stores import open_store
     from flows.demo_tiering import tiering_folders, tiering_story
     from flows.replicate import replicate_snapshot
@@ -312,10 +312,10 @@ def lineage_story(home: Path, story: Story, stores: dict[str, str], base_root: s
 
     from palmerpenguins import load_penguins
 
-    from concord.contracts import compatible, infer_contract, save_contract
-    from concord.data import write_parquet
+    from concord.lineage.contracts import compatible, infer_contract, save_contract
+    from concord.lineage.data import write_parquet
     from concord.errors import PromotionRefused
-    from concord.lineage import Lineage, render_png, to_mermaid
+    from concord.lineage.tracking import Lineage, render_png, to_mermaid
     from concord.stores import open_store
     from flows.lineage import describe_checks, promote_model, register_data_snapshot, register_model_version, validate_contract
     from flows.replicate import replicate_snapshot
@@ -491,9 +491,9 @@ def federation_story(home: Path, story: Story, stores: dict[str, str], base_fold
 def _federation(home: Path, story: Story, stores: dict[str, str], base_folder: Path) -> None:
     from transformers import AutoModel
 
-    from concord.ledger import round_key, verify_ledger
-    from concord.refs import load_manifest
-    from concord.restore import restore
+    from concord.federation.ledger import round_key, verify_ledger
+    from concord.snapshots.refs import load_manifest
+    from concord.snapshots.restore import restore
     from concord.stores import open_store
     from flows.federation import lora_federation
     from flows.snapshot import snapshot_checkpoint

@@ -40,7 +40,7 @@ def penguin_tables(folder: Path, seed: int = 0) -> dict[str, Path]:
     import numpy as np
     from palmerpenguins import load_penguins
 
-    from concord.data import write_parquet
+    from concord.lineage.data import write_parquet
 
     df = load_penguins()
     idx = np.random.default_rng(seed).permutation(len(df))
@@ -81,11 +81,11 @@ def bf16_copy(base: Path, out: Path) -> Path:
 def audit_story(home: Path, story, stores: dict[str, str], base_folder: Path) -> None:
     from palmerpenguins import load_penguins
 
-    from concord.audit import AuditReport
-    from concord.contracts import infer_contract, save_contract
-    from concord.drift import data_drift
-    from concord.data import read_table
-    from concord.snapshot import snapshot
+    from concord.audit.report import AuditReport
+    from concord.lineage.contracts import infer_contract, save_contract
+    from concord.audit.drift import data_drift
+    from concord.lineage.data import read_table
+    from concord.snapshots.snapshot import snapshot
     from concord.stores import open_store
     from flows.audit import nightly_drift_audit
 

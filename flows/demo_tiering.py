@@ -375,7 +375,7 @@ def tiering_story(home: Path, story, base_folder: Path) -> None:
 
 
 def _tiering(folder: Path, story, s3: LocalS3, training: TrainingRun) -> None:
-    from concord.refs import load_manifest
+    from concord.snapshots.refs import load_manifest
     from concord.stores.base import ARCHIVED
     from concord.tiering import load_policy, stored_bytes
     from flows._report import human as _human

@@ -9,7 +9,7 @@ from prefect.artifacts import create_markdown_artifact, create_progress_artifact
 from prefect.futures import as_completed
 from pydantic import Field
 
-from concord.staging import staged_checkpoint
+from concord.snapshots.staging import staged_checkpoint
 from flows._arguments import BadArguments, checkpoint_problems, ref_problems, started_by_event, store_problems, targets_problems
 from flows._params import RefName, StoreAddress
 from flows._policy import final

@@ -17,7 +17,7 @@ from prefect import flow
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from pydantic import Field
 
-from concord.staging import staged_checkpoint
+from concord.snapshots.staging import staged_checkpoint
 from flows._arguments import BadArguments, checkpoint_problems, started_by_event
 from flows._policy import final
 from flows._report import human, md_table, short

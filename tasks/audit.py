@@ -1,8 +1,8 @@
 """Drift audit tasks: data drift with its nightly history, contract validation, replica weights,
 model cards, the MLflow run of an audit and its event.
 
-Thin wrappers over :mod:`concord.audit`, :mod:`concord.drift`, :mod:`concord.replicas` and
-:mod:`concord.model_cards`: each opens its stores from their specs, calls the core and returns a
+Thin wrappers over :mod:`concord.audit.report`, :mod:`concord.audit.drift`, :mod:`concord.audit.replicas` and
+:mod:`concord.audit.model_cards`: each opens its stores from their specs, calls the core and returns a
 plain dict. Reading is safe to repeat, so every task that reads a store is retried when the store
 does not answer; recording a night twice replaces the first record.
 
@@ -34,7 +34,7 @@ from tasks.common import RETRIES, RETRY_DELAYS, open_stores, retry_if_transient
 from tasks.progress import PrefectProgress, run_logger
 
 if TYPE_CHECKING:  # pragma: no cover
-    from concord.lineage import Lineage
+    from concord.lineage.tracking import Lineage
 
 DRIFT_DETECTED = "concord.drift.detected"
 DRIFT_AUDITED = "concord.drift.audited"
@@ -116,8 +116,8 @@ def data_drift_task(
     Returns ``{name, night, drift: DriftReport.to_dict(), reference, current: TableSource dicts,
     history, history_key, plots: {column: path}}``.
     """
-    from concord.audit import audit_name, night_of, open_table, plot_histograms_by_column, previous_nights, record_night, stream_drift
-    from concord.drift import DriftThresholds
+    from concord.audit.report import audit_name, night_of, open_table, plot_histograms_by_column, previous_nights, record_night, stream_drift
+    from concord.audit.drift import DriftThresholds
 
     limits = DriftThresholds(**(thresholds or {}))
     log = run_logger()
@@ -161,8 +161,8 @@ def audit_contract_task(contract: str, contracts_store: str, current: str, data_
     ``data_store``) against ``contract`` (``name@version``, ``name`` for its latest, or a .json
     file) of ``contracts_store`` with great-expectations. Returns the audit's contract section
     (``check_contract``): a violation is reported, not raised."""
-    from concord.audit import check_contract, load_table
-    from concord.contracts import load_contract
+    from concord.audit.report import check_contract, load_table
+    from concord.lineage.contracts import load_contract
 
     with open_stores(contracts_store, data_store) as (cs, ds):
         c = load_contract(cs, contract)
@@ -189,8 +189,8 @@ def audit_contract_task(contract: str, contracts_store: str, current: str, data_
 def model_holders_task(model: str, version: str, tracking_uri: str | None = None) -> dict:
     """The snapshot root of model version ``model``/``version`` (a number or an alias such as
     champion) and the stores lineage records as holding it: ``{name, version, root, stores}``."""
-    from concord.audit import model_holders
-    from concord.lineage import Lineage
+    from concord.audit.report import model_holders
+    from concord.lineage.tracking import Lineage
 
     lineage = Lineage(tracking_uri)
     lineage.ensure_ready()  # an unreachable server is a ConnectionError: retried
@@ -211,8 +211,8 @@ def audit_replicas_task(snapshot: str, stores: Sequence[str], reference: str | N
     ``reference``'s, a cluster label): by Merkle root, then tensor by tensor in ULPs of the lower
     precision. Clusters are labelled by the stores' last path segments. Returns
     ``ReplicaReport.to_dict()``: differences are reported, not raised."""
-    from concord.audit import store_labels
-    from concord.replicas import compare_replicas
+    from concord.audit.report import store_labels
+    from concord.audit.replicas import compare_replicas
 
     specs = list(stores)
     labels = store_labels(specs)
@@ -238,8 +238,8 @@ def audit_cards_task(snapshot: str, stores: Sequence[str], required: Sequence[st
     """Compare the model card of snapshot ``snapshot`` on every store with the first store's (or
     ``reference``'s, a cluster label), and check the required fields (``required``; default: the
     core's list). Returns ``CardReport.to_dict()``."""
-    from concord.audit import store_labels
-    from concord.model_cards import compare_cards
+    from concord.audit.report import store_labels
+    from concord.audit.model_cards import compare_cards
 
     specs = list(stores)
     labels = store_labels(specs)
@@ -271,7 +271,7 @@ def log_audit_task(
 
     Never fails the audit: when MLflow cannot be written, a warning is logged and None returned.
     """
-    from concord.lineage import Lineage
+    from concord.lineage.tracking import Lineage
 
     log = run_logger()
     lineage = Lineage(tracking_uri)
@@ -321,7 +321,7 @@ def _note(markdown: str) -> str:
 def _log_audit_run(client, run_id: str, report: dict, markdown: str, plots: list[str], params: dict) -> None:
     from mlflow.entities import Metric, Param
 
-    from concord.drift import SEVERITIES
+    from concord.audit.drift import SEVERITIES
 
     now = int(time.time() * 1000)
     metrics = {"severity_rank": float(SEVERITIES.index(report["severity"]))}
@@ -361,7 +361,7 @@ def audit_event_task(report: dict, name: str, night: str, run_id: str | None = N
     """Emit ``concord.drift.detected`` (severity and priority in the payload) when the audit's
     severity is not ok, else ``concord.drift.audited``; resource ``concord.audit.<name>``.
     Returns the event's id."""
-    from concord.audit import column_order
+    from concord.audit.report import column_order
 
     drifted = [
         {k: c.get(k) for k in ("column", "severity", "priority", "psi", "escalated", "finding")}

@@ -1,6 +1,6 @@
 """Federation tasks: run one LoRA federation round of a tenant, and verify a tenant's ledger.
 
-Thin wrappers over :func:`concord.federation.run_round` and :func:`concord.ledger.verify_ledger`:
+Thin wrappers over :func:`concord.federation.rounds.run_round` and :func:`concord.federation.ledger.verify_ledger`:
 they open the stores from their specs, call the core, emit an event and return a plain dict.
 
 Events (an automation pages on ``concord.ledger.tampered``)::
@@ -69,12 +69,12 @@ def federate_task(
     Emits ``concord.federation.completed``. Retried only when a store does not answer; a retry
     before the ledger append redoes nothing already done (same result, same root, ref in place).
     """
-    from concord.federation import run_round
+    from concord.federation.rounds import run_round
 
     specs = list(clusters)
     lineage = None
     if record_lineage:
-        from concord.lineage import Lineage
+        from concord.lineage.tracking import Lineage
 
         lineage = Lineage(tracking_uri)
     with open_stores(*specs, ledger_store) as opened:
@@ -133,7 +133,7 @@ def verify_ledger_task(store: str, tenant: str) -> dict:
     """Check ``tenant``'s ledger in ``store`` (round hashes, chain, head). Returns the report
     rather than raising: the caller decides what tampering means. Emits
     ``concord.ledger.verified`` or ``concord.ledger.tampered``."""
-    from concord.ledger import verify_ledger
+    from concord.federation.ledger import verify_ledger
 
     with open_stores(store) as (s,):
         report = verify_ledger(s, tenant)

@@ -20,7 +20,7 @@ from tasks.progress import PrefectProgress, human_bytes, run_logger
 
 if TYPE_CHECKING:
     from concord.stores.base import Store
-    from concord.verify import VerifyResult
+    from concord.snapshots.verify import VerifyResult
 
 #: the store tasks' retry policy: only errors a later attempt can cure
 _STORE_TASK = dict(retries=RETRIES, retry_delay_seconds=RETRY_DELAYS, retry_condition_fn=retry_if_transient, cache_policy=NO_CACHE)
@@ -62,7 +62,7 @@ def verify_task(store: str, ref: str | None = None, root: str | None = None, rep
     Returns the report (``ok`` is False while anything is still broken) rather than raising:
     the caller decides what a broken store means. Emits ``concord.store.verified``.
     """
-    from concord.verify import verify
+    from concord.snapshots.verify import verify
 
     with open_stores(store, repair_from) as (s, donor):
         r = verify(s, ref=ref, root=root, repair_from=donor, progress=PrefectProgress())
@@ -76,7 +76,7 @@ def verify_plan_task(
     """What a verify of ``store`` checks (see ``verify_task``), with the chunks cut into batches of
     about ``batch_bytes``: ``{store, roots, bad_manifests, repaired, chunks, bytes, batches}``,
     each batch a ``{chunk id: expected length}`` in id order. Damaged manifests are repaired here."""
-    from concord.verify import plan
+    from concord.snapshots.verify import plan
 
     with open_stores(store, repair_from) as (s, donor):
         p = plan(s, ref=ref, root=root, repair_from=donor)
@@ -100,7 +100,7 @@ def verify_plan_task(
 def verify_batch_task(store: str, batch: dict[str, int]) -> dict:
     """Re-hash one batch of chunks (``{chunk id: expected length, -1 if unknown}``):
     ``{missing, corrupt, chunks, bytes_read}``, ids in order. Reads only; repairs nothing."""
-    from concord.verify import check
+    from concord.snapshots.verify import check
 
     with open_stores(store) as (s,):
         return check(s, batch).to_dict()
@@ -120,7 +120,7 @@ def verify_conclude_task(
     """Combine the checks of a plan's batches (in batch order) into the report ``verify_task``
     gives, repairing first from ``repair_from``; ``roots``, ``bad_manifests`` and ``repaired``
     come from the plan. Emits ``concord.store.verified``."""
-    from concord.verify import Checked, conclude
+    from concord.snapshots.verify import Checked, conclude
 
     parts = [Checked(tuple(c["missing"]), tuple(c["corrupt"]), c["chunks"], c["bytes_read"]) for c in checks]
     with open_stores(store, repair_from) as (s, donor):

@@ -1,8 +1,8 @@
 """Lineage tasks: register data snapshots and model versions, validate data against contracts,
 promote through the gate, and record which stores hold a version.
 
-Each task is a thin wrapper over ``concord.data``, ``concord.contracts`` and
-``concord.lineage.Lineage``: it opens the stores from their specs, calls the core, emits an event
+Each task is a thin wrapper over ``concord.lineage.data``, ``concord.lineage.contracts`` and
+``concord.lineage.tracking.Lineage``: it opens the stores from their specs, calls the core, emits an event
 and returns a plain, JSON-serialisable dict. Tasks that write lineage take ``tracking_uri``
 (``None``: ``$MLFLOW_TRACKING_URI``, else the sqlite database in ``$CONCORD_HOME``) and check the
 tracking backend first, so an unreachable server fails the task before any store is touched.
@@ -38,7 +38,7 @@ from tasks.progress import PrefectProgress, run_logger
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
 
-    from concord.lineage import Lineage
+    from concord.lineage.tracking import Lineage
     from concord.stores.base import Store
 
 DATA_REGISTERED = "concord.data.registered"
@@ -94,7 +94,7 @@ def shown_uri(uri: str) -> str:
 def _lineage(tracking_uri: str | None) -> "Lineage":
     """The lineage backend, checked: :class:`~concord.errors.LineageUnreachableError` (a
     ``ConnectionError``, so retried) when the tracking server does not answer."""
-    from concord.lineage import Lineage
+    from concord.lineage.tracking import Lineage
 
     lineage = Lineage(tracking_uri)
     lineage.ensure_ready()
@@ -103,7 +103,7 @@ def _lineage(tracking_uri: str | None) -> "Lineage":
 
 def _data_id(store: "Store", spec: str) -> str:
     """A data snapshot's id from its id, or from its ref (``data/penguins``, ``data/penguins~1``)."""
-    from concord.refs import resolve_root
+    from concord.snapshots.refs import resolve_root
 
     return resolve_root(store, spec.strip())
 
@@ -131,7 +131,7 @@ def register_data_task(
     touched. Emits ``concord.data.registered``. Safe to retry: the same bytes get the same id and
     leave the ref where it is (a retry may log a second MLflow run for them).
     """
-    from concord.data import register_data
+    from concord.lineage.data import register_data
 
     lineage = _lineage(tracking_uri)
     with open_stores(store) as (s,):
@@ -170,8 +170,8 @@ def validate_contract_task(contract_store: str, contract_ref: str, data_store: s
     the caller decides what a violation means. Emits ``concord.contract.validated`` or
     ``concord.contract.failed``.
     """
-    from concord.contracts import load_contract, validate
-    from concord.data import data_info, load_data
+    from concord.lineage.contracts import load_contract, validate
+    from concord.lineage.data import data_info, load_data
 
     with open_stores(contract_store, data_store) as (cs, ds):
         contract = load_contract(cs, contract_ref)
@@ -242,8 +242,8 @@ def register_model_task(
     specs = [stores] if isinstance(stores, str) else list(stores)
     if not specs:
         raise ValueError("no stores given: name at least the store that holds the snapshot")
-    from concord.lineage import TAG_CONTRACT, TAG_CONTRACT_DIGEST, TAG_DATA_NAME, TAG_HELD_BY, TAG_STORE
-    from concord.refs import resolve_root
+    from concord.lineage.tracking import TAG_CONTRACT, TAG_CONTRACT_DIGEST, TAG_DATA_NAME, TAG_HELD_BY, TAG_STORE
+    from concord.snapshots.refs import resolve_root
 
     lineage = _lineage(tracking_uri)
     # a store is opened only when it is looked in (opening a folder store creates it)
@@ -361,7 +361,7 @@ def record_replica_task(root: str, store: str, tier: str = "hot", tracking_uri: 
     An embedded sqlite database that does not exist yet holds no versions: it is left
     uncreated rather than made just to find that out.
     """
-    from concord.lineage import Lineage
+    from concord.lineage.tracking import Lineage
 
     lineage = Lineage(tracking_uri)
     out = {"root": root, "store": store, "tier": tier, "updated": [], "tracking_uri": shown_uri(lineage.tracking_uri)}
@@ -401,7 +401,7 @@ def model_lineage_task(name: str, version: str | int, tracking_uri: str | None =
     """Everything recorded about ``name``/``version`` (snapshot, data, contract, parents, holders,
     aliases, dataset inputs), with the lineage graph of model ``name`` as ``graph`` and as a
     Mermaid flowchart in ``mermaid``."""
-    from concord.lineage import to_mermaid
+    from concord.lineage.tracking import to_mermaid
 
     lineage = _lineage(tracking_uri)
     out = lineage.model_lineage(name, str(version))

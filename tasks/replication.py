@@ -25,7 +25,7 @@ def replicate_task(source: str, target: str, ref: str | None = None, root: str |
     compare-and-swap. Emits ``concord.replica.updated``, or ``concord.replica.failed`` (then
     re-raises: an unreachable store is retried, anything else fails the task at once).
     """
-    from concord.sync import replicate
+    from concord.snapshots.sync import replicate
 
     target_uri, source_uri = target, source
     try:

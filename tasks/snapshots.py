@@ -12,7 +12,7 @@ import os
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from concord.manifest import DEFAULT_CHUNK_SIZE
+from concord.snapshots.manifest import DEFAULT_CHUNK_SIZE
 from tasks import events
 from tasks.common import RETRIES, RETRY_DELAYS, open_stores, retry_if_transient
 from tasks.progress import PrefectProgress, run_logger
@@ -37,7 +37,7 @@ def snapshot_task(
     Emits ``concord.snapshot.created``. Safe to retry: chunks already written are not sent
     again, and a ref already at the new root is left as it is.
     """
-    from concord.snapshot import snapshot
+    from concord.snapshots.snapshot import snapshot
 
     with open_stores(store) as (s,):
         r = snapshot(source, s, ref=ref, chunk_size=chunk_size, message=message, progress=PrefectProgress())
@@ -57,8 +57,8 @@ def snapshot_task(
 def diff_task(store: str, a: str, b: str, against: str | None = None) -> dict:
     """Which files and tensors differ between snapshot ``a`` in ``store`` and ``b`` (in
     ``against`` if given, else in ``store``). ``a``/``b``: a ref, ``ref~N`` or a 64-hex root."""
-    from concord.diff import diff_manifests
-    from concord.refs import load_manifest, resolve_root
+    from concord.snapshots.diff import diff_manifests
+    from concord.snapshots.refs import load_manifest, resolve_root
 
     with open_stores(store, against) as (sa, sb):
         sb = sb or sa
@@ -80,8 +80,8 @@ def restore_task(store: str, snapshot: str, out_dir: str) -> dict:
 
     The folder appears only when complete, so a failed attempt leaves nothing to clean up.
     """
-    from concord.refs import load_manifest, resolve_root
-    from concord.restore import restore
+    from concord.snapshots.refs import load_manifest, resolve_root
+    from concord.snapshots.restore import restore
 
     with open_stores(store) as (s,):
         root = resolve_root(s, snapshot)
@@ -94,7 +94,7 @@ def restore_task(store: str, snapshot: str, out_dir: str) -> dict:
 def rollback_task(store: str, ref: str, to: str | None = None) -> dict:
     """Move ``ref`` in ``store`` back to ``to`` (a root of its history, or 8+ hex of one), by
     default to the root it held before. Emits ``concord.ref.rolled-back``."""
-    from concord.refs import rollback
+    from concord.snapshots.refs import rollback
 
     with open_stores(store) as (s,):
         r = rollback(s, ref, to)

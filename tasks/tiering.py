@@ -311,7 +311,7 @@ def promoted_roots_task(tracking_uri: str | None = None) -> list[str]:
     Never fails: when MLflow cannot be read, a warning is logged and no root is returned, so
     tiering goes on with the policy's own pins.
     """
-    from concord.lineage import Lineage, default_tracking_uri
+    from concord.lineage.tracking import Lineage, default_tracking_uri
 
     log = run_logger()
     uri = tracking_uri or default_tracking_uri()
@@ -336,7 +336,7 @@ def log_drill_task(drill: dict, sample: int = 1, tracking_uri: str | None = None
 
     Never fails the drill: when MLflow cannot be written, a warning is logged and None returned.
     """
-    from concord.lineage import Lineage
+    from concord.lineage.tracking import Lineage
 
     log = run_logger()
     lineage = Lineage(tracking_uri)

@@ -103,7 +103,7 @@ def _repair(state: TierState, tier: str, c: Checkpoint, root: str) -> tuple[int,
 
     ``(chunks repaired, the tier repaired from, a problem left or None)``.
     """
-    from concord.verify import verify
+    from concord.snapshots.verify import verify
 
     store = state.stores[tier]
     sources = [

@@ -30,7 +30,7 @@ from concord.errors import (
     SafetensorsError,
     SourceNotFoundError,
 )
-from concord.gc import write_lease
+from concord.snapshots.gc import write_lease
 from concord.progress import Progress
 from concord.stores.base import Store, check_writable_ref, validate_segment
 from concord.tiering.catalog import (
@@ -53,8 +53,8 @@ PARTIAL_SUFFIXES = (".tmp", ".part", ".partial", ".incomplete", ".lock")
 
 def _scan(path: str) -> dict[str, tuple[int, int]]:
     """Size and time of every file under ``path``, walked as a snapshot walks it (links followed,
-    no folder twice: :func:`concord.walk.walk_files`)."""
-    from concord.walk import walk_files
+    no folder twice: :func:`concord.snapshots.walk.walk_files`)."""
+    from concord.snapshots.walk import walk_files
 
     out = {}
     for rel, full in walk_files(path):
@@ -73,7 +73,7 @@ def checkpoint_ready(path: str | os.PathLike, *, marker: str | None = None, sett
     suffix; every ``.safetensors`` file is whole (header valid, data as long as it claims); and,
     without a marker, no file changed size or time over ``settle_seconds``. Returns the scan.
     """
-    from concord.safetensors_header import read_header
+    from concord.snapshots.safetensors_header import read_header
 
     src = os.path.abspath(os.fspath(path))
     if not os.path.exists(src):
@@ -229,8 +229,8 @@ def verify_copy(store: Store, root: str) -> str:
     (its bytes were hashed as they were sent; restore drills read them back in full).
     Raises :class:`CopyRuleError` when something is missing or corrupt.
     """
-    from concord.refs import load_manifest
-    from concord.verify import verify
+    from concord.snapshots.refs import load_manifest
+    from concord.snapshots.verify import verify
 
     if getattr(store, "archive", False):
         manifest = load_manifest(store, root, verify=True)
@@ -256,7 +256,7 @@ def _verify_or_repair(store: Store, root: str, repair_from: Store | None) -> tup
     except CopyRuleError:
         if repair_from is None or getattr(repair_from, "archive", False) or getattr(store, "archive", False):
             raise
-    from concord.verify import verify
+    from concord.snapshots.verify import verify
 
     fixed = verify(store, root=root, repair_from=repair_from)
     if not fixed.ok:
@@ -339,8 +339,8 @@ def add_checkpoint(
     Idempotent: adding the same folder under the same name again changes nothing; a name already
     tiered with other contents is refused (:class:`CheckpointConflictError`).
     """
-    from concord.snapshot import snapshot
-    from concord.sync import replicate
+    from concord.snapshots.snapshot import snapshot
+    from concord.snapshots.sync import replicate
 
     policy.validate()
     src = os.path.abspath(os.fspath(path))
@@ -400,7 +400,7 @@ def sweep(
 ) -> SweepResult:
     """Bring every tier to what the policy wants: copy what is missing, demote what is not kept
     (only after verifying the copies that stay), collect garbage after the grace period."""
-    from concord.sync import replicate
+    from concord.snapshots.sync import replicate
 
     policy.validate()
     stores = stores or open_tiers(policy)
@@ -478,7 +478,7 @@ def sweep(
 
     # 4. garbage: chunks no ref needs any more, after the grace period
     if gc:
-        from concord.gc import collect_garbage
+        from concord.snapshots.gc import collect_garbage
 
         for t in TIERS:
             try:

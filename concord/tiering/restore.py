@@ -4,7 +4,7 @@ From a tier in an archive storage class (GLACIER, DEEP_ARCHIVE) the chunks are f
 the archive: restore requests are sent for the archived ones, then their states are polled until
 every one is readable (or the timeout passes; the requests stay in place, so running again later
 waits only for what is left). The manifest is read from the same tier (manifests are never
-archived). The snapshot is then written out with :func:`concord.restore.restore`, and every file
+archived). The snapshot is then written out with :func:`concord.snapshots.restore.restore`, and every file
 written is read back and re-hashed against the manifest before the restore counts as done.
 
 Each restore leaves a small JSON record in the hot store (``tier-restores/<namespace>/...``):
@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 
 from concord.errors import ChunkNotFoundError, CheckpointNotFoundError, ConcordError, IntegrityError, RestoreTargetError, RestoreTimeoutError
-from concord.manifest import Manifest
+from concord.snapshots.manifest import Manifest
 from concord.progress import Progress, ensure
 from concord.stores.base import AVAILABLE, ARCHIVED, MISSING, Store, validate_segment
 from concord.tiering.catalog import utc_iso
@@ -175,7 +175,7 @@ def check_restored(manifest: Manifest, out: str, *, progress: Progress | None = 
     from concurrent.futures import ThreadPoolExecutor
 
     from concord.hashing import chunk_id
-    from concord.manifest import safe_relpath
+    from concord.snapshots.manifest import safe_relpath
 
     jobs = []
     for f in manifest.files:
@@ -275,8 +275,8 @@ def restore_checkpoint(
     the policy's ``restore.timeout`` / ``restore.poll``). The result is re-read and re-hashed;
     ``out_dir`` is left only when it holds the whole checkpoint, byte for byte.
     """
-    from concord.refs import load_manifest
-    from concord.restore import restore
+    from concord.snapshots.refs import load_manifest
+    from concord.snapshots.restore import restore
 
     t0 = time.monotonic()
     started = utc_iso()

@@ -102,7 +102,7 @@ def _running(client, run_id, timeout: float, state_dir: Path):
 def _verified(stores: dict[str, Path]) -> dict[str, str | None]:
     """Every store's every manifest and chunk re-hashed (all must be sound); each store's root of REF."""
     from concord.stores.local import LocalDirStore
-    from concord.verify import verify
+    from concord.snapshots.verify import verify
 
     roots = {}
     for name, path in stores.items():

@@ -280,7 +280,7 @@ def test_both_workers_ran_flow_runs(runs):
 
 
 def test_the_shared_s3_stores_hold_and_verify_every_snapshot(cluster, runs):
-    from concord.verify import verify
+    from concord.snapshots.verify import verify
 
     stores = _stores(cluster)
     roots = {ref: stores["us-east"].read_ref(f"models/{ref}").root for ref in ("alpha", "beta", "gamma")}

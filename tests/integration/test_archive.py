@@ -11,8 +11,8 @@ from archive_helpers import archive_store, hold_restores_in_progress, manual_res
 
 from concord.errors import ChunkArchivedError, ChunkNotFoundError, StoreError
 from concord.hashing import chunk_id
-from concord.refs import load_manifest
-from concord.snapshot import snapshot
+from concord.snapshots.refs import load_manifest
+from concord.snapshots.snapshot import snapshot
 from concord.stores.base import chunk_key
 
 pytestmark = pytest.mark.integration

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from servers import free_port
 
-from concord.audit import HISTORY_FORMAT, history_key
+from concord.audit.report import HISTORY_FORMAT, history_key
 from concord.stores import LocalDirStore
 from flows.audit import AuditFailed, Thresholds, nightly_drift_audit
 
@@ -198,7 +198,7 @@ def _checkpoint(folder: Path, flip: bool = False, license: str = "apache-2.0") -
 
 
 def test_replicas_and_cards_in_the_same_audit(tmp_path, name, penguins, no_mlflow, artifacts_of, events_about):
-    from concord.snapshot import snapshot
+    from concord.snapshots.snapshot import snapshot
 
     stores = {}
     for cluster, kwargs in {"us-east": {}, "eu-central": {}, "ap-south": {"flip": True, "license": "cc-by-nc-4.0"}}.items():

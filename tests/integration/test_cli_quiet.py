@@ -55,7 +55,7 @@ def toy_store(tmp_path) -> str:
     """A local store holding a toy checkpoint (with a model card) under models/toy."""
     from toy_checkpoints import make_checkpoint
 
-    from concord.snapshot import snapshot
+    from concord.snapshots.snapshot import snapshot
     from concord.stores import LocalDirStore
 
     base = make_checkpoint(tmp_path / "toy")

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from concord.errors import TenantError
-from concord.ledger import list_rounds, verify_ledger
-from concord.lineage import Lineage
-from concord.snapshot import snapshot
+from concord.federation.ledger import list_rounds, verify_ledger
+from concord.lineage.tracking import Lineage
+from concord.snapshots.snapshot import snapshot
 from concord.stores import open_store
 from flows.federation import lora_federation
 

@@ -18,7 +18,7 @@ import pytest
 from prefect import flow, task
 
 from concord.hashing import chunk_id
-from concord.refs import load_manifest
+from concord.snapshots.refs import load_manifest
 from concord.stores import open_store
 from concord.stores.base import chunk_key
 from flows.replicate import ReplicationFailed, replicate_snapshot, snapshot_and_replicate

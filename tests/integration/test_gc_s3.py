@@ -8,9 +8,9 @@ import time
 import pytest
 from toy_checkpoints import SMALL_CHUNK, fine_tune, make_checkpoint
 
-from concord.gc import LEASE_PREFIX, collect_garbage, write_lease
-from concord.snapshot import snapshot
-from concord.verify import verify
+from concord.snapshots.gc import LEASE_PREFIX, collect_garbage, write_lease
+from concord.snapshots.snapshot import snapshot
+from concord.snapshots.verify import verify
 
 pytestmark = pytest.mark.integration
 

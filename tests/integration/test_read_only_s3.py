@@ -8,7 +8,7 @@ import pytest
 
 from concord.cli import main
 from concord.errors import StoreNotFoundError
-from concord.snapshot import snapshot
+from concord.snapshots.snapshot import snapshot
 from concord.stores import open_store_to_read
 
 pytestmark = pytest.mark.timeout(120)

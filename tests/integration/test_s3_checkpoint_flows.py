@@ -11,9 +11,9 @@ from servers import free_port
 from test_tier_flows import write_policy
 
 from concord.errors import SafetensorsError, StoreUnreachableError
-from concord.snapshot import snapshot
+from concord.snapshots.snapshot import snapshot
 from concord.stores import LocalDirStore, open_store
-from concord.verify import verify
+from concord.snapshots.verify import verify
 from flows.replicate import BadReplicationArguments, snapshot_and_replicate
 from flows.tiering import tier_checkpoints
 

@@ -19,10 +19,10 @@ from pathlib import Path
 
 import pytest
 
-from concord.refs import load_manifest
-from concord.snapshot import snapshot
+from concord.snapshots.refs import load_manifest
+from concord.snapshots.snapshot import snapshot
 from concord.stores import LocalDirStore, open_store
-from concord.verify import verify
+from concord.snapshots.verify import verify
 
 pytestmark = pytest.mark.integration
 

@@ -11,8 +11,8 @@ from servers import free_port
 from toy_checkpoints import SMALL_CHUNK, make_checkpoint
 
 from concord.errors import SourceChangedError, SourceNotFoundError, StoreUnreachableError, UnsafePathError
-from concord.snapshot import snapshot
-from concord.staging import s3_checkpoint_problem, staged_checkpoint
+from concord.snapshots.snapshot import snapshot
+from concord.snapshots.staging import s3_checkpoint_problem, staged_checkpoint
 from concord.stores import LocalDirStore
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]

@@ -19,7 +19,7 @@ from archive_helpers import archive_store, hold_restores_in_progress
 from safetensors.numpy import save_file
 
 from concord.errors import ChunkArchivedError, RestoreTimeoutError
-from concord.refs import load_manifest
+from concord.snapshots.refs import load_manifest
 from concord.stores import LocalDirStore
 from concord.tiering import add_checkpoint
 from concord.tiering.drill import run_drill

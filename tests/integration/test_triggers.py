@@ -176,7 +176,7 @@ def _run_started_by(prefect_client, deployment_id: uuid.UUID, announcement: dict
     from prefect.events.worker import EventsWorker
     from prefect.flow_engine import run_flow
 
-    from concord.watch import Announcement
+    from concord.snapshots.watch import Announcement
     from deployments.watcher import event_of
     from flows.replicate import snapshot_and_replicate
 
@@ -201,7 +201,7 @@ def _s3_announcement(uri: str, model: str, step: int | None = None) -> dict:
 def test_a_checkpoint_under_an_s3_prefix_starts_snapshot_and_replicate(prefect_client, s3_store, moto_server, tmp_path, monkeypatch):
     from toy_checkpoints import make_checkpoint
 
-    from concord.snapshot import snapshot
+    from concord.snapshots.snapshot import snapshot
     from concord.stores import LocalDirStore
 
     monkeypatch.setenv("AWS_ENDPOINT_URL", moto_server)

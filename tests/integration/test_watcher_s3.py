@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from concord.watch import Watcher
+from concord.snapshots.watch import Watcher
 
 ROOT = Path(__file__).resolve().parents[2]
 

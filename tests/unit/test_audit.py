@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from concord.audit import (
+from concord.audit.report import (
     AuditReport,
     audit_name,
     card_rows,
@@ -32,8 +32,8 @@ from concord.audit import (
     worst,
     worst_tensor_rows,
 )
-from concord.contracts import infer_contract
-from concord.drift import DriftThresholds, data_drift
+from concord.lineage.contracts import infer_contract
+from concord.audit.drift import DriftThresholds, data_drift
 from concord.errors import DriftConfigError, LineageError
 from concord.stores import LocalDirStore
 
@@ -248,7 +248,7 @@ def test_column_names_become_safe_distinct_file_names(tmp_path):
 
 
 def test_tables_by_file_snapshot_id_and_data_ref(tmp_path):
-    from concord.data import register_data
+    from concord.lineage.data import register_data
 
     ref, _ = frames(n=50)
     ref.to_parquet(tmp_path / "ref.parquet", index=False)
@@ -292,8 +292,8 @@ def test_a_snapshot_needs_its_store(tmp_path):
 
 
 def test_audit_data_reads_files_and_snapshots_in_batches_with_the_whole_tables_verdict(tmp_path):
-    from concord.audit import audit_data
-    from concord.data import register_data
+    from concord.audit.report import audit_data
+    from concord.lineage.data import register_data
 
     ref, cur = frames(n=3000, shift=400.0, tilt=True)
     ref.to_csv(tmp_path / "ref.csv", index=False)
@@ -314,14 +314,14 @@ def test_audit_data_reads_files_and_snapshots_in_batches_with_the_whole_tables_v
 
 def test_a_csv_column_that_turns_to_text_midway_is_compared_as_text(tmp_path):
     """Numbers for 5,000 rows, then a word: the whole column is text, as when the file is read whole."""
-    from concord.audit import audit_data
+    from concord.audit.report import audit_data
 
     ref = pd.DataFrame({"code": np.arange(6000) % 7, "mass": np.arange(6000.0)})
     cur = ref.astype({"code": object})
     cur.loc[5500, "code"] = "seven"
     ref.to_csv(tmp_path / "ref.csv", index=False)
     cur.to_csv(tmp_path / "cur.csv", index=False)
-    from concord.data import table_batches
+    from concord.lineage.data import table_batches
 
     # blocks of ~1,000 rows: the word is in the sixth
     assert len(list(table_batches(tmp_path / "cur.csv", batch_bytes=8_000).read(["code"], False))) > 5
@@ -335,7 +335,7 @@ def test_a_csv_column_that_turns_to_text_midway_is_compared_as_text(tmp_path):
 
 
 def test_open_table_refuses_like_load_table(tmp_path):
-    from concord.audit import open_table
+    from concord.audit.report import open_table
 
     with pytest.raises(DriftConfigError, match="no such file"):
         with open_table(tmp_path / "missing.csv", which="current"):
@@ -347,7 +347,7 @@ def test_open_table_refuses_like_load_table(tmp_path):
     with pytest.raises(DriftConfigError, match="no data snapshot 'data/toy'"):
         with open_table("data/toy", LocalDirStore(tmp_path / "empty")):
             pass
-    from concord.audit import audit_data
+    from concord.audit.report import audit_data
 
     (tmp_path / "bad.parquet").write_bytes(b"not parquet")
     (tmp_path / "ok.csv").write_text("a\n1\n")

@@ -18,7 +18,7 @@ import pytest
 import yaml
 from servers import free_port
 
-from concord.watch import Announcement
+from concord.snapshots.watch import Announcement
 from deployments import automations as auto
 from deployments.watcher import event_of
 

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from concord.cli import main
 from concord.errors import ManifestError, UnsafePathError
-from concord.manifest import Manifest
+from concord.snapshots.manifest import Manifest
 
 
 def run(capsys, *argv):
@@ -88,8 +88,8 @@ def test_cli_failures_are_one_clear_line(capsys, tmp_path, argv, needle):
 
 def test_core_and_cli_import_neither_prefect_nor_torch():
     code = (
-        "import sys, concord.cli, concord.snapshot, concord.sync, concord.diff, concord.restore, "
-        "concord.verify, concord.refs, concord.stores;"
+        "import sys, concord.cli, concord.snapshots.snapshot, concord.snapshots.sync, concord.snapshots.diff, concord.snapshots.restore, "
+        "concord.snapshots.verify, concord.snapshots.refs, concord.stores;"
         "concord.cli.build_parser();"
         "bad = [m for m in ('prefect', 'torch', 'boto3', 'mlflow', 'pandas') if m in sys.modules];"
         "print(bad); sys.exit(1 if bad else 0)"
@@ -116,7 +116,7 @@ _json = st.recursive(
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
 def test_malformed_manifests_raise_only_our_errors(ckpt, data):
-    from concord.snapshot import snapshot
+    from concord.snapshots.snapshot import snapshot
     from concord.stores import LocalDirStore
     import tempfile
 

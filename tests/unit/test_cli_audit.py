@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 
 from concord.cli import main
-from concord.contracts import infer_contract, save_contract
+from concord.lineage.contracts import infer_contract, save_contract
 from concord.stores import LocalDirStore
 
 COLUMN_KEYS = {"column", "psi", "kl", "js", "ks", "wasserstein", "severity"}
@@ -106,7 +106,7 @@ def test_plots_are_written_for_drifted_columns(capsys, files, tmp_path):
 
 
 def test_data_snapshots_by_id_and_ref(capsys, files, tmp_path):
-    from concord.data import register_data
+    from concord.lineage.data import register_data
 
     registry = LocalDirStore(tmp_path / "registry")
     ref = register_data(files["ref"], registry, name="toy")
@@ -188,7 +188,7 @@ def clusters(tmp_path) -> dict[str, str]:
     import torch
     from toy_checkpoints import make_checkpoint
 
-    from concord.snapshot import snapshot
+    from concord.snapshots.snapshot import snapshot
 
     base = make_checkpoint(tmp_path / "base")
     (base / "README.md").write_text(CARD)
@@ -262,8 +262,8 @@ def test_replicas_and_cards_bad_input_is_one_line(capsys, clusters, tmp_path):
 
 def test_model_audits_the_stores_lineage_records(capsys, clusters, tmp_path, monkeypatch):
     monkeypatch.setenv("MLFLOW_DISABLE_TELEMETRY", "true")
-    from concord.lineage import Lineage
-    from concord.refs import resolve_root
+    from concord.lineage.tracking import Lineage
+    from concord.snapshots.refs import resolve_root
 
     tracking = f"sqlite:///{tmp_path / 'mlflow.db'}"
     lineage = Lineage(tracking)

@@ -19,7 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from palmerpenguins import load_penguins
 
-from concord.contracts import (
+from concord.lineage.contracts import (
     COLUMN_TYPES,
     ColumnSpec,
     Contract,
@@ -60,7 +60,7 @@ def with_column(c: Contract, name: str, **changes) -> Contract:
 
 
 def test_importing_contracts_loads_neither_pandas_nor_great_expectations():
-    code = "import sys, concord.contracts; print('pandas' in sys.modules, 'great_expectations' in sys.modules)"
+    code = "import sys, concord.lineage.contracts; print('pandas' in sys.modules, 'great_expectations' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["False", "False"]
 

@@ -11,10 +11,10 @@ import pytest
 from blake3 import blake3
 from pandas.testing import assert_frame_equal
 
-from concord.data import DataSnapshot, data_info, document_key, load_data, register_data, write_parquet
+from concord.lineage.data import DataSnapshot, data_info, document_key, load_data, register_data, write_parquet
 from concord.errors import DataFormatError, DataSnapshotNotFoundError, IntegrityError, InvalidNameError
-from concord.refs import load_manifest
-from concord.restore import restore
+from concord.snapshots.refs import load_manifest
+from concord.snapshots.restore import restore
 from concord.stores import LocalDirStore
 
 
@@ -177,14 +177,14 @@ def test_to_dict_is_json(frame, store):
 
 
 def _batched(path, names, **kwargs) -> list[pd.DataFrame]:
-    from concord.data import table_batches
+    from concord.lineage.data import table_batches
 
     return list(table_batches(path, **kwargs).read(names, False))
 
 
 @pytest.mark.parametrize("suffix", [".csv", ".parquet"])
 def test_table_batches_give_the_whole_table_back_in_pieces(frame, tmp_path, suffix):
-    from concord.data import read_table, table_batches
+    from concord.lineage.data import read_table, table_batches
 
     big = pd.concat([frame] * 50, ignore_index=True)  # 10,000 rows
     path = tmp_path / f"t{suffix}"
@@ -211,14 +211,14 @@ def test_csv_batches_as_text_keep_the_written_text(tmp_path):
     path.write_text("x\n" + "1.50\n" * 3000 + "n/a-ish\n")
     numbers = _batched(path, ["x"], batch_bytes=4096)
     assert numbers[0]["x"].dtype.kind == "f" and numbers[-1]["x"].dtype.kind != "f"  # typed block by block
-    from concord.data import table_batches
+    from concord.lineage.data import table_batches
 
     text = list(table_batches(path, batch_bytes=4096).read(["x"], True))
     assert set(pd.concat(text)["x"]) == {"1.50", "n/a-ish"}
 
 
 def test_table_batches_refuse_what_they_cannot_read(tmp_path):
-    from concord.data import table_batches
+    from concord.lineage.data import table_batches
 
     with pytest.raises(DataFormatError, match="no such file"):
         table_batches(tmp_path / "nope.csv")

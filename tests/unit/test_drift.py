@@ -17,7 +17,7 @@ from palmerpenguins import load_penguins
 from scipy import stats
 from scipy.spatial.distance import jensenshannon
 
-from concord.drift import (
+from concord.audit.drift import (
     EPSILON,
     KS_EXACT_MAX_N,
     DriftReport,
@@ -340,7 +340,7 @@ def test_most_current_values_in_unseen_categories_is_critical_whatever_psi_says(
 
 
 def test_many_reference_categories_are_compared_top_k_plus_other():
-    from concord.drift import MAX_COMPARED_CATEGORIES
+    from concord.audit.drift import MAX_COMPARED_CATEGORIES
 
     rng = np.random.default_rng(4)
     labels = np.array([f"id{i}" for i in range(5_000)])
@@ -629,7 +629,7 @@ def test_a_million_rows_smoke():
 
 def test_importing_drift_imports_no_heavy_library():
     code = (
-        "import sys, concord.drift; "
+        "import sys, concord.audit.drift; "
         "print(sorted(m for m in ('numpy', 'pandas', 'scipy', 'torch', 'prefect') if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
@@ -640,7 +640,7 @@ def test_importing_drift_imports_no_heavy_library():
 
 
 def test_batches_give_data_drifts_report_while_every_value_is_kept(penguins):
-    from concord.drift import TableBatches, data_drift_batches
+    from concord.audit.drift import TableBatches, data_drift_batches
 
     adelie = penguins[penguins.species == "Adelie"]
     gentoo = penguins[penguins.species == "Gentoo"]
@@ -670,7 +670,7 @@ def _sorted_by_time(n: int, seed: int, shift: float = 0.0) -> pd.DataFrame:
 
 
 def test_large_tables_are_compared_on_uniform_samples_with_exact_counts():
-    from concord.drift import TableBatches, data_drift_batches
+    from concord.audit.drift import TableBatches, data_drift_batches
 
     n, k = 400_000, 20_000
     ref, cur = _sorted_by_time(n, 1), _sorted_by_time(n, 2, shift=0.25)
@@ -702,7 +702,7 @@ def test_large_tables_are_compared_on_uniform_samples_with_exact_counts():
 
 
 def test_batches_refuse_bad_options():
-    from concord.drift import TableBatches, data_drift_batches
+    from concord.audit.drift import TableBatches, data_drift_batches
 
     df = pd.DataFrame({"x": [1.0, 2.0]})
     t = TableBatches.of_frame(df)

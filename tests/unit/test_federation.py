@@ -13,11 +13,11 @@ import pytest
 
 from concord.cli import main
 from concord.errors import AdapterNotFoundError, InvalidNameError, TenantError
-from concord.federation import adapter_ref, run_round
-from concord.ledger import append_round, list_rounds, read_head, round_key, verify_ledger
-from concord.lineage import Lineage
-from concord.refs import load_manifest
-from concord.snapshot import snapshot
+from concord.federation.rounds import adapter_ref, run_round
+from concord.federation.ledger import append_round, list_rounds, read_head, round_key, verify_ledger
+from concord.lineage.tracking import Lineage
+from concord.snapshots.refs import load_manifest
+from concord.snapshots.snapshot import snapshot
 from concord.stores import LocalDirStore
 
 D = 16
@@ -176,7 +176,7 @@ def test_a_round_aggregates_exactly_replicates_everywhere_and_is_recorded(cluste
     assert all(p["bytes_sent"] > 0 for p in r["replicas"][1:])
 
     # the result, restored from the last cluster, is the weighted sum of the clients' updates
-    from concord.restore import restore
+    from concord.snapshots.restore import restore
 
     out = tmp_path / "restored"
     restore(clusters[2], load_manifest(clusters[2], r["root"]), out)
@@ -239,7 +239,7 @@ def test_a_client_far_above_the_median_norm_is_rejected_and_recorded(tmp_path, c
     (entry,) = list_rounds(clusters[0], "acme")
     assert [c["accepted"] for c in entry["metrics"]["clients"]] == [True, False, True] and entry["weights"] == [0.5, 0.0, 0.5]
 
-    from concord.restore import restore
+    from concord.snapshots.restore import restore
 
     restore(clusters[0], load_manifest(clusters[0], r["root"]), tmp_path / "out")
     got, a, b = deltas(tmp_path / "out"), deltas(tenant_adapters[0]), deltas(tenant_adapters[1])

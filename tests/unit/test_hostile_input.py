@@ -16,9 +16,9 @@ from toy_checkpoints import make_checkpoint
 from concord.cli import main
 from concord.errors import AggregationError, ControlCharacterNameError, PolicyError, UnsafePathError
 from concord.hashing import chunk_id
-from concord.manifest import Manifest, make_file, make_part
-from concord.restore import restore
-from concord.snapshot import collect_files, snapshot
+from concord.snapshots.manifest import Manifest, make_file, make_part
+from concord.snapshots.restore import restore
+from concord.snapshots.snapshot import collect_files, snapshot
 from concord.stores import LocalDirStore
 from concord.text import MAX_ERROR_LINE, one_line, printable
 from concord.tiering.policy import TierPolicy, load_policy, parse_duration
@@ -101,7 +101,7 @@ def test_links_are_still_followed_hugging_face_style(tmp_path):
 
 def test_the_readiness_check_and_the_watcher_end_on_a_loop(looped):
     from concord.tiering.engine import checkpoint_ready
-    from concord.watch import _list_local
+    from concord.snapshots.watch import _list_local
 
     scan = finishes(lambda: checkpoint_ready(looped, settle_seconds=0))
     assert "sub/notes.txt" in scan and not any("up/" in k for k in scan)
@@ -132,7 +132,7 @@ def test_federation_weights_that_overflow_are_one_line(weights, tmp_path, capsys
 
 
 def test_weights_whose_sum_overflows_are_refused_by_the_core():
-    from concord.lora import _normalise_weights
+    from concord.federation.lora import _normalise_weights
 
     with pytest.raises(AggregationError, match="largest float"):
         _normalise_weights([1e308, 1e308], 2)
@@ -198,7 +198,7 @@ def test_policy_files_are_read_only_up_to_a_cap(tmp_path):
 
 def test_a_model_card_alias_bomb_is_refused():
     from concord.errors import ModelCardError
-    from concord.model_cards import parse_readme
+    from concord.audit.model_cards import parse_readme
 
     with pytest.raises(ModelCardError, match="anchor"):
         finishes(lambda: parse_readme("---\n" + BOMB + "---\n# card\n", "README.md"), 10)

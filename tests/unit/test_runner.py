@@ -6,8 +6,8 @@ import pytest
 from prefect.task_runners import ThreadPoolTaskRunner
 from prefect_dask import DaskTaskRunner
 
-from concord.manifest import DEFAULT_CHUNK_SIZE
-from concord.verify import VerifyPlan
+from concord.snapshots.manifest import DEFAULT_CHUNK_SIZE
+from concord.snapshots.verify import VerifyPlan
 from flows._runner import TaskRunnerChoiceError, dask_workers, describe, task_runner
 
 

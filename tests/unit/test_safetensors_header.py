@@ -22,7 +22,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from concord.errors import SafetensorsError
-from concord.safetensors_header import (
+from concord.snapshots.safetensors_header import (
     DTYPE_BITS,
     MAX_HEADER_BYTES,
     SafetensorsHeader,
@@ -259,7 +259,7 @@ def test_dtype_table() -> None:
 
 def test_module_imports_only_the_standard_library() -> None:
     code = (
-        "import sys; import concord.safetensors_header; "
+        "import sys; import concord.snapshots.safetensors_header; "
         "bad = {'numpy', 'torch', 'safetensors'} & set(sys.modules); print(sorted(bad))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

@@ -8,12 +8,12 @@ import pytest
 from toy_checkpoints import SMALL_CHUNK, fine_tune, make_checkpoint
 from safetensors import safe_open
 
-from concord.diff import diff_manifests
+from concord.snapshots.diff import diff_manifests
 from concord.errors import ManifestError, SafetensorsError, SourceChangedError, SourceNotFoundError, UnsafePathError
 from concord.hashing import chunk_id
-from concord.manifest import Manifest, make_file, make_part
-from concord.refs import load_manifest
-from concord.snapshot import snapshot
+from concord.snapshots.manifest import Manifest, make_file, make_part
+from concord.snapshots.refs import load_manifest
+from concord.snapshots.snapshot import snapshot
 from concord.stores import LocalDirStore
 
 

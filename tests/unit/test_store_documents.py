@@ -35,10 +35,10 @@ from concord.errors import (
     StoreNotFoundError,
 )
 from concord.hashing import chunk_id
-from concord.ledger import append_round, list_rounds, verify_ledger
-from concord.manifest import Manifest, make_file, make_part
-from concord.refs import load_manifest
-from concord.snapshot import snapshot
+from concord.federation.ledger import append_round, list_rounds, verify_ledger
+from concord.snapshots.manifest import Manifest, make_file, make_part
+from concord.snapshots.refs import load_manifest
+from concord.snapshots.snapshot import snapshot
 from concord.stores import LocalDirStore, open_store_to_read
 from concord.stores.base import Ref, manifest_key
 from concord.tiering.catalog import CopyRecord, read_records, record_key, write_record
@@ -503,7 +503,7 @@ def test_audit_replicas_does_not_allocate_what_a_crafted_manifest_claims(templat
     assert code != 0 and err.count("\n") == 1 and "Traceback" not in err
     assert f"claims {tib} bytes, more than this machine's" in out
     # the same when the claim fits in memory but the chunks do not hold it: checked before allocating
-    from concord.replicas import _Reader
+    from concord.audit.replicas import _Reader
 
     class Pool:
         def map(self, fn, items):

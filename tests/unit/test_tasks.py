@@ -28,7 +28,7 @@ from concord.errors import (
     StoreAccessError,
     StoreUnreachableError,
 )
-from concord.refs import load_manifest
+from concord.snapshots.refs import load_manifest
 from concord.stores import open_store
 from concord.stores.base import chunk_key
 from tasks import diff_task, replicate_task, restore_task, rollback_task, snapshot_task, verify_task

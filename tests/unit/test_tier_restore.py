@@ -13,7 +13,7 @@ from safetensors.numpy import save_file
 from toy_checkpoints import files_equal
 
 from concord.errors import CheckpointNotFoundError, IntegrityError, RestoreTargetError
-from concord.refs import load_manifest
+from concord.snapshots.refs import load_manifest
 from concord.stores import LocalDirStore
 from concord.stores.base import chunk_key
 from concord.tiering import add_checkpoint

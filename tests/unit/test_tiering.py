@@ -19,7 +19,7 @@ from concord.stores import LocalDirStore
 from concord.tiering import add_checkpoint, stored_bytes, sweep, tier_status
 from concord.tiering.engine import TierState, checkpoint_ready, open_tiers
 from concord.tiering.policy import TierPolicy
-from concord.verify import verify
+from concord.snapshots.verify import verify
 
 
 def policy_doc(tmp_path: Path, **over) -> dict:
@@ -103,7 +103,7 @@ def test_garbage_of_demoted_copies_is_collected(tmp_path, base, policy):
     add_all(policy, folders)
     stores = open_tiers(policy)
     state = TierState.read(policy, stores)
-    from concord.refs import load_manifest
+    from concord.snapshots.refs import load_manifest
 
     live = set()
     for name, root in state.held["hot"].items():
@@ -228,7 +228,7 @@ def test_a_corrupt_warm_chunk_is_repaired_from_hot_before_hot_lets_go(tmp_path, 
     folders = checkpoints(tmp_path, base, range(10, 40, 10))
     add_all(policy, folders[:2])
     warm = LocalDirStore(tmp_path / "warm")
-    from concord.refs import load_manifest
+    from concord.snapshots.refs import load_manifest
 
     root = warm.read_ref("run1/step-0010").root
     cid = next(iter(load_manifest(warm, root).chunk_lengths()))
@@ -319,8 +319,8 @@ def test_killed_at_any_point_a_sweep_converges(tmp_path, base, delay):
     h = held(policy)
     assert h["hot"] == {"step-0040", "step-0050"} and len(h["cold"]) == 5
     out = tmp_path / "restored"
-    from concord.restore import restore
-    from concord.refs import load_manifest
+    from concord.snapshots.restore import restore
+    from concord.snapshots.refs import load_manifest
 
     root = stores["cold"].read_ref("run1/step-0010").root
     restore(stores["cold"], load_manifest(stores["cold"], root), out)

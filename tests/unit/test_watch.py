@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from toy_checkpoints import make_checkpoint
 
-from concord.watch import Announcement, Watcher, WatchStateError, fingerprint
+from concord.snapshots.watch import Announcement, Watcher, WatchStateError, fingerprint
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from concord.manifest import Manifest
+from concord.snapshots.manifest import Manifest
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,7 @@ from typing import Iterator
 
 from concord.errors import ManifestError, UnsafePathError
 from concord.hashing import DIGEST_HEX, FILE, PART, SNAPSHOT, is_digest, node_hash
-from concord.safetensors_header import DTYPE_BITS
+from concord.snapshots.safetensors_header import DTYPE_BITS
 
 FORMAT = "concord/manifest@1"
 MiB = 1024 * 1024

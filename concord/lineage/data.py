@@ -32,7 +32,7 @@ from concord.stores.base import Store, validate_segment
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
 
-    from concord.drift import TableBatches
+    from concord.audit.drift import TableBatches
 
 DATA_NAMESPACE = "data"
 DOCUMENT_PREFIX = "datasets"
@@ -133,7 +133,7 @@ BATCH_BYTES = 16 << 20
 
 
 def table_batches(path: "str | os.PathLike", *, batch_bytes: int = BATCH_BYTES) -> "TableBatches":
-    """A parquet or CSV file as :class:`concord.drift.TableBatches`: read batch by batch, about
+    """A parquet or CSV file as :class:`concord.audit.drift.TableBatches`: read batch by batch, about
     ``batch_bytes`` at a time, so that memory does not grow with the file.
 
     Parquet: consecutive row groups, one column at a time (pyarrow), typed as :func:`read_table`
@@ -142,7 +142,7 @@ def table_batches(path: "str | os.PathLike", *, batch_bytes: int = BATCH_BYTES) 
     The columns are known at once (the parquet footer, the CSV header); a file that is not there or
     cannot be read is a :class:`~concord.errors.DataFormatError`, raised here or while reading.
     """
-    from concord.drift import TableBatches
+    from concord.audit.drift import TableBatches
 
     path = os.path.abspath(os.fspath(path))
     if not os.path.isfile(path):
@@ -211,8 +211,8 @@ def data_file(store: Store, snapshot_id: str, *, progress: Progress | None = Non
     """The file of a data snapshot, restored (every chunk verified) into a temporary folder that is
     removed on leaving: ``(path, info)``."""
     info = data_info(store, snapshot_id)
-    from concord.refs import load_manifest
-    from concord.restore import restore
+    from concord.snapshots.refs import load_manifest
+    from concord.snapshots.restore import restore
 
     manifest = load_manifest(store, snapshot_id)
     with tempfile.TemporaryDirectory(prefix="concord-data-") as tmp:
@@ -275,7 +275,7 @@ def register_data(
         size = os.path.getsize(shown)
 
         from concord.errors import SourceChangedError
-        from concord.snapshot import snapshot
+        from concord.snapshots.snapshot import snapshot
 
         try:
             result = snapshot(staged, store, ref=f"{DATA_NAMESPACE}/{name}", message=f"data {name}", progress=progress)

@@ -55,7 +55,7 @@ from concord.hashing import is_digest
 from concord.stores.base import Store
 
 if TYPE_CHECKING:  # pragma: no cover
-    from concord.data import DataSnapshot
+    from concord.lineage.data import DataSnapshot
 
 EXPERIMENT_DATA = "concord-data"
 EXPERIMENT_LINEAGE = "concord-lineage"
@@ -304,7 +304,7 @@ class Lineage:
         """
         self.ensure_ready()
         if df is None:
-            from concord.data import load_data
+            from concord.lineage.data import load_data
 
             df = load_data(store or _open(snap.store), snap.id)
         tags = {TAG_DATA: snap.id, TAG_DIGEST: snap.digest, TAG_DATA_NAME: snap.name, TAG_STORE: snap.store}
@@ -452,8 +452,8 @@ class Lineage:
 
         Raises :class:`PromotionRefused` listing every failed check; returns the checks done.
         """
-        from concord import contracts as contract_lib
-        from concord.data import load_data
+        from concord.lineage import contracts as contract_lib
+        from concord.lineage.data import load_data
 
         _check_alias(alias)
         self.ensure_ready()
@@ -789,7 +789,7 @@ def _data_source_uri(snap: "DataSnapshot") -> str:
 
 def _find_data(snapshot_id: str, stores: list[Store]):
     """The data snapshot's facts and table from the first store that has them."""
-    from concord.data import data_info, load_data
+    from concord.lineage.data import data_info, load_data
     from concord.errors import DataSnapshotNotFoundError
 
     if not is_digest(snapshot_id):
@@ -802,7 +802,7 @@ def _find_data(snapshot_id: str, stores: list[Store]):
         return snap, load_data(store, snapshot_id)
     raise LineageError(
         f"data snapshot {snapshot_id} is not registered in {', '.join(s.uri for s in stores)}; "
-        "register it there with concord.data.register_data, or pass data_store=… naming the store that has it"
+        "register it there with concord.lineage.data.register_data, or pass data_store=… naming the store that has it"
     )
 
 
@@ -812,7 +812,7 @@ def _find_contract(contract: Any, stores: list[Store]):
         if hasattr(contract, "ref") and hasattr(contract, "digest"):
             return contract
         raise LineageError(f"contract {contract!r}: give 'name@version' or a Contract")
-    from concord import contracts as contract_lib
+    from concord.lineage import contracts as contract_lib
 
     problems = []
     for store in stores:

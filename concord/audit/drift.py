@@ -54,7 +54,7 @@ with no values in the reference is a warning; one only current has is ok and not
 compared.
 
 :func:`data_drift` takes two DataFrames and uses every value. :func:`data_drift_batches` takes two
-tables read batch by batch (:class:`TableBatches`; :func:`concord.data.table_batches` for files) in
+tables read batch by batch (:class:`TableBatches`; :func:`concord.lineage.data.table_batches` for files) in
 memory that does not grow with them: the reference first, then the current table in one pass; counts,
 categories and the current side's bin counts stay exact, and above :data:`SAMPLE_SIZE` values per
 column and side, the edges, the reference's bin shares, KS and Wasserstein come from seeded uniform
@@ -1001,7 +1001,7 @@ def _columns_by_name(df: Any, which: str) -> dict[str, "pd.Series"]:
         raise DriftConfigError(
             which,
             f"is a {type(df).__name__}, not a pandas DataFrame",
-            "Pass a DataFrame (read a parquet or CSV file with concord.data.read_table).",
+            "Pass a DataFrame (read a parquet or CSV file with concord.lineage.data.read_table).",
         )
     by_name: dict[str, pd.Series] = {}
     for i, label in enumerate(df.columns):
@@ -1052,7 +1052,7 @@ def _check_options(thresholds: Any, bins: Any, history: Any) -> tuple[DriftThres
     thresholds = DriftThresholds() if thresholds is None else thresholds
     if not isinstance(thresholds, DriftThresholds):
         raise DriftConfigError(
-            "thresholds", f"is a {type(thresholds).__name__}", "Pass a concord.drift.DriftThresholds."
+            "thresholds", f"is a {type(thresholds).__name__}", "Pass a concord.audit.drift.DriftThresholds."
         )
     return thresholds, _check_bins(bins), _check_history(history)
 
@@ -1177,7 +1177,7 @@ class TableBatches:
     yields blocks of rows with every column, a parquet reader one column of some row groups at a
     time); it can be called more than once, each time from the start. ``as_text`` asks for the values as
     the text they were written as, where the format has it (CSV); elsewhere it may be ignored.
-    :func:`concord.data.table_batches` reads parquet and CSV files this way;
+    :func:`concord.lineage.data.table_batches` reads parquet and CSV files this way;
     :meth:`of_frame` slices a DataFrame.
     """
 
@@ -1264,7 +1264,7 @@ def data_drift_batches(
     for which, table in (("reference", reference), ("current", current)):
         if not isinstance(table, TableBatches):
             raise DriftConfigError(
-                which, f"is a {type(table).__name__}, not TableBatches", "Read files with concord.data.table_batches."
+                which, f"is a {type(table).__name__}, not TableBatches", "Read files with concord.lineage.data.table_batches."
             )
         seen: set[str] = set()
         for name in table.columns:

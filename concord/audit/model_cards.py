@@ -31,11 +31,11 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
-from concord.drift import SEVERITIES, Prioritised
+from concord.audit.drift import SEVERITIES, Prioritised
 from concord.errors import ConcordError, ModelCardError, ModelCardNotFoundError, ReplicaConfigError
-from concord.manifest import FileEntry, Manifest
-from concord.refs import load_manifest, resolve_root
-from concord.replicas import check_replicas
+from concord.snapshots.manifest import FileEntry, Manifest
+from concord.snapshots.refs import load_manifest, resolve_root
+from concord.audit.replicas import check_replicas
 from concord.stores.base import Store
 
 __all__ = [
@@ -319,7 +319,7 @@ def compare_cards(
 ) -> CardReport:
     """Compare every cluster's model card with the reference cluster's (``reference``, else the first).
 
-    ``cards`` maps a cluster label to ``(store, ref or root)``, as :func:`concord.replicas.replicas_of`
+    ``cards`` maps a cluster label to ``(store, ref or root)``, as :func:`concord.audit.replicas.replicas_of`
     builds it. ``required`` fields must be present (not empty) on every card; a differing field among
     ``critical`` is critical, any other a warning.
     """

@@ -51,7 +51,7 @@ def _text_table(rows: list[dict], keys: list[str] | None = None) -> list[str]:
 
 def report_lines(report) -> list[str]:
     """The human form of an audit: the verdict, then a table per section."""
-    from concord.audit import card_rows, column_rows, replica_rows, worst_tensor_rows
+    from concord.audit.report import card_rows, column_rows, replica_rows, worst_tensor_rows
 
     lines = [report.verdict()]
     if report.data is not None:
@@ -91,9 +91,9 @@ def _finish(report, emit, extra: dict | None = None) -> int:
 
 
 def cmd_audit_data(args, emit, progress) -> int:
-    from concord.audit import audit_data, names_snapshot, plot_histograms
-    from concord.cli_lineage import default_registry
-    from concord.drift import DriftThresholds
+    from concord.audit.report import audit_data, names_snapshot, plot_histograms
+    from concord.cli.lineage import default_registry
+    from concord.audit.drift import DriftThresholds
 
     defaults = DriftThresholds()
     thresholds = DriftThresholds(
@@ -105,7 +105,7 @@ def cmd_audit_data(args, emit, progress) -> int:
     data_store = (_open(args.data_store) if args.data_store else registry) if named else None
     contract = None
     if args.contract:  # an unknown contract fails before any data is read
-        from concord.contracts import load_contract
+        from concord.lineage.contracts import load_contract
 
         contract = load_contract(registry, args.contract) if registry is not None else load_contract(_open("."), args.contract)
     # both tables are read in batches (memory does not grow with them); a contract reads current whole
@@ -137,13 +137,13 @@ def _open_all(specs: list[str]) -> list:
 
 
 def store_labels(specs):
-    from concord.audit import store_labels as labels
+    from concord.audit.report import store_labels as labels
 
     return labels(specs)
 
 
 def _compare_replicas(labels, stores, snapshot, args, progress):
-    from concord.replicas import compare_replicas
+    from concord.audit.replicas import compare_replicas
 
     return compare_replicas(
         {label: (store, snapshot) for label, store in zip(labels, stores)},
@@ -152,14 +152,14 @@ def _compare_replicas(labels, stores, snapshot, args, progress):
 
 
 def _compare_cards(labels, stores, snapshot, args):
-    from concord.model_cards import compare_cards
+    from concord.audit.model_cards import compare_cards
 
     kwargs = {"required": tuple(args.require)} if args.require else {}
     return compare_cards({label: (store, snapshot) for label, store in zip(labels, stores)}, reference=args.reference or None, **kwargs)
 
 
 def cmd_audit_replicas(args, emit, progress) -> int:
-    from concord.audit import AuditReport
+    from concord.audit.report import AuditReport
 
     stores = _open_all(args.stores)
     report = AuditReport.assemble(replicas=_compare_replicas(store_labels(args.stores), stores, args.ref, args, progress))
@@ -167,7 +167,7 @@ def cmd_audit_replicas(args, emit, progress) -> int:
 
 
 def cmd_audit_cards(args, emit, progress) -> int:
-    from concord.audit import AuditReport
+    from concord.audit.report import AuditReport
 
     stores = _open_all(args.stores)
     report = AuditReport.assemble(cards=_compare_cards(store_labels(args.stores), stores, args.ref, args))
@@ -175,8 +175,8 @@ def cmd_audit_cards(args, emit, progress) -> int:
 
 
 def cmd_audit_model(args, emit, progress) -> int:
-    from concord.audit import AuditReport, model_holders
-    from concord.cli_lineage import _lineage
+    from concord.audit.report import AuditReport, model_holders
+    from concord.cli.lineage import _lineage
 
     lineage = _lineage(args)
     lineage.ensure_ready()
@@ -196,9 +196,9 @@ def cmd_audit_model(args, emit, progress) -> int:
 
 def add_parsers(sub, common) -> None:
     from concord.cli import STORE_HELP, _name_arg, ref_arg
-    from concord.cli_federate import _positive_int
-    from concord.cli_lineage import _wrap
-    from concord.cli_tier import _step
+    from concord.cli.federate import _positive_int
+    from concord.cli.lineage import _wrap
+    from concord.cli.tier import _step
 
     lin = argparse.ArgumentParser(add_help=False)
     lin.add_argument("--tracking-uri", help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else sqlite in $CONCORD_HOME)")

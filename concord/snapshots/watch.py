@@ -302,8 +302,8 @@ class Watcher:
 
 def _list_local(path: str) -> dict[str, tuple]:
     """Size of every file under ``path``, walked as a snapshot walks it (links followed, no
-    folder twice: :func:`concord.walk.walk_files`)."""
-    from concord.walk import walk_files
+    folder twice: :func:`concord.snapshots.walk.walk_files`)."""
+    from concord.snapshots.walk import walk_files
 
     out: dict[str, tuple] = {}
     for rel, full in walk_files(path):

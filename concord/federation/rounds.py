@@ -7,7 +7,7 @@ before any store is read. Chunks are shared by content, as everywhere in Concord
 
 The steps, in order (each safe to re-run): find each adapter's ref in the clusters (searched in
 the order given) and restore its snapshot into a temporary folder; read and check the adapters;
-aggregate them (:mod:`concord.lora`); write the result as a PEFT adapter folder; snapshot it into
+aggregate them (:mod:`concord.federation.lora`); write the result as a PEFT adapter folder; snapshot it into
 the first cluster under ``t/<out_name>``; replicate it to every other cluster (only missing
 chunks move); append the round to the ledger. A failure before the ledger leaves no round
 recorded; re-running the same round sends only what is still missing, and never records it
@@ -24,12 +24,12 @@ import tempfile
 from typing import TYPE_CHECKING, Sequence
 
 from concord.errors import AdapterNotFoundError, InvalidNameError, TenantError
-from concord.ledger import HEAD_NAME, record_round, validate_tenant
+from concord.federation.ledger import HEAD_NAME, record_round, validate_tenant
 from concord.progress import Progress, ensure
 from concord.stores.base import Store, split_ref, validate_segment
 
 if TYPE_CHECKING:  # pragma: no cover
-    from concord.lineage import Lineage
+    from concord.lineage.tracking import Lineage
 
 METHODS = ("exact", "stack", "fedavg")
 ROBUST = ("none", "krum", "trimmed")
@@ -104,7 +104,7 @@ def aggregate_folders(
     robust: str = "none",
 ) -> dict:
     """Aggregate the PEFT adapter folders ``paths`` into a new adapter folder ``out_dir``."""
-    from concord import lora
+    from concord.federation import lora
 
     check_options(method, robust)
     adapters = [lora.read_adapter(os.fspath(p)) for p in paths]
@@ -165,11 +165,11 @@ def run_round(
 
     found = [(ref, *locate(clusters, ref)) for ref in refs]
     inputs = [{"adapter": ref, "root": root, "cluster": store.uri} for ref, store, root in found]
-    from concord import lora  # torch comes with it: only once there is work for it
-    from concord.refs import load_manifest
-    from concord.restore import restore
-    from concord.snapshot import snapshot
-    from concord.sync import replicate
+    from concord.federation import lora  # torch comes with it: only once there is work for it
+    from concord.snapshots.refs import load_manifest
+    from concord.snapshots.restore import restore
+    from concord.snapshots.snapshot import snapshot
+    from concord.snapshots.sync import replicate
 
     with tempfile.TemporaryDirectory(prefix="concord-federation-") as tmp:
         paths = []

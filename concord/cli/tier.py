@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from concord.cli_federate import _positive_int
+from concord.cli.federate import _positive_int
 
 TIERS = ("hot", "warm", "cold")
 
@@ -235,7 +235,7 @@ def _finding(f) -> str:
 
 
 def cmd_gc(args, emit, progress) -> int:
-    from concord.gc import collect_garbage
+    from concord.snapshots.gc import collect_garbage
 
     policy = _policy(args)
     tiers = [args.tier] if args.tier else list(TIERS)
@@ -275,7 +275,7 @@ def cmd_check(args, emit, progress) -> int:
 
 
 def add_parsers(sub, common) -> None:
-    from concord.cli_lineage import _wrap
+    from concord.cli.lineage import _wrap
 
     pol = argparse.ArgumentParser(add_help=False)
     pol.add_argument("--policy", required=True, metavar="POLICY", help=POLICY_HELP)

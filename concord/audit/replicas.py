@@ -60,12 +60,12 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
-from concord.drift import SEVERITIES, Prioritised
+from concord.audit.drift import SEVERITIES, Prioritised
 from concord.errors import ChunkNotFoundError, ConcordError, ManifestError, ManifestNotFoundError, ReplicaConfigError
 from concord.hashing import ChunkHasher
-from concord.manifest import FileEntry, Manifest, Part
+from concord.snapshots.manifest import FileEntry, Manifest, Part
 from concord.progress import Progress, ensure
-from concord.refs import load_manifest, resolve_root
+from concord.snapshots.refs import load_manifest, resolve_root
 from concord.stores.base import Store
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -589,7 +589,7 @@ def _pair(ref: Manifest, rep: Manifest) -> tuple[list, list, list]:
 
 def replicas_of(stores: Iterable[Store], ref: str) -> dict[str, tuple[Store, str]]:
     """``{store.uri: (store, ref)}``: the same ref in every store, for :func:`compare_replicas`
-    (and :func:`concord.model_cards.compare_cards`)."""
+    (and :func:`concord.audit.model_cards.compare_cards`)."""
     out: dict[str, tuple[Store, str]] = {}
     for s in stores:
         if s.uri in out:

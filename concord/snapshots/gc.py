@@ -53,7 +53,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Callable, Iterator
 
 from concord.errors import GcRefusedError, ManifestError, ManifestNotFoundError, StoreError, StoreLockedError
-from concord.manifest import Manifest
+from concord.snapshots.manifest import Manifest
 from concord.progress import Progress, ensure
 from concord.stores.base import LEDGER_HEAD, Store, split_ref
 

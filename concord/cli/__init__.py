@@ -76,8 +76,8 @@ def _read_store(spec: str):
 
 
 def cmd_snapshot(args) -> int:
-    from concord.manifest import DEFAULT_CHUNK_SIZE
-    from concord.snapshot import snapshot
+    from concord.snapshots.manifest import DEFAULT_CHUNK_SIZE
+    from concord.snapshots.snapshot import snapshot
 
     store = _store(args.store)
     r = snapshot(
@@ -102,8 +102,8 @@ def cmd_snapshot(args) -> int:
 
 
 def cmd_diff(args) -> int:
-    from concord.diff import diff_manifests
-    from concord.refs import load_manifest, resolve_root
+    from concord.snapshots.diff import diff_manifests
+    from concord.snapshots.refs import load_manifest, resolve_root
 
     sa = _read_store(args.store)
     sb = _read_store(args.against) if args.against else sa
@@ -123,7 +123,7 @@ def cmd_diff(args) -> int:
 
 
 def cmd_sync(args) -> int:
-    from concord.sync import replicate
+    from concord.snapshots.sync import replicate
 
     src = _store(args.source)
     targets = [_store(t) for t in args.targets]
@@ -139,8 +139,8 @@ def cmd_sync(args) -> int:
 
 
 def cmd_restore(args) -> int:
-    from concord.refs import load_manifest, resolve_root
-    from concord.restore import restore
+    from concord.snapshots.refs import load_manifest, resolve_root
+    from concord.snapshots.restore import restore
 
     store = _read_store(args.store)
     root = resolve_root(store, args.ref or args.root)
@@ -150,7 +150,7 @@ def cmd_restore(args) -> int:
 
 
 def cmd_verify(args) -> int:
-    from concord.verify import verify
+    from concord.snapshots.verify import verify
 
     store = _read_store(args.store)
     repair = _read_store(args.repair_from) if args.repair_from else None
@@ -181,7 +181,7 @@ def cmd_verify(args) -> int:
 
 
 def cmd_rollback(args) -> int:
-    from concord.refs import rollback
+    from concord.snapshots.refs import rollback
 
     store = _store(args.store)
     r = rollback(store, args.ref, args.to)
@@ -330,19 +330,19 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("ref", metavar="REF", type=ref_positional)
     s.set_defaults(func=cmd_log)
 
-    from concord import cli_lineage
+    from concord.cli import lineage as cli_lineage
 
     cli_lineage.add_parsers(sub, common)
 
-    from concord import cli_federate
+    from concord.cli import federate as cli_federate
 
     cli_federate.add_parsers(sub, common)
 
-    from concord import cli_tier
+    from concord.cli import tier as cli_tier
 
     cli_tier.add_parsers(sub, common)
 
-    from concord import cli_audit
+    from concord.cli import audit as cli_audit
 
     cli_audit.add_parsers(sub, common)
     return p

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from concord.errors import HistoryError, RefNotFoundError
 from concord.hashing import is_digest
-from concord.manifest import Manifest
+from concord.snapshots.manifest import Manifest
 from concord.stores.base import Store, canonical_ref
 
 

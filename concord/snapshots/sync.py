@@ -16,10 +16,10 @@ from contextlib import ExitStack
 from dataclasses import dataclass
 
 from concord.errors import ReplicationError
-from concord.gc import write_lease
-from concord.manifest import Manifest
+from concord.snapshots.gc import write_lease
+from concord.snapshots.manifest import Manifest
 from concord.progress import Progress, ensure
-from concord.refs import resolve_root
+from concord.snapshots.refs import resolve_root
 from concord.stores.base import Store, check_writable_ref
 
 HAS_BATCH = 1000

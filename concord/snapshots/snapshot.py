@@ -23,9 +23,9 @@ from typing import Iterable, Iterator
 from dataclasses import dataclass, field
 
 from concord.errors import ControlCharacterNameError, SourceChangedError, SourceNotFoundError
-from concord.gc import write_lease
+from concord.snapshots.gc import write_lease
 from concord.hashing import chunk_id
-from concord.manifest import (
+from concord.snapshots.manifest import (
     DEFAULT_CHUNK_SIZE,
     FileEntry,
     Manifest,
@@ -34,10 +34,10 @@ from concord.manifest import (
     make_part,
 )
 from concord.progress import Progress, ensure
-from concord.safetensors_header import looks_like_safetensors, read_header
+from concord.snapshots.safetensors_header import looks_like_safetensors, read_header
 from concord.stores.base import Store, check_writable_ref
 from concord.text import control_char
-from concord.walk import walk_files
+from concord.snapshots.walk import walk_files
 
 #: chunks in flight at once: bounds memory (futures, ids) whatever the checkpoint size
 WINDOW = 64
@@ -66,7 +66,7 @@ def collect_files(source: str | os.PathLike) -> list[tuple[str, str]]:
     """``(relative posix path, absolute path)`` of every regular file under ``source``, sorted.
 
     Symlinks are followed (a Hugging Face cache folder is made of them), but no folder is
-    walked twice, so a link loop ends (see :mod:`concord.walk`). A file name holding a control
+    walked twice, so a link loop ends (see :mod:`concord.snapshots.walk`). A file name holding a control
     character is refused (:class:`ControlCharacterNameError`): it could not be shown on a
     terminal as it is, nor restored safely everywhere.
     """

@@ -22,9 +22,9 @@ from concord.errors import (
     NotRegularFileError,
 )
 from concord.hashing import chunk_id
-from concord.manifest import DEFAULT_CHUNK_SIZE, Manifest
+from concord.snapshots.manifest import DEFAULT_CHUNK_SIZE, Manifest
 from concord.progress import Progress, ensure
-from concord.refs import resolve_root
+from concord.snapshots.refs import resolve_root
 from concord.stores.base import Store
 
 #: chunks in one batch at the most, whatever their size (bounds what a batch task carries)
@@ -175,7 +175,7 @@ def _refs_of(store: Store, held: set[str]) -> tuple[dict[str, str], list[str], l
     """``({ref: current root}, [unreadable refs], [history gaps])`` of every snapshot ref of the
     store. A federation ledger's head (``TENANT/_ledger``) points at ledger rounds, not snapshots:
     it is left to ``concord federate verify``."""
-    from concord.ledger import HEAD_NAME
+    from concord.federation.ledger import HEAD_NAME
     from concord.stores.base import split_ref
 
     roots: dict[str, str] = {}

@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from concord.errors import RestoreTargetError, UnsafePathError
-from concord.manifest import Manifest, safe_relpath
+from concord.snapshots.manifest import Manifest, safe_relpath
 from concord.progress import Progress, ensure
 from concord.stores.base import Store
 from concord.text import control_char

@@ -21,7 +21,7 @@ def default_registry() -> str:
 
 
 def _lineage(args):
-    from concord.lineage import Lineage
+    from concord.lineage.tracking import Lineage
 
     # MLflow prints run URLs on stdout, which must hold nothing but our output (one JSON object)
     os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
@@ -39,7 +39,7 @@ def _registry(args):
 
 
 def cmd_data_register(args, emit, progress) -> int:
-    from concord.data import register_data
+    from concord.lineage.data import register_data
 
     lineage = None if args.no_track else _lineage(args)
     if lineage is not None:
@@ -60,7 +60,7 @@ def cmd_data_register(args, emit, progress) -> int:
 
 
 def cmd_data_show(args, emit, progress) -> int:
-    from concord.data import data_info
+    from concord.lineage.data import data_info
 
     snap = data_info(_registry(args), args.id)
     d = snap.to_dict()
@@ -73,8 +73,8 @@ def cmd_data_show(args, emit, progress) -> int:
 
 
 def cmd_contract_infer(args, emit, progress) -> int:
-    from concord.contracts import infer_contract, save_contract
-    from concord.data import read_table
+    from concord.lineage.contracts import infer_contract, save_contract
+    from concord.lineage.data import read_table
 
     contract = infer_contract(read_table(args.file), args.name, args.version, description=args.description or "")
     key = save_contract(_registry(args), contract)
@@ -89,8 +89,8 @@ def cmd_contract_infer(args, emit, progress) -> int:
 
 
 def cmd_contract_validate(args, emit, progress) -> int:
-    from concord.contracts import load_contract, validate
-    from concord.data import load_data, read_table
+    from concord.lineage.contracts import load_contract, validate
+    from concord.lineage.data import load_data, read_table
 
     registry = _registry(args)
     contract = load_contract(registry, args.contract)
@@ -112,7 +112,7 @@ def cmd_contract_validate(args, emit, progress) -> int:
 
 
 def cmd_contract_compatible(args, emit, progress) -> int:
-    from concord.contracts import compatible, load_contract
+    from concord.lineage.contracts import compatible, load_contract
 
     registry = _registry(args)
     res = compatible(load_contract(registry, args.old), load_contract(registry, args.new))
@@ -127,7 +127,7 @@ def cmd_contract_compatible(args, emit, progress) -> int:
 
 
 def cmd_contract_list(args, emit, progress) -> int:
-    from concord.contracts import list_contracts
+    from concord.lineage.contracts import list_contracts
 
     refs = list_contracts(_registry(args))
     emit({"contracts": refs}, refs or ["(no contracts)"])
@@ -138,7 +138,7 @@ def cmd_contract_list(args, emit, progress) -> int:
 
 
 def cmd_model_register(args, emit, progress) -> int:
-    from concord.refs import resolve_root
+    from concord.snapshots.refs import resolve_root
     from concord.stores import open_store
 
     lineage = _lineage(args)
@@ -191,7 +191,7 @@ def cmd_lineage_data(args, emit, progress) -> int:
 
 
 def cmd_lineage_graph(args, emit, progress) -> int:
-    from concord.lineage import render_png, to_mermaid
+    from concord.lineage.tracking import render_png, to_mermaid
 
     graph = _lineage(args).lineage_graph(args.name)
     out = os.path.abspath(args.out)

@@ -3,15 +3,15 @@
 :class:`AuditReport` gathers up to four sections and gives the audit one severity, the worst of
 theirs (``ok``, ``warning`` = P1, ``critical`` = P0):
 
-* ``data``: :func:`concord.drift.data_drift` of a current table against its reference (its
+* ``data``: :func:`concord.audit.drift.data_drift` of a current table against its reference (its
   severity is the worst column's, escalations included);
 * ``contract``: the current table validated against its schema contract
-  (:func:`concord.contracts.validate`). Data that breaks its contract is ``critical``: the
+  (:func:`concord.lineage.contracts.validate`). Data that breaks its contract is ``critical``: the
   contract is a promise every consumer relies on, and the promotion gate refuses such data too;
 * ``replicas``: the weights of one model version on every cluster (``ReplicaReport.to_dict()`` of
-  :mod:`concord.replicas`); its own severity;
+  :mod:`concord.audit.replicas`); its own severity;
 * ``cards``: the model cards of that version across clusters (``CardReport.to_dict()`` of
-  :mod:`concord.model_cards`); its own severity.
+  :mod:`concord.audit.model_cards`); its own severity.
 
 A section that could not be audited at all (a store that does not answer, say) is recorded in
 ``errors`` and counts as ``critical``: a nightly audit that cannot tell is not an "ok".
@@ -24,7 +24,7 @@ column's reference and current histograms (:func:`plot_histograms`).
 
 Consecutive nights: :func:`previous_nights` and :func:`record_night` keep each night's column
 severities in a small JSON document of a store (``audits/<name>/nights.json``), so that the next
-night's :func:`~concord.drift.data_drift` gets them as ``history``. A night is a UTC date; running
+night's :func:`~concord.audit.drift.data_drift` gets them as ``history``. A night is a UTC date; running
 the same night again replaces its record, and a night without a record breaks the chain.
 
 pandas, matplotlib and great-expectations are imported inside the functions that need them.
@@ -41,15 +41,15 @@ from dataclasses import dataclass, field
 from datetime import date, timedelta
 from typing import TYPE_CHECKING, Any, Iterable, Iterator, Mapping, Sequence
 
-from concord.drift import PRIORITIES, SEVERITIES, ColumnHistogram, DriftReport, Prioritised, column_histograms
+from concord.audit.drift import PRIORITIES, SEVERITIES, ColumnHistogram, DriftReport, Prioritised, column_histograms
 from concord.errors import DataFormatError, DriftConfigError
 from concord.hashing import is_digest
 
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
 
-    from concord.contracts import Contract
-    from concord.drift import TableBatches
+    from concord.lineage.contracts import Contract
+    from concord.audit.drift import TableBatches
     from concord.stores.base import Store
 
 __all__ = [
@@ -132,7 +132,7 @@ _DATA_REF = re.compile(r"^data/[A-Za-z0-9_-][A-Za-z0-9._-]{0,127}(~[0-9]+)?$")
 
 def names_snapshot(text: str) -> bool:
     """A data snapshot id, or a ``data/<name>[~N]`` ref that is not a table file's path."""
-    from concord.data import FORMATS
+    from concord.lineage.data import FORMATS
 
     if is_digest(text):
         return True
@@ -155,8 +155,8 @@ def load_table(spec: "str | os.PathLike", store: "Store | None" = None, *, which
     if names_snapshot(text):
         if store is None:
             raise DriftConfigError(which, f"{text!r} names a data snapshot but no data store was given", "Pass the store that holds it.")
-        from concord.data import data_info, load_data
-        from concord.refs import resolve_root
+        from concord.lineage.data import data_info, load_data
+        from concord.snapshots.refs import resolve_root
 
         try:
             snapshot_id = resolve_root(store, text)
@@ -169,7 +169,7 @@ def load_table(spec: "str | os.PathLike", store: "Store | None" = None, *, which
     if not os.path.isfile(path):
         what = "a folder, not a table" if os.path.isdir(path) else "no such file"
         raise DriftConfigError(which, f"{path}: {what}", _INPUT_HELP)
-    from concord.data import read_table
+    from concord.lineage.data import read_table
 
     try:
         df = read_table(path)
@@ -188,14 +188,14 @@ class OpenTable:
     format: str  # "parquet" | "csv"
 
     def batches(self, batch_bytes: int | None = None) -> "TableBatches":
-        """The table read about ``batch_bytes`` at a time (default ``concord.data.BATCH_BYTES``)."""
-        from concord.data import BATCH_BYTES, table_batches
+        """The table read about ``batch_bytes`` at a time (default ``concord.lineage.data.BATCH_BYTES``)."""
+        from concord.lineage.data import BATCH_BYTES, table_batches
 
         return table_batches(self.path, batch_bytes=batch_bytes or BATCH_BYTES)
 
     def read(self) -> "pd.DataFrame":
         """The whole table (for what needs it whole: a contract's validation)."""
-        from concord.data import read_table
+        from concord.lineage.data import read_table
 
         return read_table(self.path)
 
@@ -211,8 +211,8 @@ def open_table(spec: "str | os.PathLike", store: "Store | None" = None, *, which
     if names_snapshot(text):
         if store is None:
             raise DriftConfigError(which, f"{text!r} names a data snapshot but no data store was given", "Pass the store that holds it.")
-        from concord.data import data_file, data_info
-        from concord.refs import resolve_root
+        from concord.lineage.data import data_file, data_info
+        from concord.snapshots.refs import resolve_root
 
         try:
             snapshot_id = resolve_root(store, text)
@@ -226,7 +226,7 @@ def open_table(spec: "str | os.PathLike", store: "Store | None" = None, *, which
     if not os.path.isfile(path):
         what = "a folder, not a table" if os.path.isdir(path) else "no such file"
         raise DriftConfigError(which, f"{path}: {what}", _INPUT_HELP)
-    from concord.data import FORMATS
+    from concord.lineage.data import FORMATS
 
     fmt = FORMATS.get(os.path.splitext(path)[1].lower())
     if fmt is None:
@@ -246,10 +246,10 @@ def stream_drift(
     batch_bytes: int | None = None,
     **options: Any,
 ) -> DriftReport:
-    """:func:`~concord.drift.data_drift_batches` of two open tables, read about ``batch_bytes`` at a
+    """:func:`~concord.audit.drift.data_drift_batches` of two open tables, read about ``batch_bytes`` at a
     time (options: columns, thresholds, bins, history, sample_size); a file that turns out
     unreadable is a :class:`DriftConfigError` naming the input."""
-    from concord.drift import data_drift_batches
+    from concord.audit.drift import data_drift_batches
 
     tables = []
     for label, table in zip(which, (reference, current)):
@@ -293,7 +293,7 @@ def audit_data(
 def check_contract(contract: "Contract", df: "pd.DataFrame") -> dict:
     """The contract section: ``{name, version, ref, digest, ok, evaluated, failed: [...]}``, each
     failed expectation as ``{expectation, column, details}``; ``severity`` is critical when any failed."""
-    from concord.contracts import validate
+    from concord.lineage.contracts import validate
 
     result = validate(contract, df)
     return {
@@ -963,7 +963,7 @@ def _read_nights(store: "Store", name: str) -> dict[str, dict]:
 
 def previous_nights(store: "Store", name: str, night: "date | str | None" = None) -> dict[str, list[str]]:
     """Each column's severities on the nights before ``night`` (default today, UTC), oldest first,
-    as :func:`~concord.drift.data_drift` takes ``history``. Only an unbroken run of nights counts:
+    as :func:`~concord.audit.drift.data_drift` takes ``history``. Only an unbroken run of nights counts:
     walking back from the night before, the first night without a record (or without the column)
     ends that column's list."""
     tonight = night_of(night)

@@ -77,7 +77,7 @@ def _error(value) -> str:
 
 
 def cmd_aggregate(args, emit, progress) -> int:
-    from concord.federation import aggregate_folders
+    from concord.federation.rounds import aggregate_folders
 
     r = aggregate_folders(
         args.adapters,
@@ -98,13 +98,13 @@ def cmd_aggregate(args, emit, progress) -> int:
 
 
 def cmd_run(args, emit, progress) -> int:
-    from concord.federation import run_round
+    from concord.federation.rounds import run_round
     from concord.stores import open_store
 
     clusters = [open_store(c) for c in args.cluster]
     lineage = None
     if args.track:
-        from concord.cli_lineage import _lineage
+        from concord.cli.lineage import _lineage
 
         lineage = _lineage(args)
     r = run_round(
@@ -135,7 +135,7 @@ def cmd_run(args, emit, progress) -> int:
 
 
 def cmd_verify(args, emit, progress) -> int:
-    from concord.ledger import validate_tenant, verify_ledger
+    from concord.federation.ledger import validate_tenant, verify_ledger
     from concord.stores import open_store_to_read
 
     validate_tenant(args.tenant)
@@ -156,7 +156,7 @@ def cmd_verify(args, emit, progress) -> int:
 
 
 def cmd_log(args, emit, progress) -> int:
-    from concord.ledger import list_rounds, read_head, validate_tenant
+    from concord.federation.ledger import list_rounds, read_head, validate_tenant
     from concord.stores import open_store_to_read
 
     validate_tenant(args.tenant)
@@ -182,7 +182,7 @@ def cmd_log(args, emit, progress) -> int:
 
 def add_parsers(sub, common) -> None:
     from concord.cli import STORE_HELP
-    from concord.cli_lineage import _wrap
+    from concord.cli.lineage import _wrap
 
     agg = argparse.ArgumentParser(add_help=False)
     agg.add_argument("--method", choices=("exact", "stack", "fedavg"), default="exact", help=METHOD_HELP)

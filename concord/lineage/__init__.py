@@ -1,0 +1,1 @@
+"""Lineage in MLflow: model versions × data snapshots × schema contracts."""
