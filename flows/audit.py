@@ -31,16 +31,10 @@ from prefect import flow
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from pydantic import BaseModel, Field, model_validator
 
-from concord.audit.report import (
-    AuditReport,
-    audit_name,
-    column_rows,
-    night_of,
-    render_markdown,
-    replica_rows,
-    spec_name,
-    worst_tensor_rows,
-)
+from concord.audit.history import night_of
+from concord.audit.inputs import audit_name, spec_name
+from concord.audit.render import column_rows, render_markdown, replica_rows, worst_tensor_rows
+from concord.audit.report import AuditReport
 from concord.cli.lineage import default_registry
 from flows._params import ModelName, StoreAddress
 from tasks.audit import (

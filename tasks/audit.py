@@ -116,7 +116,9 @@ def data_drift_task(
     Returns ``{name, night, drift: DriftReport.to_dict(), reference, current: TableSource dicts,
     history, history_key, plots: {column: path}}``.
     """
-    from concord.audit.report import audit_name, night_of, open_table, plot_histograms_by_column, previous_nights, record_night, stream_drift
+    from concord.audit.history import night_of, previous_nights, record_night
+    from concord.audit.inputs import audit_name, open_table, stream_drift
+    from concord.audit.render import plot_histograms_by_column
     from concord.audit.drift import DriftThresholds
 
     limits = DriftThresholds(**(thresholds or {}))
@@ -161,7 +163,7 @@ def audit_contract_task(contract: str, contracts_store: str, current: str, data_
     ``data_store``) against ``contract`` (``name@version``, ``name`` for its latest, or a .json
     file) of ``contracts_store`` with great-expectations. Returns the audit's contract section
     (``check_contract``): a violation is reported, not raised."""
-    from concord.audit.report import check_contract, load_table
+    from concord.audit.inputs import check_contract, load_table
     from concord.lineage.contracts import load_contract
 
     with open_stores(contracts_store, data_store) as (cs, ds):
@@ -189,7 +191,7 @@ def audit_contract_task(contract: str, contracts_store: str, current: str, data_
 def model_holders_task(model: str, version: str, tracking_uri: str | None = None) -> dict:
     """The snapshot root of model version ``model``/``version`` (a number or an alias such as
     champion) and the stores lineage records as holding it: ``{name, version, root, stores}``."""
-    from concord.audit.report import model_holders
+    from concord.audit.inputs import model_holders
     from concord.lineage.tracking import Lineage
 
     lineage = Lineage(tracking_uri)
@@ -211,7 +213,7 @@ def audit_replicas_task(snapshot: str, stores: Sequence[str], reference: str | N
     ``reference``'s, a cluster label): by Merkle root, then tensor by tensor in ULPs of the lower
     precision. Clusters are labelled by the stores' last path segments. Returns
     ``ReplicaReport.to_dict()``: differences are reported, not raised."""
-    from concord.audit.report import store_labels
+    from concord.audit.inputs import store_labels
     from concord.audit.replicas import compare_replicas
 
     specs = list(stores)
@@ -238,7 +240,7 @@ def audit_cards_task(snapshot: str, stores: Sequence[str], required: Sequence[st
     """Compare the model card of snapshot ``snapshot`` on every store with the first store's (or
     ``reference``'s, a cluster label), and check the required fields (``required``; default: the
     core's list). Returns ``CardReport.to_dict()``."""
-    from concord.audit.report import store_labels
+    from concord.audit.inputs import store_labels
     from concord.audit.model_cards import compare_cards
 
     specs = list(stores)
@@ -361,7 +363,7 @@ def audit_event_task(report: dict, name: str, night: str, run_id: str | None = N
     """Emit ``concord.drift.detected`` (severity and priority in the payload) when the audit's
     severity is not ok, else ``concord.drift.audited``; resource ``concord.audit.<name>``.
     Returns the event's id."""
-    from concord.audit.report import column_order
+    from concord.audit.severity import column_order
 
     drifted = [
         {k: c.get(k) for k in ("column", "severity", "priority", "psi", "escalated", "finding")}

@@ -51,7 +51,7 @@ def _text_table(rows: list[dict], keys: list[str] | None = None) -> list[str]:
 
 def report_lines(report) -> list[str]:
     """The human form of an audit: the verdict, then a table per section."""
-    from concord.audit.report import card_rows, column_rows, replica_rows, worst_tensor_rows
+    from concord.audit.render import card_rows, column_rows, replica_rows, worst_tensor_rows
 
     lines = [report.verdict()]
     if report.data is not None:
@@ -91,7 +91,9 @@ def _finish(report, emit, extra: dict | None = None) -> int:
 
 
 def cmd_audit_data(args, emit, progress) -> int:
-    from concord.audit.report import audit_data, names_snapshot, plot_histograms
+    from concord.audit.inputs import names_snapshot
+    from concord.audit.render import plot_histograms
+    from concord.audit.report import audit_data
     from concord.cli.lineage import default_registry
     from concord.audit.drift import DriftThresholds
 
@@ -137,7 +139,7 @@ def _open_all(specs: list[str]) -> list:
 
 
 def store_labels(specs):
-    from concord.audit.report import store_labels as labels
+    from concord.audit.inputs import store_labels as labels
 
     return labels(specs)
 
@@ -175,7 +177,8 @@ def cmd_audit_cards(args, emit, progress) -> int:
 
 
 def cmd_audit_model(args, emit, progress) -> int:
-    from concord.audit.report import AuditReport, model_holders
+    from concord.audit.inputs import model_holders
+    from concord.audit.report import AuditReport
     from concord.cli.lineage import _lineage
 
     lineage = _lineage(args)

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from servers import free_port
 
-from concord.audit.report import HISTORY_FORMAT, history_key
+from concord.audit.history import HISTORY_FORMAT, history_key
 from concord.stores import LocalDirStore
 from flows.audit import AuditFailed, Thresholds, nightly_drift_audit
 

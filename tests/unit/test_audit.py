@@ -12,26 +12,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from concord.audit.report import (
-    AuditReport,
-    audit_name,
-    card_rows,
-    check_contract,
-    column_rows,
-    history_key,
-    load_table,
-    model_holders,
-    plot_histograms,
-    plot_histograms_by_column,
-    previous_nights,
-    record_night,
-    render_markdown,
-    replica_rows,
-    spec_name,
-    store_labels,
-    worst,
-    worst_tensor_rows,
-)
+from concord.audit.history import history_key, previous_nights, record_night
+from concord.audit.inputs import audit_name, check_contract, load_table, model_holders, spec_name, store_labels
+from concord.audit.render import card_rows, column_rows, plot_histograms, plot_histograms_by_column, render_markdown, replica_rows, worst_tensor_rows
+from concord.audit.report import AuditReport
+from concord.audit.severity import worst
 from concord.lineage.contracts import infer_contract
 from concord.audit.drift import DriftThresholds, data_drift
 from concord.errors import DriftConfigError, LineageError
@@ -335,7 +320,7 @@ def test_a_csv_column_that_turns_to_text_midway_is_compared_as_text(tmp_path):
 
 
 def test_open_table_refuses_like_load_table(tmp_path):
-    from concord.audit.report import open_table
+    from concord.audit.inputs import open_table
 
     with pytest.raises(DriftConfigError, match="no such file"):
         with open_table(tmp_path / "missing.csv", which="current"):

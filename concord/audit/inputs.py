@@ -1,0 +1,285 @@
+"""What an audit reads, named the way a person types it, and how an audit is named after it.
+
+An input is a ``.parquet`` or ``.csv`` file, a data snapshot id (64 hex) or a ``data/<name>`` ref
+in a data store (:func:`load_table` reads it whole, :func:`open_table` opens it for reading in
+batches, :func:`stream_drift` computes the drift of two open tables). :func:`check_contract` makes
+the contract section of a table, :func:`model_holders` and :func:`store_labels` find and name the
+replicas of a model version. :func:`spec_name` and :func:`audit_name` name an audit after its inputs.
+
+pandas and great-expectations are imported inside the functions that need them.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Iterator, Sequence
+
+from concord.audit.drift import DriftReport
+from concord.errors import DataFormatError, DriftConfigError
+from concord.hashing import is_digest
+
+if TYPE_CHECKING:  # pragma: no cover
+    import pandas as pd
+
+    from concord.lineage.contracts import Contract
+    from concord.audit.drift import TableBatches
+    from concord.stores.base import Store
+
+__all__ = [
+    "INPUT_HELP",
+    "OpenTable",
+    "TableSource",
+    "audit_name",
+    "check_contract",
+    "load_table",
+    "model_holders",
+    "names_snapshot",
+    "open_table",
+    "slug",
+    "spec_name",
+    "store_labels",
+    "stream_drift",
+]
+
+INPUT_HELP = "Give a .parquet or .csv file, a data snapshot id (64 hex) or a data/<name> ref in the data store."
+
+
+@dataclass(frozen=True)
+class TableSource:
+    """Where a table of an audit came from."""
+
+    spec: str  # as given
+    kind: str  # "file" | "snapshot"
+    name: str  # file name without extension, or the data snapshot's name
+    path: str | None = None  # the file, for a file
+    id: str | None = None  # the snapshot id, for a snapshot
+    store: str | None = None  # the store's URI, for a snapshot
+
+    @property
+    def label(self) -> str:
+        """How reports name it: the file's name, or ``name@<id prefix>``."""
+        if self.kind == "file":
+            return os.path.basename(self.path or self.spec)
+        return f"{self.name}@{(self.id or '')[:12]}"
+
+    def to_dict(self) -> dict:
+        return {k: getattr(self, k) for k in self.__dataclass_fields__} | {"label": self.label}
+
+
+_DATA_REF = re.compile(r"^data/[A-Za-z0-9_-][A-Za-z0-9._-]{0,127}(~[0-9]+)?$")
+
+
+def names_snapshot(text: str) -> bool:
+    """A data snapshot id, or a ``data/<name>[~N]`` ref that is not a table file's path."""
+    from concord.lineage.data import FORMATS
+
+    if is_digest(text):
+        return True
+    if not _DATA_REF.match(text) or os.path.exists(text):
+        return False
+    return os.path.splitext(text.partition("~")[0])[1].lower() not in FORMATS
+
+
+def load_table(spec: "str | os.PathLike", store: "Store | None" = None, *, which: str = "table") -> tuple["pd.DataFrame", TableSource]:
+    """The table ``spec`` names, and where it came from.
+
+    ``spec`` is a ``.parquet``/``.csv`` file, a data snapshot id, or a ``data/<name>`` ref
+    (``data/<name>~1`` for the one before) in ``store``. ``which`` ("reference", "current")
+    names the input in errors, which are :class:`~concord.errors.DriftConfigError` (a
+    ``ValueError``) and say what to give instead.
+    """
+    text = os.fspath(spec).strip()
+    if not text:
+        raise DriftConfigError(which, "is empty", INPUT_HELP)
+    if names_snapshot(text):
+        if store is None:
+            raise DriftConfigError(which, f"{text!r} names a data snapshot but no data store was given", "Pass the store that holds it.")
+        from concord.lineage.data import data_info, load_data
+        from concord.snapshots.refs import resolve_root
+
+        try:
+            snapshot_id = resolve_root(store, text)
+            info = data_info(store, snapshot_id)
+        except (KeyError, ValueError) as exc:
+            raise DriftConfigError(which, f"no data snapshot {text!r} in {store.uri} ({' '.join(str(exc).split())})", INPUT_HELP) from exc
+        df = load_data(store, snapshot_id)
+        return df, TableSource(spec=text, kind="snapshot", name=info.name, id=snapshot_id, store=store.uri)
+    path = os.path.abspath(text)
+    if not os.path.isfile(path):
+        what = "a folder, not a table" if os.path.isdir(path) else "no such file"
+        raise DriftConfigError(which, f"{path}: {what}", INPUT_HELP)
+    from concord.lineage.data import read_table
+
+    try:
+        df = read_table(path)
+    except DataFormatError as exc:
+        raise DriftConfigError(which, f"{path}: {exc.problem}", "Give a .parquet or .csv file (the format comes from the extension).") from exc
+    name = os.path.splitext(os.path.basename(path))[0]
+    return df, TableSource(spec=text, kind="file", name=name, path=path)
+
+
+@dataclass(frozen=True)
+class OpenTable:
+    """A table an audit reads in batches (:func:`open_table`): where it came from, its file and format."""
+
+    source: TableSource
+    path: str
+    format: str  # "parquet" | "csv"
+
+    def batches(self, batch_bytes: int | None = None) -> "TableBatches":
+        """The table read about ``batch_bytes`` at a time (default ``concord.lineage.data.BATCH_BYTES``)."""
+        from concord.lineage.data import BATCH_BYTES, table_batches
+
+        return table_batches(self.path, batch_bytes=batch_bytes or BATCH_BYTES)
+
+    def read(self) -> "pd.DataFrame":
+        """The whole table (for what needs it whole: a contract's validation)."""
+        from concord.lineage.data import read_table
+
+        return read_table(self.path)
+
+
+@contextmanager
+def open_table(spec: "str | os.PathLike", store: "Store | None" = None, *, which: str = "table") -> Iterator[OpenTable]:
+    """The table ``spec`` names, as :func:`load_table` takes it, without reading it: a file as it is,
+    a data snapshot restored (every chunk verified) into a temporary folder removed on leaving.
+    Errors are :func:`load_table`'s."""
+    text = os.fspath(spec).strip()
+    if not text:
+        raise DriftConfigError(which, "is empty", INPUT_HELP)
+    if names_snapshot(text):
+        if store is None:
+            raise DriftConfigError(which, f"{text!r} names a data snapshot but no data store was given", "Pass the store that holds it.")
+        from concord.lineage.data import data_file, data_info
+        from concord.snapshots.refs import resolve_root
+
+        try:
+            snapshot_id = resolve_root(store, text)
+            data_info(store, snapshot_id)
+        except (KeyError, ValueError) as exc:
+            raise DriftConfigError(which, f"no data snapshot {text!r} in {store.uri} ({' '.join(str(exc).split())})", INPUT_HELP) from exc
+        with data_file(store, snapshot_id) as (path, info):
+            yield OpenTable(TableSource(spec=text, kind="snapshot", name=info.name, id=snapshot_id, store=store.uri), path, info.format)
+        return
+    path = os.path.abspath(text)
+    if not os.path.isfile(path):
+        what = "a folder, not a table" if os.path.isdir(path) else "no such file"
+        raise DriftConfigError(which, f"{path}: {what}", INPUT_HELP)
+    from concord.lineage.data import FORMATS
+
+    fmt = FORMATS.get(os.path.splitext(path)[1].lower())
+    if fmt is None:
+        ext = os.path.splitext(path)[1].lower()
+        raise DriftConfigError(
+            which, f"{path}: unknown data format {ext or '(no extension)'!r}", "Give a .parquet or .csv file (the format comes from the extension)."
+        )
+    name = os.path.splitext(os.path.basename(path))[0]
+    yield OpenTable(TableSource(spec=text, kind="file", name=name, path=path), path, fmt)
+
+
+def stream_drift(
+    reference: OpenTable,
+    current: OpenTable,
+    *,
+    which: tuple[str, str] = ("reference", "current"),
+    batch_bytes: int | None = None,
+    **options: Any,
+) -> DriftReport:
+    """:func:`~concord.audit.drift.data_drift_batches` of two open tables, read about ``batch_bytes`` at a
+    time (options: columns, thresholds, bins, history, sample_size); a file that turns out
+    unreadable is a :class:`DriftConfigError` naming the input."""
+    from concord.audit.drift import data_drift_batches
+
+    tables = []
+    for label, table in zip(which, (reference, current)):
+        try:
+            tables.append(table.batches(batch_bytes))
+        except DataFormatError as exc:
+            raise DriftConfigError(label, f"{table.path}: {exc.problem}", "Give a .parquet or .csv file (the format comes from the extension).") from exc
+    try:
+        return data_drift_batches(tables[0], tables[1], **options)
+    except DataFormatError as exc:
+        label = which[0] if exc.source == reference.path else which[1]
+        raise DriftConfigError(label, f"{exc.source}: {exc.problem}", "Give a .parquet or .csv file (the format comes from the extension).") from exc
+
+
+
+def check_contract(contract: "Contract", df: "pd.DataFrame") -> dict:
+    """The contract section: ``{name, version, ref, digest, ok, evaluated, failed: [...]}``, each
+    failed expectation as ``{expectation, column, details}``; ``severity`` is critical when any failed."""
+    from concord.lineage.contracts import validate
+
+    result = validate(contract, df)
+    return {
+        "name": contract.name,
+        "version": contract.version,
+        "ref": contract.ref,
+        "digest": contract.digest(),
+        "ok": result.success,
+        "evaluated": result.evaluated,
+        "failed": [f.to_dict() for f in result.failures],
+        "severity": "ok" if result.success else "critical",
+    }
+
+
+def store_labels(specs: Sequence[str]) -> list[str]:
+    """A cluster label per store spec: its last path segment (``data/stores/us-east`` →
+    ``us-east``) when those are unique among ``specs``, else the specs themselves."""
+    tails = [str(s).rstrip("/").rsplit("/", 1)[-1] or str(s) for s in specs]
+    if len(set(tails)) == len(tails):
+        return tails
+    return [str(s) for s in specs]
+
+
+def model_holders(lineage: Any, name: str, version: "str | int") -> dict:
+    """The snapshot root of model version ``name``/``version`` (a number, or an alias such as
+    ``champion``) and the stores lineage records as holding it (``concord.held_by``; the store its
+    source points into when none is recorded): ``{name, version, root, stores}``."""
+    from concord.errors import LineageError
+
+    text = str(version).strip()
+    if not text.isdigit():
+        try:
+            text = str(lineage.client.get_model_version_by_alias(name, text).version)
+        except Exception as exc:
+            raise LineageError(f"model {name!r} has no version with alias {text!r} ({' '.join(str(exc).split())[:200]})") from exc
+    info = lineage.model_lineage(name, text)
+    stores = [h["store"] for h in info.get("replicas") or [] if h.get("store")]
+    if not stores and info.get("store"):
+        stores = [info["store"]]
+    if not info.get("root") or not stores:
+        raise LineageError(
+            f"model version {name}/{text} records no snapshot root or no store holding it; "
+            "register it with `concord model register NAME --store STORE --ref REF`"
+        )
+    return {"name": name, "version": text, "root": info["root"], "stores": stores}
+
+
+def slug(text: str, limit: int = 80) -> str:
+    """``text`` as a file or document name: runs of anything but letters, digits, ``._-`` become
+    one ``-``, at most ``limit`` characters ("column" when nothing is left)."""
+    name = re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip(".-")[:limit]
+    return name or "column"
+
+
+def spec_name(spec: str) -> str:
+    """The short name of an input as given: a file's name without extension, a ``data/<name>``
+    ref's name, the first 12 hex of a snapshot id, a store's last path segment."""
+    text = str(spec).strip()
+    if is_digest(text):
+        return text[:12]
+    if names_snapshot(text):
+        return text[len("data/"):].partition("~")[0]
+    return os.path.splitext(os.path.basename(text.rstrip("/")))[0] or text
+
+
+def audit_name(*labels: str) -> str:
+    """A document-safe name for an audit from what it compares (e.g. the two tables' names):
+    readable, with a short hash of the exact text so different inputs never share a history."""
+    from blake3 import blake3
+
+    text = "--".join(str(x) for x in labels)
+    return f"{slug(text, 100)}-{blake3(text.encode()).hexdigest()[:8]}"
