@@ -1,0 +1,146 @@
+"""Errors of snapshots: the files read, garbage collection, rollback, restore, replication, the checkpoint watcher."""
+
+from __future__ import annotations
+
+from concord.errors.base import ConcordError
+from concord.errors.stores import StoreError
+
+__all__ = [
+    "ControlCharacterNameError",
+    "GcRefusedError",
+    "HistoryError",
+    "ReplicationError",
+    "RestoreTargetError",
+    "SafetensorsError",
+    "SourceChangedError",
+    "SourceNotFoundError",
+    "StoreLockedError",
+    "UnsafePathError",
+    "WatchStateError",
+]
+
+
+class SafetensorsError(ConcordError, ValueError):
+    """A file that claims to be safetensors is not a valid one."""
+
+    def __init__(self, path: str, problem: str) -> None:
+        self.path = path
+        self.problem = problem
+        super().__init__(
+            f"{path}: not a valid safetensors file: {problem}. "
+            "Re-export it with safetensors.torch.save_file, or rename it to another "
+            "extension to snapshot it as an opaque file."
+        )
+
+
+class SourceNotFoundError(ConcordError, FileNotFoundError):
+    """The checkpoint folder or file to snapshot does not exist."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        super().__init__(f"{path}: no such file or folder to snapshot; check the path.")
+
+
+class SourceChangedError(ConcordError, RuntimeError):
+    """A file changed while it was being snapshotted."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        super().__init__(
+            f"{path} changed while it was being snapshotted; nothing of it was kept. Snapshot a "
+            "checkpoint only once its writer has finished (write a completion marker, then snapshot)."
+        )
+
+
+class UnsafePathError(ConcordError, ValueError):
+    """A path from a manifest or a name would escape the folder it belongs in."""
+
+    def __init__(self, path: str, reason: str) -> None:
+        self.path = path
+        super().__init__(
+            f"refusing path {path!r}: {reason}. Manifest paths must be relative, use '/', "
+            "and stay inside the restore folder."
+        )
+
+
+class ControlCharacterNameError(ConcordError, ValueError):
+    """A file to snapshot has a control character (``\\x00``-``\\x1f``, ``\\x7f``) in its name."""
+
+    def __init__(self, path: str) -> None:
+        from concord.text import printable
+
+        self.path = path
+        super().__init__(
+            f"{printable(path)}: the file name holds a control character (shown escaped); such a "
+            "name cannot be printed or restored safely. Rename the file, then snapshot again."
+        )
+
+
+class StoreLockedError(StoreError, TimeoutError):
+    """A writer waited for a garbage collection of the store to finish, and it did not in time."""
+
+    def __init__(self, store: str, holder: str, waited: float) -> None:
+        self.store = store
+        self.holder = holder
+        self.waited = waited
+        super().__init__(
+            f"{store} is being garbage-collected ({holder}) and the collection did not finish within "
+            f"{waited:g} s; run again once it has (a collection killed midway stops holding the "
+            "store when its heartbeat stops, within 10 minutes)."
+        )
+
+
+class GcRefusedError(StoreError):
+    """Garbage collection stopped before deleting anything: a ref names a snapshot whose
+    manifest is missing or damaged, so what that snapshot keeps alive cannot be known."""
+
+    def __init__(self, store: str, ref: str, root: str | None, problem: str) -> None:
+        self.store = store
+        self.ref = ref
+        self.root = root
+        self.problem = problem
+        which = f"snapshot {root}" if root else "its snapshots"
+        super().__init__(
+            f"garbage collection of {store} refused: ref {ref!r} names {which}, but {problem}. "
+            f"Nothing was deleted. Repair the store first (`concord verify {store} --repair-from "
+            "OTHER_STORE`, from a store that holds the snapshot), then collect again."
+        )
+
+
+class HistoryError(ConcordError, ValueError):
+    """A rollback target is not in the ref's history."""
+
+
+class RestoreTargetError(ConcordError, FileExistsError):
+    def __init__(self, path: str) -> None:
+        self.path = path
+        super().__init__(
+            f"{path} already exists and is not empty; restore into a new folder "
+            "(Concord never overwrites files)."
+        )
+
+
+class ReplicationError(ConcordError):
+    """One or more targets of a replication failed; the others completed."""
+
+    def __init__(self, results: list, failures: dict[str, BaseException]) -> None:
+        self.results = results
+        self.failures = failures
+        lines = "; ".join(f"{store}: {exc}" for store, exc in failures.items())
+        done = ", ".join(r.store for r in results) or "none"
+        super().__init__(
+            f"replication failed for {len(failures)} target(s) ({lines}). Completed: {done}. "
+            "Re-run the same sync: it sends only what is still missing."
+        )
+
+
+class WatchStateError(ConcordError, ValueError):
+    """The watcher's state file cannot be read as watcher state."""
+
+    def __init__(self, path: str, problem: str) -> None:
+        self.path = str(path)
+        self.problem = problem
+        super().__init__(
+            f"watcher state file {path} is unusable: {problem}. Fix it, or delete it (every complete "
+            "checkpoint is then announced again; the flows they trigger are idempotent)."
+        )

@@ -1,0 +1,96 @@
+"""Errors of tiering: policies, checkpoints, copy rules, restores from cold storage."""
+
+from __future__ import annotations
+
+from concord.errors.base import ConcordError
+
+__all__ = [
+    "CheckpointConflictError",
+    "CheckpointNotFoundError",
+    "CheckpointNotReadyError",
+    "CopyRuleError",
+    "PolicyError",
+    "RestoreTimeoutError",
+]
+
+
+class PolicyError(ConcordError, ValueError):
+    """A tier policy is malformed or cannot keep the copy rules; every problem is listed."""
+
+    def __init__(self, source: str, problems: list[str]) -> None:
+        self.source = source
+        self.problems = list(problems)
+        listed = "; ".join(self.problems)
+        super().__init__(
+            f"tier policy {source} refused: {listed}. Fix the policy (see docs/tiering.md for every key) "
+            "and run again; nothing was changed."
+        )
+
+
+class CheckpointNotReadyError(ConcordError, RuntimeError):
+    """A checkpoint folder is still being written (no completion marker, or files still changing)."""
+
+    def __init__(self, path: str, reason: str) -> None:
+        self.path = str(path)
+        self.reason = reason
+        super().__init__(
+            f"checkpoint {path} is not complete: {reason}. Nothing was taken; run again once its "
+            "writer has finished (write the completion marker last)."
+        )
+
+
+class CheckpointConflictError(ConcordError, ValueError):
+    """A checkpoint name is already tiered with different contents."""
+
+    def __init__(self, name: str, existing: str, new: str) -> None:
+        self.name = name
+        self.existing = existing
+        self.new = new
+        super().__init__(
+            f"checkpoint {name!r} is already tiered as {existing[:12]}…, and this folder snapshots to "
+            f"{new[:12]}…; checkpoints never change once tiered. Give the new one another name "
+            "(e.g. its step)."
+        )
+
+
+class CheckpointNotFoundError(ConcordError, KeyError):
+    """No tier holds the checkpoint asked for."""
+
+    def __init__(self, name: str, namespace: str) -> None:
+        self.name = name
+        self.namespace = namespace
+        super().__init__(
+            f"no tier holds checkpoint {name!r} of {namespace!r}; list what is tiered with "
+            "`concord tier status --policy POLICY`."
+        )
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+class CopyRuleError(ConcordError, RuntimeError):
+    """Removing a copy would break the copy rules, or a copy it relies on failed verification."""
+
+    def __init__(self, name: str, tier: str, problem: str) -> None:
+        self.name = name
+        self.tier = tier
+        self.problem = problem
+        super().__init__(
+            f"kept checkpoint {name!r} in {tier}: {problem}. Nothing was removed; repair the other "
+            "copies (`concord tier sweep` copies what is missing) and run again."
+        )
+
+
+class RestoreTimeoutError(ConcordError, TimeoutError):
+    """An archive restore did not complete in time."""
+
+    def __init__(self, store: str, waiting: int, total: int, seconds: float) -> None:
+        self.store = store
+        self.waiting = waiting
+        self.seconds = seconds
+        super().__init__(
+            f"archive restore from {store} not complete after {seconds:.0f} s: {waiting} of {total} "
+            "objects still restoring. The restore requests stay in place; run the same command again "
+            "later (it waits for what is left), or raise the timeout (restore.timeout in the policy, "
+            "--timeout on the command line)."
+        )
