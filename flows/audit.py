@@ -35,7 +35,7 @@ from concord.audit.history import night_of
 from concord.audit.inputs import audit_name, spec_name
 from concord.audit.render import column_rows, render_markdown, replica_rows, worst_tensor_rows
 from concord.audit.report import AuditReport
-from concord.cli.lineage import default_registry
+from concord.home import default_registry
 from flows._params import ModelName, StoreAddress
 from tasks.audit import (
     AUDIT_EXPERIMENT,

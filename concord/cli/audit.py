@@ -19,6 +19,20 @@ import argparse
 import os
 import sys
 
+from concord.cli._common import (
+    STORE_HELP,
+    name_arg,
+    open_lineage,
+    peek_store,
+    positive_int,
+    readable_store,
+    ref_arg,
+    registry_parent,
+    tracking_parent,
+    whole_number,
+)
+from concord.home import default_registry
+
 #: the exit status of a critical (P0) audit; errors exit 1, usage errors 2 (argparse), ok and warning 0
 EXIT_CRITICAL = 3
 
@@ -77,8 +91,8 @@ def report_lines(report) -> list[str]:
     return lines
 
 
-def _finish(report, emit, extra: dict | None = None) -> int:
-    emit(report.to_dict() | (extra or {}), report_lines(report) + [f"plot: {p}" for p in (extra or {}).get("plots", [])])
+def _finish(report, out, extra: dict | None = None) -> int:
+    out.emit(report.to_dict() | (extra or {}), report_lines(report) + [f"plot: {p}" for p in (extra or {}).get("plots", [])])
     if report.severity == "critical":
         from concord.text import one_line
 
@@ -90,12 +104,11 @@ def _finish(report, emit, extra: dict | None = None) -> int:
 # ----------------------------------------------------------------------------- commands
 
 
-def cmd_audit_data(args, emit, progress) -> int:
+def cmd_audit_data(args, out) -> int:
     from concord.audit.inputs import names_snapshot
     from concord.audit.render import plot_histograms
-    from concord.audit.report import audit_data
-    from concord.cli.lineage import default_registry
     from concord.audit.drift import DriftThresholds
+    from concord.audit.report import audit_data
 
     defaults = DriftThresholds()
     thresholds = DriftThresholds(
@@ -103,13 +116,13 @@ def cmd_audit_data(args, emit, progress) -> int:
         psi_critical=defaults.psi_critical if args.psi_critical is None else args.psi_critical,
     )
     named = [s for s in (args.reference, args.current) if names_snapshot(s)]
-    registry = _open(args.registry or default_registry()) if named or (args.contract and not _is_file(args.contract)) else None
-    data_store = (_open(args.data_store) if args.data_store else registry) if named else None
+    registry = peek_store(args.registry or default_registry()) if named or (args.contract and not _is_file(args.contract)) else None
+    data_store = (peek_store(args.data_store) if args.data_store else registry) if named else None
     contract = None
     if args.contract:  # an unknown contract fails before any data is read
         from concord.lineage.contracts import load_contract
 
-        contract = load_contract(registry, args.contract) if registry is not None else load_contract(_open("."), args.contract)
+        contract = load_contract(registry, args.contract) if registry is not None else load_contract(peek_store("."), args.contract)
     # both tables are read in batches (memory does not grow with them); a contract reads current whole
     report = audit_data(
         args.reference, args.current, data_store, contract=contract, columns=args.columns, thresholds=thresholds, bins=args.bins
@@ -117,25 +130,16 @@ def cmd_audit_data(args, emit, progress) -> int:
     extra = {}
     if args.plots:
         extra["plots"] = plot_histograms(report, out_dir=args.plots)
-    return _finish(report, emit, extra)
+    return _finish(report, out, extra)
 
 
 def _is_file(contract: str) -> bool:
     return contract.endswith(".json") or "/" in contract or os.sep in contract
 
 
-def _open(spec: str):
-    """A store to read from: a folder that does not exist is not created."""
-    from concord.stores import open_store
-
-    return open_store(spec, create=False)
-
-
 def _open_all(specs: list[str]) -> list:
     """The stores whose snapshots are compared: each must exist (a mistyped path is an error)."""
-    from concord.stores import open_store_to_read
-
-    return [open_store_to_read(s) for s in specs]
+    return [readable_store(s) for s in specs]
 
 
 def store_labels(specs):
@@ -144,12 +148,12 @@ def store_labels(specs):
     return labels(specs)
 
 
-def _compare_replicas(labels, stores, snapshot, args, progress):
+def _compare_replicas(labels, stores, snapshot, args, out):
     from concord.audit.replicas import compare_replicas
 
     return compare_replicas(
         {label: (store, snapshot) for label, store in zip(labels, stores)},
-        reference=args.reference or None, max_ulps=args.max_ulps, top=args.top, progress=progress,
+        reference=args.reference or None, max_ulps=args.max_ulps, top=args.top, progress=out.progress,
     )
 
 
@@ -160,58 +164,49 @@ def _compare_cards(labels, stores, snapshot, args):
     return compare_cards({label: (store, snapshot) for label, store in zip(labels, stores)}, reference=args.reference or None, **kwargs)
 
 
-def cmd_audit_replicas(args, emit, progress) -> int:
+def cmd_audit_replicas(args, out) -> int:
     from concord.audit.report import AuditReport
 
     stores = _open_all(args.stores)
-    report = AuditReport.assemble(replicas=_compare_replicas(store_labels(args.stores), stores, args.ref, args, progress))
-    return _finish(report, emit)
+    report = AuditReport.assemble(replicas=_compare_replicas(store_labels(args.stores), stores, args.ref, args, out))
+    return _finish(report, out)
 
 
-def cmd_audit_cards(args, emit, progress) -> int:
+def cmd_audit_cards(args, out) -> int:
     from concord.audit.report import AuditReport
 
     stores = _open_all(args.stores)
     report = AuditReport.assemble(cards=_compare_cards(store_labels(args.stores), stores, args.ref, args))
-    return _finish(report, emit)
+    return _finish(report, out)
 
 
-def cmd_audit_model(args, emit, progress) -> int:
+def cmd_audit_model(args, out) -> int:
     from concord.audit.inputs import model_holders
     from concord.audit.report import AuditReport
-    from concord.cli.lineage import _lineage
 
-    lineage = _lineage(args)
+    lineage = open_lineage(args.tracking_uri)
     lineage.ensure_ready()
     held = model_holders(lineage, args.name, args.version)
     labels = store_labels(held["stores"])
-    stores = [_open(s) for s in held["stores"]]  # a cluster that is gone is a finding of the report
+    stores = [peek_store(s) for s in held["stores"]]  # a cluster that is gone is a finding of the report
     report = AuditReport.assemble(
-        replicas=_compare_replicas(labels, stores, held["root"], args, progress),
+        replicas=_compare_replicas(labels, stores, held["root"], args, out),
         cards=_compare_cards(labels, stores, held["root"], args),
         model=held,
     )
-    return _finish(report, emit)
+    return _finish(report, out)
 
 
 # ----------------------------------------------------------------------------- parser
 
 
-def add_parsers(sub, common) -> None:
-    from concord.cli import STORE_HELP, _name_arg, ref_arg
-    from concord.cli.federate import _positive_int
-    from concord.cli.lineage import _wrap
-    from concord.cli.tier import _step
-
-    lin = argparse.ArgumentParser(add_help=False)
-    lin.add_argument("--tracking-uri", help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else sqlite in $CONCORD_HOME)")
-    reg = argparse.ArgumentParser(add_help=False)
-    reg.add_argument("--registry", help="store of data snapshots and contracts (default: $CONCORD_REGISTRY, else $CONCORD_HOME/registry)")
+def register(sub, common: list) -> None:
+    lin, reg = tracking_parent(), registry_parent()
     weights = argparse.ArgumentParser(add_help=False)
-    weights.add_argument("--max-ulps", type=_step, default=1, metavar="N", help="a tensor in another dtype passes within N ULPs of the lower precision (default 1)")
-    weights.add_argument("--top", type=_positive_int, default=10, metavar="N", help="worst tensors listed per replica (default 10)")
+    weights.add_argument("--max-ulps", type=whole_number, default=1, metavar="N", help="a tensor in another dtype passes within N ULPs of the lower precision (default 1)")
+    weights.add_argument("--top", type=positive_int, default=10, metavar="N", help="worst tensors listed per replica (default 10)")
     refp = argparse.ArgumentParser(add_help=False)
-    refp.add_argument("--reference", metavar="CLUSTER", type=_name_arg("cluster label or store"), help="the cluster the others are compared with (default: the first store)")
+    refp.add_argument("--reference", metavar="CLUSTER", type=name_arg("cluster label or store"), help="the cluster the others are compared with (default: the first store)")
     cards = argparse.ArgumentParser(add_help=False)
     cards.add_argument("--require", type=_names("license,retention"), metavar="FIELD,...", help="card fields every cluster must have (default: the module's list)")
 
@@ -220,39 +215,39 @@ def add_parsers(sub, common) -> None:
     ).add_subparsers(dest="sub", metavar="WHAT", required=True)
 
     s = audit.add_parser(
-        "data", parents=[common, reg],
+        "data", parents=[*common, reg],
         help="per-column drift of CURRENT from REFERENCE (PSI, KL, JS, KS, Wasserstein, chi-squared); exit 3 when critical",
     )
     s.add_argument("reference", metavar="REFERENCE", help="a .parquet or .csv file, a data snapshot id, or data/NAME in the data store")
     s.add_argument("current", metavar="CURRENT", help="the same kinds as REFERENCE")
     s.add_argument("--contract", metavar="NAME[@VERSION]", help="also validate CURRENT against this contract of the registry (or a .json file)")
     s.add_argument("--columns", type=_names("body_mass_g,species"), metavar="A,B", help="only these columns (default: all)")
-    s.add_argument("--bins", type=_positive_int, default=10, metavar="N", help="reference quantile bins per numeric column (default 10)")
+    s.add_argument("--bins", type=positive_int, default=10, metavar="N", help="reference quantile bins per numeric column (default 10)")
     s.add_argument("--psi-warning", type=_float, metavar="X", help="PSI above this is a warning, P1 (default 0.25)")
     s.add_argument("--psi-critical", type=_float, metavar="Y", help="PSI above this is critical, P0 (default 0.55)")
     s.add_argument("--plots", metavar="DIR", help="write a PNG histogram overlay per drifted column into DIR")
     s.add_argument("--data-store", metavar="STORE", help="store holding data snapshots named by id or data/NAME (default: the registry)")
-    s.set_defaults(func=_wrap(cmd_audit_data))
+    s.set_defaults(func=cmd_audit_data)
 
     s = audit.add_parser(
-        "replicas", parents=[common, weights, refp],
+        "replicas", parents=[*common, weights, refp],
         help="compare a snapshot's weights across stores: Merkle roots, then tensors in ULPs; exit 3 when critical",
     )
     s.add_argument("--ref", required=True, metavar="REF", type=ref_arg, help="ref (or 64-hex root) of the snapshot, in every store")
     s.add_argument("stores", metavar="STORE", nargs="+", help=STORE_HELP)
-    s.set_defaults(func=_wrap(cmd_audit_replicas))
+    s.set_defaults(func=cmd_audit_replicas)
 
     s = audit.add_parser(
-        "cards", parents=[common, cards, refp], help="compare a snapshot's model card (README, metadata) across stores; exit 3 when critical"
+        "cards", parents=[*common, cards, refp], help="compare a snapshot's model card (README, metadata) across stores; exit 3 when critical"
     )
     s.add_argument("--ref", required=True, metavar="REF", type=ref_arg, help="ref (or 64-hex root) of the snapshot, in every store")
     s.add_argument("stores", metavar="STORE", nargs="+", help=STORE_HELP)
-    s.set_defaults(func=_wrap(cmd_audit_cards))
+    s.set_defaults(func=cmd_audit_cards)
 
     s = audit.add_parser(
-        "model", parents=[common, lin, weights, cards, refp],
+        "model", parents=[*common, lin, weights, cards, refp],
         help="audit a registered model version: its replicas and model cards on every store lineage records",
     )
     s.add_argument("name", metavar="NAME")
     s.add_argument("version", metavar="VERSION")
-    s.set_defaults(func=_wrap(cmd_audit_model))
+    s.set_defaults(func=cmd_audit_model)

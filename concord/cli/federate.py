@@ -9,7 +9,17 @@ read a tenant's ledger. torch is imported only by the commands that aggregate.
 from __future__ import annotations
 
 import argparse
-import sys
+
+from concord.cli._common import (
+    STORE_HELP,
+    TRACKING_URI_HELP,
+    fail,
+    open_lineage,
+    positive_float,
+    positive_int,
+    readable_store,
+    writable_store,
+)
 
 METHOD_HELP = (
     "exact: the weighted mean of the clients' updates, refactored to its true rank (default); "
@@ -40,26 +50,6 @@ def _weights(text: str) -> list[float]:
     return values
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r}: give a whole number of 1 or more")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = 0.0
-    if not value > 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"{text!r}: give a positive number")
-    return value
-
-
 def _client_lines(clients: list[dict]) -> list[str]:
     lines = []
     for c in clients:
@@ -76,7 +66,7 @@ def _error(value) -> str:
 # ----------------------------------------------------------------------------- commands
 
 
-def cmd_aggregate(args, emit, progress) -> int:
+def cmd_aggregate(args, out) -> int:
     from concord.federation.rounds import aggregate_folders
 
     r = aggregate_folders(
@@ -93,20 +83,15 @@ def cmd_aggregate(args, emit, progress) -> int:
         f"  relative error {_error(r['relative_error'])}, {r['modules']} module(s), base model {r['base_model']}",
         *_client_lines(r["clients"]),
     ]
-    emit(r, lines)
+    out.emit(r, lines)
     return 0
 
 
-def cmd_run(args, emit, progress) -> int:
+def cmd_run(args, out) -> int:
     from concord.federation.rounds import run_round
-    from concord.stores import open_store
 
-    clusters = [open_store(c) for c in args.cluster]
-    lineage = None
-    if args.track:
-        from concord.cli.lineage import _lineage
-
-        lineage = _lineage(args)
+    clusters = [writable_store(c) for c in args.cluster]
+    lineage = open_lineage(args.tracking_uri) if args.track else None
     r = run_round(
         args.tenant,
         clusters,
@@ -117,9 +102,9 @@ def cmd_run(args, emit, progress) -> int:
         clip_norm=args.clip_norm,
         robust=args.robust,
         out_name=args.out_name,
-        ledger_store=open_store(args.ledger) if args.ledger else None,
+        ledger_store=writable_store(args.ledger) if args.ledger else None,
         lineage=lineage,
-        progress=progress,
+        progress=out.progress,
     )
     lines = [
         f"round {r['round']} of {r['tenant']}: {r['method']} over {len(r['clients'])} adapter(s) → {r['ref']} {r['root'][:12]} (rank {r['rank']})",
@@ -130,24 +115,21 @@ def cmd_run(args, emit, progress) -> int:
     if r["lineage"]:
         lin = r["lineage"]
         lines.append(f"  lineage: {lin['name']} version {lin['version']}" if "version" in lin else f"  lineage NOT recorded: {lin['error']}")
-    emit(r, lines)
+    out.emit(r, lines)
     return 0
 
 
-def cmd_verify(args, emit, progress) -> int:
+def cmd_verify(args, out) -> int:
     from concord.federation.ledger import validate_tenant, verify_ledger
-    from concord.stores import open_store_to_read
 
     validate_tenant(args.tenant)
-    store = open_store_to_read(args.store)
+    store = readable_store(args.store)
     report = verify_ledger(store, args.tenant)
     head = report.head[:12] if report.head else "(none)"
     lines = [f"ledger of {report.tenant} in {report.store}: {report.rounds} round(s), head {head}: {'ok' if report.ok else 'TAMPERED'}"]
     lines += [f"  ✗ {p}" for p in report.problems]
-    emit(report.to_dict(), lines)
+    out.emit(report.to_dict(), lines)
     if not report.ok:
-        from concord.cli import fail
-
         return fail(
             f"the ledger of {report.tenant} in {report.store} does not verify "
             f"({len(report.problems)} problem(s)); restore it from a good copy of the store"
@@ -155,12 +137,11 @@ def cmd_verify(args, emit, progress) -> int:
     return 0
 
 
-def cmd_log(args, emit, progress) -> int:
+def cmd_log(args, out) -> int:
     from concord.federation.ledger import list_rounds, read_head, validate_tenant
-    from concord.stores import open_store_to_read
 
     validate_tenant(args.tenant)
-    store = open_store_to_read(args.store)
+    store = readable_store(args.store)
     rounds = list_rounds(store, args.tenant)
     lines = []
     for r in reversed(rounds):
@@ -173,34 +154,31 @@ def cmd_log(args, emit, progress) -> int:
             f"round {r.get('round')}  {str(r.get('hash'))[:12]}  {r.get('time')}  {r.get('method')}  "
             f"[{inputs}] → {result[:12]}"
         )
-    emit({"tenant": args.tenant, "store": store.uri, "head": read_head(store, args.tenant), "rounds": rounds}, lines or ["(no rounds)"])
+    out.emit({"tenant": args.tenant, "store": store.uri, "head": read_head(store, args.tenant), "rounds": rounds}, lines or ["(no rounds)"])
     return 0
 
 
 # ----------------------------------------------------------------------------- parser
 
 
-def add_parsers(sub, common) -> None:
-    from concord.cli import STORE_HELP
-    from concord.cli.lineage import _wrap
-
+def register(sub, common: list) -> None:
     agg = argparse.ArgumentParser(add_help=False)
     agg.add_argument("--method", choices=("exact", "stack", "fedavg"), default="exact", help=METHOD_HELP)
     agg.add_argument("--weights", type=_weights, metavar="W1,W2,...", help="one weight per adapter (normalised; default: equal)")
-    agg.add_argument("--rank", type=_positive_int, metavar="R", help="exact only: keep each module's R largest singular values (default: the exact rank)")
-    agg.add_argument("--clip-norm", type=_positive_float, metavar="C", help="scale down client updates whose norm exceeds C")
+    agg.add_argument("--rank", type=positive_int, metavar="R", help="exact only: keep each module's R largest singular values (default: the exact rank)")
+    agg.add_argument("--clip-norm", type=positive_float, metavar="C", help="scale down client updates whose norm exceeds C")
     agg.add_argument("--robust", choices=("none", "krum", "trimmed"), default="none", help="reject outlying clients (after clients over 10x the median norm)")
 
     fed = sub.add_parser("federate", help="LoRA federation: aggregate adapters, run a round, verify the ledger").add_subparsers(
         dest="sub", metavar="ACTION", required=True
     )
-    s = fed.add_parser("aggregate", parents=[common, agg], help="aggregate PEFT LoRA adapter folders into a new one")
+    s = fed.add_parser("aggregate", parents=[*common, agg], help="aggregate PEFT LoRA adapter folders into a new one")
     s.add_argument("adapters", metavar="ADAPTER_DIR", nargs="+")
     s.add_argument("--out", required=True, metavar="DIR", help="folder for the aggregated adapter")
-    s.set_defaults(func=_wrap(cmd_aggregate))
+    s.set_defaults(func=cmd_aggregate)
 
     s = fed.add_parser(
-        "run", parents=[common, agg], help="one round: aggregate a tenant's adapters from the clusters, replicate, record"
+        "run", parents=[*common, agg], help="one round: aggregate a tenant's adapters from the clusters, replicate, record"
     )
     s.add_argument("--tenant", required=True)
     s.add_argument("--cluster", action="append", required=True, metavar="STORE", help=f"a cluster store (repeatable; the first gets the result): {STORE_HELP}")
@@ -208,15 +186,15 @@ def add_parsers(sub, common) -> None:
     s.add_argument("--out-name", default="federated", help="the result's ref is TENANT/OUT_NAME (default: federated)")
     s.add_argument("--ledger", metavar="STORE", help="store of the ledger (default: the first cluster)")
     s.add_argument("--track", action="store_true", help="register the result as an MLflow model version TENANT-OUT_NAME")
-    s.add_argument("--tracking-uri", help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else sqlite in $CONCORD_HOME)")
-    s.set_defaults(func=_wrap(cmd_run))
+    s.add_argument("--tracking-uri", help=TRACKING_URI_HELP)
+    s.set_defaults(func=cmd_run)
 
-    s = fed.add_parser("verify", parents=[common], help="check a tenant's ledger: hashes, chain, head (exit 1 when tampered)")
+    s = fed.add_parser("verify", parents=common, help="check a tenant's ledger: hashes, chain, head (exit 1 when tampered)")
     s.add_argument("tenant", metavar="TENANT")
     s.add_argument("--store", required=True, help=STORE_HELP)
-    s.set_defaults(func=_wrap(cmd_verify))
+    s.set_defaults(func=cmd_verify)
 
-    s = fed.add_parser("log", parents=[common], help="list a tenant's rounds, newest first")
+    s = fed.add_parser("log", parents=common, help="list a tenant's rounds, newest first")
     s.add_argument("tenant", metavar="TENANT")
     s.add_argument("--store", required=True, help=STORE_HELP)
-    s.set_defaults(func=_wrap(cmd_log))
+    s.set_defaults(func=cmd_log)

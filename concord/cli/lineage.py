@@ -2,77 +2,68 @@
 
 Data snapshots and contracts live in a *registry* store: ``--registry``, else ``$CONCORD_REGISTRY``,
 else ``$CONCORD_HOME/registry`` (``./data/registry``). MLflow is ``--tracking-uri``, else
-``$MLFLOW_TRACKING_URI``, else sqlite in ``$CONCORD_HOME``. Heavy libraries (pandas,
-great-expectations, mlflow) are imported only by the command that needs them.
+``$MLFLOW_TRACKING_URI``, else sqlite in ``$CONCORD_HOME`` (:mod:`concord.home`). Heavy libraries
+(pandas, great-expectations, mlflow) are imported only by the command that needs them.
 """
 
 from __future__ import annotations
 
-import argparse
 import os
-import sys
 
-
-def default_registry() -> str:
-    env = os.environ.get("CONCORD_REGISTRY", "").strip()
-    if env:
-        return env
-    return os.path.join(os.environ.get("CONCORD_HOME") or "data", "registry")
-
-
-def _lineage(args):
-    from concord.lineage.tracking import Lineage
-
-    # MLflow prints run URLs on stdout, which must hold nothing but our output (one JSON object)
-    os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
-
-    return Lineage(args.tracking_uri)
+from concord.cli._common import (
+    fail,
+    open_lineage,
+    ref_arg,
+    registry_parent,
+    root_arg,
+    tracking_parent,
+    writable_store,
+)
+from concord.home import default_registry
 
 
 def _registry(args):
-    from concord.stores import open_store
-
-    return open_store(args.registry or default_registry())
+    return writable_store(args.registry or default_registry())
 
 
 # ----------------------------------------------------------------------------- data
 
 
-def cmd_data_register(args, emit, progress) -> int:
+def cmd_data_register(args, out) -> int:
     from concord.lineage.data import register_data
 
-    lineage = None if args.no_track else _lineage(args)
+    lineage = None if args.no_track else open_lineage(args.tracking_uri)
     if lineage is not None:
         lineage.ensure_ready()  # an unreachable tracking server fails before the store is touched
     store = _registry(args)
-    snap = register_data(args.file, store, name=args.name, progress=progress)
-    out = snap.to_dict()
+    snap = register_data(args.file, store, name=args.name, progress=out.progress)
+    result = snap.to_dict()
     if lineage is not None:
-        out["run_id"] = lineage.log_data_snapshot(snap, store=store)
+        result["run_id"] = lineage.log_data_snapshot(snap, store=store)
     lines = [
         f"data snapshot {snap.id}",
         f"  {snap.name}: {snap.rows} rows × {len(snap.columns)} columns ({snap.format}, {snap.bytes} bytes) in {snap.store}",
     ]
-    if "run_id" in out:
-        lines.append(f"  logged to MLflow run {out['run_id']}")
-    emit(out, lines)
+    if "run_id" in result:
+        lines.append(f"  logged to MLflow run {result['run_id']}")
+    out.emit(result, lines)
     return 0
 
 
-def cmd_data_show(args, emit, progress) -> int:
+def cmd_data_show(args, out) -> int:
     from concord.lineage.data import data_info
 
     snap = data_info(_registry(args), args.id)
     d = snap.to_dict()
     lines = [f"{snap.id}  {snap.name}: {snap.rows} rows"] + [f"  {c}: {t}" for c, t in snap.schema.items()]
-    emit(d, lines)
+    out.emit(d, lines)
     return 0
 
 
 # ----------------------------------------------------------------------------- contracts
 
 
-def cmd_contract_infer(args, emit, progress) -> int:
+def cmd_contract_infer(args, out) -> int:
     from concord.lineage.contracts import infer_contract, save_contract
     from concord.lineage.data import read_table
 
@@ -84,11 +75,11 @@ def cmd_contract_infer(args, emit, progress) -> int:
         + (f" in {list(c.allowed)}" if c.allowed else "")
         for c in contract.columns
     ]
-    emit(contract.to_dict() | {"ref": contract.ref, "key": key, "digest": contract.digest()}, lines)
+    out.emit(contract.to_dict() | {"ref": contract.ref, "key": key, "digest": contract.digest()}, lines)
     return 0
 
 
-def cmd_contract_validate(args, emit, progress) -> int:
+def cmd_contract_validate(args, out) -> int:
     from concord.lineage.contracts import load_contract, validate
     from concord.lineage.data import load_data, read_table
 
@@ -97,59 +88,52 @@ def cmd_contract_validate(args, emit, progress) -> int:
     if args.file:
         df = read_table(args.file)
     else:
-        from concord.stores import open_store
-
-        df = load_data(open_store(args.data_store) if args.data_store else registry, args.data)
+        df = load_data(writable_store(args.data_store) if args.data_store else registry, args.data)
     res = validate(contract, df)
     lines = [f"{contract.ref}: {'pass' if res.success else 'FAIL'} ({res.evaluated} expectations)"]
     lines += [f"  ✗ {f.expectation}" + (f" [{f.column}]" if f.column else "") + f": {f.details}" for f in res.failures]
-    emit(res.to_dict(), lines)
+    out.emit(res.to_dict(), lines)
     if not res.success:
-        from concord.cli import fail
-
         return fail(f"the data violates contract {contract.ref} ({len(res.failures)} failing expectation(s))")
     return 0
 
 
-def cmd_contract_compatible(args, emit, progress) -> int:
+def cmd_contract_compatible(args, out) -> int:
     from concord.lineage.contracts import compatible, load_contract
 
     registry = _registry(args)
     res = compatible(load_contract(registry, args.old), load_contract(registry, args.new))
     lines = [f"{res.old} → {res.new}: {'compatible' if res.compatible else 'BREAKING'}"]
     lines += [f"  ✗ {b}" for b in res.breaking] + [f"  · {n}" for n in res.notes]
-    emit(res.to_dict(), lines)
+    out.emit(res.to_dict(), lines)
     if not res.compatible:
-        from concord.cli import fail
-
         return fail(f"{res.new} is not backward compatible with {res.old} ({len(res.breaking)} breaking change(s))")
     return 0
 
 
-def cmd_contract_list(args, emit, progress) -> int:
+def cmd_contract_list(args, out) -> int:
     from concord.lineage.contracts import list_contracts
 
     refs = list_contracts(_registry(args))
-    emit({"contracts": refs}, refs or ["(no contracts)"])
+    out.emit({"contracts": refs}, refs or ["(no contracts)"])
     return 0
 
 
 # ----------------------------------------------------------------------------- models
 
 
-def cmd_model_register(args, emit, progress) -> int:
+def cmd_model_register(args, out) -> int:
     from concord.snapshots.refs import resolve_root
-    from concord.stores import open_store
 
-    lineage = _lineage(args)
+    lineage = open_lineage(args.tracking_uri)
     lineage.ensure_ready()
-    store = open_store(args.store)
+    store = writable_store(args.store)
     root = resolve_root(store, args.ref or args.root)
     registry = _registry(args)
     mv = lineage.register_model_version(
         args.name,
         root,
-        [store, *(open_store(h) for h in args.holder or [])],
+        [store, *(writable_store(h) for h in args.holder or [])],
         data_snapshot=args.data,
         contract=args.contract,
         parents=args.parent or [],
@@ -158,50 +142,50 @@ def cmd_model_register(args, emit, progress) -> int:
         contracts_store=registry,
     )
     lines = [f"{mv['name']} version {mv['version']} → {root[:12]}", f"  source {mv['source']}"]
-    emit(mv, lines)
+    out.emit(mv, lines)
     return 0
 
 
-def cmd_model_promote(args, emit, progress) -> int:
+def cmd_model_promote(args, out) -> int:
     registry = _registry(args)
-    res = _lineage(args).promote(args.name, args.version, args.alias, data_store=registry, contracts=registry)
-    emit(res, [f"{args.name} version {args.version} is now '{args.alias}'"])
+    res = open_lineage(args.tracking_uri).promote(args.name, args.version, args.alias, data_store=registry, contracts=registry)
+    out.emit(res, [f"{args.name} version {args.version} is now '{args.alias}'"])
     return 0
 
 
 # ----------------------------------------------------------------------------- lineage queries
 
 
-def cmd_lineage_model(args, emit, progress) -> int:
-    info = _lineage(args).model_lineage(args.name, args.version)
+def cmd_lineage_model(args, out) -> int:
+    info = open_lineage(args.tracking_uri).model_lineage(args.name, args.version)
     lines = [f"{args.name} version {args.version}: root {info.get('root')}"]
     for key in ("data_snapshots", "contract", "parents", "replicas", "aliases"):
         lines.append(f"  {key}: {info.get(key)}")
-    emit(info, lines)
+    out.emit(info, lines)
     return 0
 
 
-def cmd_lineage_data(args, emit, progress) -> int:
-    versions = _lineage(args).data_lineage(args.id)
+def cmd_lineage_data(args, out) -> int:
+    versions = open_lineage(args.tracking_uri).data_lineage(args.id)
     lines = [f"{v['name']} version {v['version']}  root {str(v.get('root'))[:12]}" for v in versions] or [
         f"no model version used data snapshot {args.id}"
     ]
-    emit({"data_snapshot": args.id, "model_versions": versions}, lines)
+    out.emit({"data_snapshot": args.id, "model_versions": versions}, lines)
     return 0
 
 
-def cmd_lineage_graph(args, emit, progress) -> int:
+def cmd_lineage_graph(args, out) -> int:
     from concord.lineage.tracking import render_png, to_mermaid
 
-    graph = _lineage(args).lineage_graph(args.name)
-    out = os.path.abspath(args.out)
-    os.makedirs(out, exist_ok=True)
+    graph = open_lineage(args.tracking_uri).lineage_graph(args.name)
+    folder = os.path.abspath(args.out)
+    os.makedirs(folder, exist_ok=True)
     mermaid = to_mermaid(graph)
-    mmd = os.path.join(out, f"{args.name}.mmd")
+    mmd = os.path.join(folder, f"{args.name}.mmd")
     with open(mmd, "w") as f:
         f.write(mermaid + "\n")
-    png = render_png(graph, os.path.join(out, f"{args.name}.png"))
-    emit(
+    png = render_png(graph, os.path.join(folder, f"{args.name}.png"))
+    out.emit(
         {"name": args.name, "nodes": graph["nodes"], "edges": graph["edges"], "mermaid": mermaid, "png": png, "mermaid_file": mmd},
         [*mermaid.splitlines(), f"picture: {png}", f"mermaid: {mmd}"],
     )
@@ -211,61 +195,46 @@ def cmd_lineage_graph(args, emit, progress) -> int:
 # ----------------------------------------------------------------------------- parser
 
 
-def _wrap(fn):
-    def run(args) -> int:
-        from concord.cli import _emit, _progress
-
-        return fn(args, lambda payload, lines: _emit(args, payload, lines), _progress(args))
-
-    run.__name__ = fn.__name__
-    return run
-
-
-def add_parsers(sub, common) -> None:
-    from concord.cli import ref_arg, root_arg
-
-    lin = argparse.ArgumentParser(add_help=False)
-    lin.add_argument("--tracking-uri", help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else sqlite in $CONCORD_HOME)")
-    reg = argparse.ArgumentParser(add_help=False)
-    reg.add_argument("--registry", help="store of data snapshots and contracts (default: $CONCORD_REGISTRY, else $CONCORD_HOME/registry)")
+def register(sub, common: list) -> None:
+    lin, reg = tracking_parent(), registry_parent()
 
     data = sub.add_parser("data", help="data snapshots: register a table, show one").add_subparsers(dest="sub", metavar="ACTION", required=True)
-    s = data.add_parser("register", parents=[common, lin, reg], help="snapshot a parquet/CSV file and log it to MLflow")
+    s = data.add_parser("register", parents=[*common, lin, reg], help="snapshot a parquet/CSV file and log it to MLflow")
     s.add_argument("file", metavar="FILE")
     s.add_argument("--name", required=True, help="dataset name (its ref is data/NAME)")
     s.add_argument("--no-track", action="store_true", help="store the snapshot without logging to MLflow")
-    s.set_defaults(func=_wrap(cmd_data_register))
-    s = data.add_parser("show", parents=[common, reg], help="rows, columns and schema of a data snapshot")
+    s.set_defaults(func=cmd_data_register)
+    s = data.add_parser("show", parents=[*common, reg], help="rows, columns and schema of a data snapshot")
     s.add_argument("id", metavar="ID")
-    s.set_defaults(func=_wrap(cmd_data_show))
+    s.set_defaults(func=cmd_data_show)
 
     con = sub.add_parser("contract", help="schema contracts: infer, validate, compatible, list").add_subparsers(
         dest="sub", metavar="ACTION", required=True
     )
-    s = con.add_parser("infer", parents=[common, reg], help="infer a contract from a table and save it")
+    s = con.add_parser("infer", parents=[*common, reg], help="infer a contract from a table and save it")
     s.add_argument("file", metavar="FILE")
     s.add_argument("--name", required=True)
     s.add_argument("--version", type=int, default=1)
     s.add_argument("--description")
-    s.set_defaults(func=_wrap(cmd_contract_infer))
-    s = con.add_parser("validate", parents=[common, reg], help="run a contract's expectations on data")
+    s.set_defaults(func=cmd_contract_infer)
+    s = con.add_parser("validate", parents=[*common, reg], help="run a contract's expectations on data")
     s.add_argument("contract", metavar="CONTRACT", help="NAME@VERSION, NAME (latest) or a .json file")
     g = s.add_mutually_exclusive_group(required=True)
     g.add_argument("--data", metavar="ID", help="a registered data snapshot")
     g.add_argument("--file", metavar="FILE", help="a parquet or CSV file")
     s.add_argument("--data-store", metavar="STORE", help="store holding --data (default: the registry)")
-    s.set_defaults(func=_wrap(cmd_contract_validate))
-    s = con.add_parser("compatible", parents=[common, reg], help="is NEW a backward-compatible change of OLD?")
+    s.set_defaults(func=cmd_contract_validate)
+    s = con.add_parser("compatible", parents=[*common, reg], help="is NEW a backward-compatible change of OLD?")
     s.add_argument("old", metavar="OLD")
     s.add_argument("new", metavar="NEW")
-    s.set_defaults(func=_wrap(cmd_contract_compatible))
-    s = con.add_parser("list", parents=[common, reg], help="list saved contracts")
-    s.set_defaults(func=_wrap(cmd_contract_list))
+    s.set_defaults(func=cmd_contract_compatible)
+    s = con.add_parser("list", parents=[*common, reg], help="list saved contracts")
+    s.set_defaults(func=cmd_contract_list)
 
     mod = sub.add_parser("model", help="model versions: register a snapshot, promote").add_subparsers(
         dest="sub", metavar="ACTION", required=True
     )
-    s = mod.add_parser("register", parents=[common, lin, reg], help="register a weight snapshot as an MLflow model version")
+    s = mod.add_parser("register", parents=[*common, lin, reg], help="register a weight snapshot as an MLflow model version")
     s.add_argument("name", metavar="NAME")
     s.add_argument("--store", required=True, help="store holding the snapshot")
     g = s.add_mutually_exclusive_group(required=True)
@@ -276,24 +245,24 @@ def add_parsers(sub, common) -> None:
     s.add_argument("--contract", metavar="NAME@VERSION", help="schema contract of that data")
     s.add_argument("--parent", action="append", metavar="NAME/VERSION", help="version it derives from (repeatable)")
     s.add_argument("--description")
-    s.set_defaults(func=_wrap(cmd_model_register))
-    s = mod.add_parser("promote", parents=[common, lin, reg], help="set an alias, through the promotion gate")
+    s.set_defaults(func=cmd_model_register)
+    s = mod.add_parser("promote", parents=[*common, lin, reg], help="set an alias, through the promotion gate")
     s.add_argument("name", metavar="NAME")
     s.add_argument("version", metavar="VERSION")
     s.add_argument("--alias", default="champion")
-    s.set_defaults(func=_wrap(cmd_model_promote))
+    s.set_defaults(func=cmd_model_promote)
 
     lq = sub.add_parser("lineage", help="lineage questions: model → data, data → models, graph").add_subparsers(
         dest="sub", metavar="QUESTION", required=True
     )
-    s = lq.add_parser("model", parents=[common, lin], help="data snapshots, contract, parents and replicas of a version")
+    s = lq.add_parser("model", parents=[*common, lin], help="data snapshots, contract, parents and replicas of a version")
     s.add_argument("name", metavar="NAME")
     s.add_argument("version", metavar="VERSION")
-    s.set_defaults(func=_wrap(cmd_lineage_model))
-    s = lq.add_parser("data", parents=[common, lin], help="every model version that used a data snapshot")
+    s.set_defaults(func=cmd_lineage_model)
+    s = lq.add_parser("data", parents=[*common, lin], help="every model version that used a data snapshot")
     s.add_argument("id", metavar="SNAPSHOT_ID")
-    s.set_defaults(func=_wrap(cmd_lineage_data))
-    s = lq.add_parser("graph", parents=[common, lin], help="a picture (PNG and Mermaid) of a model's lineage")
+    s.set_defaults(func=cmd_lineage_data)
+    s = lq.add_parser("graph", parents=[*common, lin], help="a picture (PNG and Mermaid) of a model's lineage")
     s.add_argument("name", metavar="NAME")
     s.add_argument("--out", default=".", help="folder for NAME.png and NAME.mmd (default: here)")
-    s.set_defaults(func=_wrap(cmd_lineage_graph))
+    s.set_defaults(func=cmd_lineage_graph)

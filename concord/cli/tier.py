@@ -10,9 +10,8 @@ their whole report first.
 from __future__ import annotations
 
 import argparse
-import sys
 
-from concord.cli.federate import _positive_int
+from concord.cli._common import fail, human, peek_store, positive_int, whole_number
 
 TIERS = ("hot", "warm", "cold")
 
@@ -37,19 +36,7 @@ def _duration(text: str) -> float:
     return seconds
 
 
-def _step(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{text!r}: give a whole number of 0 or more")
-    return value
-
-
 def _human(n) -> str:
-    from concord.cli import _human as human
-
     return "?" if n is None or n < 0 else human(n)
 
 
@@ -64,12 +51,6 @@ def _seconds(value) -> str:
     from concord.tiering.policy import format_duration
 
     return format_duration(round(float(value), 3)) if value >= 60 else f"{value:.3g} s"
-
-
-def _fail(message: str) -> int:
-    from concord.cli import fail
-
-    return fail(message)
 
 
 # ----------------------------------------------------------------------------- status table
@@ -145,56 +126,54 @@ def _sweep_failure(r: dict) -> str:
 # ----------------------------------------------------------------------------- commands
 
 
-def cmd_add(args, emit, progress) -> int:
+def cmd_add(args, out) -> int:
     from concord.tiering.engine import add_checkpoint
 
     policy = _policy(args)
-    r = add_checkpoint(policy, args.checkpoint_dir, args.name, step=args.step, progress=progress).to_dict()
+    r = add_checkpoint(policy, args.checkpoint_dir, args.name, step=args.step, progress=out.progress).to_dict()
     sent = ", ".join(f"{t} {_human(n)}" for t, n in r["new_bytes"].items())
     step = "" if r["step"] is None else f", step {r['step']}"
     lines = [f"added {r['name']} ({r['root'][:12]}{step}, {_human(r['bytes'])}) to {policy.namespace}; new bytes: {sent}"]
     sweep = r["sweep"]
     if sweep is not None:
         lines += sweep_lines(sweep)
-    emit(r, lines)
+    out.emit(r, lines)
     if sweep is not None and (sweep["errors"] or sweep["violations"]):
-        return _fail(f"{r['name']} was added, but " + _sweep_failure(sweep))
+        return fail(f"{r['name']} was added, but " + _sweep_failure(sweep))
     return 0
 
 
-def cmd_sweep(args, emit, progress) -> int:
+def cmd_sweep(args, out) -> int:
     from concord.tiering.engine import sweep
 
-    r = sweep(_policy(args), dry_run=args.dry_run, progress=progress).to_dict()
-    emit(r, sweep_lines(r))
+    r = sweep(_policy(args), dry_run=args.dry_run, progress=out.progress).to_dict()
+    out.emit(r, sweep_lines(r))
     if r["errors"] or r["violations"]:
-        return _fail(_sweep_failure(r))
+        return fail(_sweep_failure(r))
     return 0
 
 
-def cmd_status(args, emit, progress) -> int:
+def cmd_status(args, out) -> int:
     from concord.tiering.engine import tier_status
-
-    from concord.stores import open_store
 
     policy = _policy(args)
     # status only reads: a tier's folder that is not there yet holds nothing, and is not created
-    stores = {t: open_store(policy.tier(t).store, create=False) for t in TIERS}
+    stores = {t: peek_store(policy.tier(t).store) for t in TIERS}
     status = tier_status(policy, stores=stores)
-    emit(status, status_lines(status))
+    out.emit(status, status_lines(status))
     return 0
 
 
-def cmd_restore(args, emit, progress) -> int:
+def cmd_restore(args, out) -> int:
     from concord.tiering.restore import restore_checkpoint
 
-    r = restore_checkpoint(_policy(args), args.name, args.out_dir, tier=args.tier, timeout=args.timeout, progress=progress).to_dict()
+    r = restore_checkpoint(_policy(args), args.name, args.out_dir, tier=args.tier, timeout=args.timeout, progress=out.progress).to_dict()
     waited = f", {_seconds(r['wait_seconds'])} of it waiting on the archive" if r.get("wait_seconds") else ""
     lines = [
         f"restored {r['name']} ({r['root'][:12]}) from {r['tier']} ({r['store']}) into {r['path']}",
         f"  {r['files']} file(s), {_human(r['bytes'])} in {_seconds(r['seconds'])}{waited}",
     ]
-    emit(r, lines)
+    out.emit(r, lines)
     return 0
 
 
@@ -213,15 +192,15 @@ def drill_lines(r: dict) -> list[str]:
     return lines
 
 
-def cmd_drill(args, emit, progress) -> int:
+def cmd_drill(args, out) -> int:
     from concord.tiering.drill import run_drill
 
-    r = run_drill(_policy(args), sample=args.sample, progress=progress).to_dict()
-    emit(r, drill_lines(r))
+    r = run_drill(_policy(args), sample=args.sample, progress=out.progress).to_dict()
+    out.emit(r, drill_lines(r))
     if not r["ok"]:
         failed = [t for t, d in r["tiers"].items() if not d["ok"]]
         first = f" (first finding: {_finding(r['findings'][0])})" if r["findings"] else ""
-        return _fail(
+        return fail(
             f"restore drill of {r['namespace']} failed in {', '.join(failed) or 'the drill itself'}{first}; "
             "see the report above"
         )
@@ -234,12 +213,12 @@ def _finding(f) -> str:
     return str(f)
 
 
-def cmd_gc(args, emit, progress) -> int:
+def cmd_gc(args, out) -> int:
     from concord.snapshots.gc import collect_garbage
 
     policy = _policy(args)
     tiers = [args.tier] if args.tier else list(TIERS)
-    out = {"namespace": policy.namespace, "dry_run": args.dry_run, "grace_seconds": policy.gc_grace_seconds, "tiers": {}}
+    result = {"namespace": policy.namespace, "dry_run": args.dry_run, "grace_seconds": policy.gc_grace_seconds, "tiers": {}}
     lines = [f"garbage collection{' (dry run: nothing deleted)' if args.dry_run else ''}, grace {_seconds(policy.gc_grace_seconds)}"]
     for t in tiers:
         store = policy.tier(t).open()
@@ -247,72 +226,70 @@ def cmd_gc(args, emit, progress) -> int:
             g = collect_garbage(store, grace_seconds=policy.gc_grace_seconds, dry_run=args.dry_run).to_dict()
         finally:
             store.close()
-        out["tiers"][t] = g
+        result["tiers"][t] = g
         lines.append(f"  {t} ({store.uri}): {_gc_summary(g)}")
-    emit(out, lines)
+    out.emit(result, lines)
     return 0
 
 
-def cmd_check(args, emit, progress) -> int:
+def cmd_check(args, out) -> int:
     from concord.errors import PolicyError
     from concord.tiering.policy import load_policy
 
     try:
         policy = load_policy(args.policy)
     except PolicyError as exc:
-        if args.json:
-            emit({"source": args.policy, "ok": False, "problems": exc.problems}, [])
+        if out.json:
+            out.emit({"source": args.policy, "ok": False, "problems": exc.problems}, [])
         raise
     import yaml
 
     doc = policy.to_dict()
     text = yaml.safe_dump(doc, sort_keys=False, allow_unicode=True).rstrip("\n")
-    emit({"source": args.policy, "ok": True, "policy": doc}, [f"# {args.policy}: ok (normalised)", *text.splitlines()])
+    out.emit({"source": args.policy, "ok": True, "policy": doc}, [f"# {args.policy}: ok (normalised)", *text.splitlines()])
     return 0
 
 
 # ----------------------------------------------------------------------------- parser
 
 
-def add_parsers(sub, common) -> None:
-    from concord.cli.lineage import _wrap
-
+def register(sub, common: list) -> None:
     pol = argparse.ArgumentParser(add_help=False)
     pol.add_argument("--policy", required=True, metavar="POLICY", help=POLICY_HELP)
 
     tier = sub.add_parser("tier", help="hot/warm/cold checkpoint tiering: add, sweep, status, restore, drill, gc").add_subparsers(
         dest="sub", metavar="ACTION", required=True
     )
-    s = tier.add_parser("add", parents=[common, pol], help="take a finished checkpoint into hot, copy it to warm and cold, then sweep")
+    s = tier.add_parser("add", parents=[*common, pol], help="take a finished checkpoint into hot, copy it to warm and cold, then sweep")
     s.add_argument("checkpoint_dir", metavar="CHECKPOINT_DIR")
     s.add_argument("--name", help="checkpoint name (default: the folder's name)")
-    s.add_argument("--step", type=_step, metavar="N", help="training step (default: the number the name ends with)")
-    s.set_defaults(func=_wrap(cmd_add))
+    s.add_argument("--step", type=whole_number, metavar="N", help="training step (default: the number the name ends with)")
+    s.set_defaults(func=cmd_add)
 
     s = tier.add_parser(
-        "sweep", parents=[common, pol], help="copy what is missing, demote what the policy no longer keeps (exit 1 on violations)"
+        "sweep", parents=[*common, pol], help="copy what is missing, demote what the policy no longer keeps (exit 1 on violations)"
     )
     s.add_argument("--dry-run", action="store_true", help="report what would change; change nothing")
-    s.set_defaults(func=_wrap(cmd_sweep))
+    s.set_defaults(func=cmd_sweep)
 
-    s = tier.add_parser("status", parents=[common, pol], help="each checkpoint × tier: present, verified when, bytes")
-    s.set_defaults(func=_wrap(cmd_status))
+    s = tier.add_parser("status", parents=[*common, pol], help="each checkpoint × tier: present, verified when, bytes")
+    s.set_defaults(func=cmd_status)
 
-    s = tier.add_parser("restore", parents=[common, pol], help="restore a checkpoint from the nearest (or a given) tier")
+    s = tier.add_parser("restore", parents=[*common, pol], help="restore a checkpoint from the nearest (or a given) tier")
     s.add_argument("name", metavar="NAME")
     s.add_argument("out_dir", metavar="OUT_DIR")
     s.add_argument("--tier", choices=TIERS, help="restore from this tier (default: the nearest that holds it)")
     s.add_argument("--timeout", type=_duration, metavar="SECONDS", help="wait this long for an archive restore (default: the policy's)")
-    s.set_defaults(func=_wrap(cmd_restore))
+    s.set_defaults(func=cmd_restore)
 
-    s = tier.add_parser("drill", parents=[common, pol], help="restore samples from every tier, verify, measure RTO and RPO (exit 1 when missed)")
-    s.add_argument("--sample", type=_positive_int, default=1, metavar="N", help="checkpoints restored per tier (default 1)")
-    s.set_defaults(func=_wrap(cmd_drill))
+    s = tier.add_parser("drill", parents=[*common, pol], help="restore samples from every tier, verify, measure RTO and RPO (exit 1 when missed)")
+    s.add_argument("--sample", type=positive_int, default=1, metavar="N", help="checkpoints restored per tier (default 1)")
+    s.set_defaults(func=cmd_drill)
 
-    s = tier.add_parser("gc", parents=[common, pol], help="delete chunks no ref needs, older than the policy's gc_grace")
+    s = tier.add_parser("gc", parents=[*common, pol], help="delete chunks no ref needs, older than the policy's gc_grace")
     s.add_argument("--tier", choices=TIERS, help="only this tier (default: all three)")
     s.add_argument("--dry-run", action="store_true", help="report what would be deleted; delete nothing")
-    s.set_defaults(func=_wrap(cmd_gc))
+    s.set_defaults(func=cmd_gc)
 
-    s = tier.add_parser("check", parents=[common, pol], help="validate a policy and print it normalised")
-    s.set_defaults(func=_wrap(cmd_check))
+    s = tier.add_parser("check", parents=[*common, pol], help="validate a policy and print it normalised")
+    s.set_defaults(func=cmd_check)

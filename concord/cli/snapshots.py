@@ -1,0 +1,223 @@
+"""``concord snapshot|diff|sync|restore|verify|rollback|refs|log``: snapshots in stores.
+
+``snapshot`` takes a checkpoint folder into a store, ``sync`` replicates a snapshot (only the
+missing chunks move), ``restore`` writes its files back out, ``verify`` re-hashes chunks and can
+repair them from a healthy replica, ``rollback`` moves a ref back through its history. ``diff``,
+``verify``, ``refs``, ``log`` and ``restore`` only read: a path holding no store is an error.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from concord.cli._common import (
+    STORE_HELP,
+    chunk_size,
+    human,
+    readable_store,
+    ref_arg,
+    ref_positional,
+    root_arg,
+    writable_store,
+)
+
+# ----------------------------------------------------------------------------- commands
+
+
+def cmd_snapshot(args, out) -> int:
+    from concord.snapshots.manifest import DEFAULT_CHUNK_SIZE
+    from concord.snapshots.snapshot import snapshot
+
+    store = writable_store(args.store)
+    r = snapshot(
+        args.source,
+        store,
+        ref=args.ref,
+        chunk_size=args.chunk_size or DEFAULT_CHUNK_SIZE,
+        message=args.message or "",
+        progress=out.progress,
+    )
+    d = r.to_dict()
+    d["store"] = store.uri
+    lines = [
+        f"snapshot {r.root}",
+        f"  {r.files} files, {r.tensors} tensors, {r.chunks} chunks, {human(r.bytes)}",
+        f"  new in {store.uri}: {r.new_chunks} chunks, {human(r.new_bytes)}",
+    ]
+    if r.ref:
+        lines.append(f"  ref {r.ref} → version {r.ref_version} (was {(r.previous or '(new)')[:12]})")
+    out.emit(d, lines)
+    return 0
+
+
+def cmd_diff(args, out) -> int:
+    from concord.snapshots.diff import diff_manifests
+    from concord.snapshots.refs import load_manifest, resolve_root
+
+    sa = readable_store(args.store)
+    sb = readable_store(args.against) if args.against else sa
+    ra, rb = resolve_root(sa, args.a), resolve_root(sb, args.b)
+    d = diff_manifests(load_manifest(sa, ra), load_manifest(sb, rb))
+    payload = d.to_dict()
+    if d.same:
+        lines = [f"same snapshot {ra}"]
+    else:
+        lines = [f"{ra[:12]} → {rb[:12]}: {len(d.changes)} change(s)"]
+        for c in d.changes:
+            mark = {"added": "+", "removed": "-", "changed": "~"}[c.kind]
+            lines.append(f"  {mark} {c.file}" + (f" :: {c.tensor}" if c.tensor else ""))
+        lines.append(f"  {d.chunks_differing} chunk(s), {human(d.bytes_differing)} differ")
+    out.emit(payload, lines)
+    return 0
+
+
+def cmd_sync(args, out) -> int:
+    from concord.snapshots.sync import replicate
+
+    src = writable_store(args.source)
+    targets = [writable_store(t) for t in args.targets]
+    results = replicate(src, targets, ref=args.ref, root=args.root, progress=out.progress)
+    lines = []
+    for r in results:
+        lines.append(
+            f"{r.store}: {r.root[:12]}  sent {r.chunks_sent} chunk(s), {human(r.bytes_sent)}; "
+            f"{r.chunks_present} already there" + (f"; ref {r.ref} v{r.ref_version}" if r.ref else "")
+        )
+    out.emit({"source": src.uri, "targets": [r.to_dict() for r in results]}, lines)
+    return 0
+
+
+def cmd_restore(args, out) -> int:
+    from concord.snapshots.refs import load_manifest, resolve_root
+    from concord.snapshots.restore import restore
+
+    store = readable_store(args.store)
+    root = resolve_root(store, args.ref or args.root)
+    r = restore(store, load_manifest(store, root), args.out_dir, progress=out.progress)
+    out.emit(r.to_dict(), [f"restored {r.root[:12]}: {r.files} files, {human(r.bytes)} into {r.path}"])
+    return 0
+
+
+def cmd_verify(args, out) -> int:
+    from concord.snapshots.verify import verify
+
+    store = readable_store(args.store)
+    repair = readable_store(args.repair_from) if args.repair_from else None
+    r = verify(store, ref=args.ref, root=args.root, repair_from=repair, progress=out.progress)
+    lines = [
+        f"{store.uri}: {r.chunks_checked} chunk(s) checked, {len(r.missing)} missing, "
+        f"{len(r.corrupt)} corrupt, {len(r.repaired)} repaired"
+    ]
+    lines += [f"  missing {c}" for c in r.missing] + [f"  corrupt {c}" for c in r.corrupt]
+    lines += [f"  damaged manifest {m}" for m in r.bad_manifests]
+    lines += [f"  broken {b}" for b in r.broken_refs] + [f"  note: {g}" for g in r.history_gaps]
+    out.emit(r.to_dict(), lines)
+    if not r.ok:
+        if r.broken_refs:  # a ref that cannot be restored is the first thing to say: name it and the fix
+            more = f" (and {len(r.broken_refs) - 1} more ref(s), listed above)" if len(r.broken_refs) > 1 else ""
+            chunks = set(r.missing) | set(r.corrupt)
+            bad = len(chunks - set(r.repaired))
+            also = f"; also {bad} missing or corrupt chunk(s)" if bad else ""
+            print(f"concord: error: {' '.join(r.broken_refs[0].split())}{more}{also}", file=sys.stderr)
+            return 1
+        print(
+            f"concord: error: {store.uri} has missing or corrupt data; "
+            "re-run with --repair-from STORE pointing at a healthy replica",
+            file=sys.stderr,
+        )
+        return 1
+    return 0
+
+
+def cmd_rollback(args, out) -> int:
+    from concord.snapshots.refs import rollback
+
+    store = writable_store(args.store)
+    r = rollback(store, args.ref, args.to)
+    out.emit(r.to_dict(), [f"{r.ref}: {r.previous[:12]} → {r.root[:12]} (version {r.version})"])
+    return 0
+
+
+def cmd_refs(args, out) -> int:
+    store = readable_store(args.store)
+    refs = []
+    for name in store.list_refs():
+        ref = store.read_ref(name)
+        if ref is not None:
+            refs.append({"ref": name, "root": ref.root, "version": ref.version, "time": ref.history[-1].time})
+    lines = [f"{r['ref']:40} {r['root'][:12]}  v{r['version']}  {r['time']}" for r in refs] or ["(no refs)"]
+    out.emit({"store": store.uri, "refs": refs}, lines)
+    return 0
+
+
+def cmd_log(args, out) -> int:
+    from concord.errors import RefNotFoundError
+    from concord.stores import canonical_ref
+
+    store = readable_store(args.store)
+    ref = store.read_ref(args.ref)
+    if ref is None:
+        raise RefNotFoundError(store.uri, canonical_ref(args.ref))
+    hist = [e.__dict__ for e in reversed(ref.history)]
+    lines = [f"v{e['version']:<4} {e['root'][:12]}  {e['time']}  {e['message']}" for e in hist]
+    out.emit({"ref": ref.name, "history": hist}, lines)
+    return 0
+
+
+# ----------------------------------------------------------------------------- parser
+
+
+def register(sub, common: list) -> None:
+    s = sub.add_parser("snapshot", parents=common, help="snapshot a checkpoint folder into a store")
+    s.add_argument("source", metavar="DIR", help="checkpoint folder (or one file)")
+    s.add_argument("--store", required=True, help=STORE_HELP)
+    s.add_argument("--ref", type=ref_arg, help="point this ref ([namespace/]name) at the new snapshot")
+    s.add_argument("--chunk-size", type=chunk_size, help="chunk size (default 4M; 64K to 64M)")
+    s.add_argument("--message", help="note kept in the ref's history")
+    s.set_defaults(func=cmd_snapshot)
+
+    s = sub.add_parser("diff", parents=common, help="which files, tensors and chunks differ between two snapshots")
+    s.add_argument("store", metavar="STORE", help=STORE_HELP)
+    s.add_argument("a", metavar="REF_OR_ROOT", help="ref, ref~N (N versions back) or 64-hex root")
+    s.add_argument("--against", metavar="STORE", help="look the second snapshot up in this store")
+    s.add_argument("b", metavar="REF_OR_ROOT")
+    s.set_defaults(func=cmd_diff)
+
+    s = sub.add_parser("sync", parents=common, help="replicate a snapshot to one or more stores (only missing chunks move)")
+    s.add_argument("source", metavar="SRC", help=STORE_HELP)
+    s.add_argument("targets", metavar="DST", nargs="+")
+    g = s.add_mutually_exclusive_group(required=True)
+    g.add_argument("--ref", type=ref_arg, help="ref to replicate (moved on each target by compare-and-swap)")
+    g.add_argument("--root", type=root_arg, help="64-hex root to replicate (no ref is moved)")
+    s.set_defaults(func=cmd_sync)
+
+    s = sub.add_parser("restore", parents=common, help="write a snapshot's files into a new folder")
+    s.add_argument("store", metavar="STORE", help=STORE_HELP)
+    g = s.add_mutually_exclusive_group(required=True)
+    g.add_argument("--ref", type=ref_arg)
+    g.add_argument("--root", type=root_arg)
+    s.add_argument("out_dir", metavar="OUT_DIR")
+    s.set_defaults(func=cmd_restore)
+
+    s = sub.add_parser("verify", parents=common, help="re-hash chunks; report (and repair) missing or corrupt ones")
+    s.add_argument("store", metavar="STORE", help=STORE_HELP)
+    g = s.add_mutually_exclusive_group()
+    g.add_argument("--ref", type=ref_arg, help="check only what this ref needs (default: the whole store)")
+    g.add_argument("--root", type=root_arg)
+    s.add_argument("--repair-from", metavar="STORE", help="fetch good copies of bad chunks from this store")
+    s.set_defaults(func=cmd_verify)
+
+    s = sub.add_parser("rollback", parents=common, help="move a ref back to an earlier root of its history")
+    s.add_argument("store", metavar="STORE", help=STORE_HELP)
+    s.add_argument("--ref", type=ref_arg, required=True)
+    s.add_argument("--to", metavar="ROOT", type=root_arg, help="root (or 8+ hex prefix) from the history; default: the previous one")
+    s.set_defaults(func=cmd_rollback)
+
+    s = sub.add_parser("refs", parents=common, help="list the refs of a store")
+    s.add_argument("store", metavar="STORE", help=STORE_HELP)
+    s.set_defaults(func=cmd_refs)
+
+    s = sub.add_parser("log", parents=common, help="show a ref's history")
+    s.add_argument("store", metavar="STORE", help=STORE_HELP)
+    s.add_argument("ref", metavar="REF", type=ref_positional)
+    s.set_defaults(func=cmd_log)
