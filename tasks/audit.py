@@ -421,4 +421,6 @@ def audit_event_task(report: dict, name: str, night: str, run_id: str | None = N
 
 def default_plots_dir(name: str, night: str) -> str:
     """Where an audit's PNGs go unless told: ``$CONCORD_HOME/audits/<name>/<night>``."""
-    return os.path.join(os.environ.get("CONCORD_HOME") or "data", "audits", name, night)
+    from concord.home import concord_home
+
+    return os.path.join(concord_home(), "audits", name, night)
