@@ -21,6 +21,7 @@ demo: install
 	CONCORD_HOME=$${CONCORD_HOME:-$(CURDIR)/data/demo} PREFECT_SERVER_ANALYTICS_ENABLED=false $(PY) -m flows.demo
 
 test: install
+	$(VENV)/bin/lint-imports
 	$(VENV)/bin/pytest -q $(PYTEST_ARGS)
 
 test-unit: install
@@ -48,4 +49,4 @@ bench: install
 	$(PY) -m bench
 
 clean:
-	rm -rf data bench/out .pytest_cache .hypothesis
+	rm -rf data bench/out .pytest_cache .hypothesis .import_linter_cache

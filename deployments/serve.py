@@ -40,7 +40,6 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -48,6 +47,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Mapping, Sequence
 
+from concord.files import atomic_write
 from deployments.automations import HEARTBEAT_SECONDS
 
 PROJECT_DIR = Path(__file__).resolve().parent.parent
@@ -127,14 +127,7 @@ def write_record(state_dir: Path, data: Mapping) -> None:
     state_dir = Path(state_dir)
     state_dir.mkdir(parents=True, exist_ok=True)
     out = dict(data, processes=[asdict(p) for p in data.get("processes", [])])
-    fd, tmp = tempfile.mkstemp(prefix=f".{RECORD}.", dir=state_dir)
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(out, f, indent=2)
-        os.replace(tmp, state_dir / RECORD)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    atomic_write(state_dir / RECORD, json.dumps(out, indent=2).encode(), mode=0o600)
 
 
 def _launch(state_dir: Path, name: str, command: Sequence[str], env: Mapping[str, str] | None,

@@ -10,6 +10,7 @@ numpy and matplotlib are imported inside the functions that draw.
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import os
@@ -19,6 +20,7 @@ from concord.audit.drift import PRIORITIES, ColumnHistogram, DriftReport, column
 from concord.audit.inputs import slug
 from concord.audit.report import AuditReport
 from concord.audit.severity import SECTION_TITLES, column_order, section_severity
+from concord.files import atomic_write
 
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
@@ -385,10 +387,6 @@ def _draw(hist: ColumnHistogram, column: dict, path: str) -> None:
     ax.set_title(f"{hist.column}: {sev}\n" + ", ".join(stats), fontsize=10)
     ax.legend(loc="best", fontsize=8, framealpha=0.8)
     fig.tight_layout()
-    tmp = f"{path}.tmp-{os.getpid()}"
-    try:
-        fig.savefig(tmp, format="png")
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    png = io.BytesIO()
+    fig.savefig(png, format="png")
+    atomic_write(path, png.getbuffer())

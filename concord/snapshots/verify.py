@@ -175,14 +175,13 @@ def _refs_of(store: Store, held: set[str]) -> tuple[dict[str, str], list[str], l
     """``({ref: current root}, [unreadable refs], [history gaps])`` of every snapshot ref of the
     store. A federation ledger's head (``TENANT/_ledger``) points at ledger rounds, not snapshots:
     it is left to ``concord federate verify``."""
-    from concord.federation.ledger import HEAD_NAME
-    from concord.stores.base import split_ref
+    from concord.stores.base import LEDGER_HEAD, split_ref
 
     roots: dict[str, str] = {}
     broken: list[str] = []
     gaps: list[str] = []
     for name in store.list_refs():
-        if split_ref(name)[1] == HEAD_NAME:
+        if split_ref(name)[1] == LEDGER_HEAD:
             continue
         try:
             r = store.read_ref(name)

@@ -26,12 +26,12 @@ import json
 import logging
 import os
 import re
-import tempfile
 import time
 from dataclasses import asdict, dataclass
 from typing import Any, Callable, Iterable
 
 from concord.errors import CheckpointNotReadyError, WatchStateError
+from concord.files import atomic_write
 
 log = logging.getLogger(__name__)
 
@@ -98,18 +98,8 @@ def _load_state(path: str) -> dict[str, dict[str, Any]]:
 
 
 def _save_state(path: str, announced: dict[str, dict[str, Any]]) -> None:
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".watch-state-", suffix=".tmp", dir=folder)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump({"version": STATE_VERSION, "announced": announced}, f, indent=1, sort_keys=True)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    text = json.dumps({"version": STATE_VERSION, "announced": announced}, indent=1, sort_keys=True)
+    atomic_write(path, text.encode("utf-8"), mode=0o600)
 
 
 # --------------------------------------------------------------------------- sources

@@ -14,14 +14,13 @@ import fcntl
 import hashlib
 import os
 import stat
-import uuid
 from contextlib import contextmanager
 from typing import Iterator
 
 from concord.errors import NotRegularFileError, StoreAccessError, StoreNotFoundError
+from concord.files import TMP_PREFIX, atomic_write, temp_path
 from concord.stores.base import Store, chunk_key
 
-TMP_PREFIX = ".tmp-"
 #: the folders a store has once anything was written to it
 STORE_FOLDERS = ("chunks", "manifests", "refs")
 _OPEN_FLAGS = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOCTTY", 0)
@@ -80,42 +79,6 @@ def read_regular_file(path: str, *, store: str, key: str) -> bytes | None:
         raise StoreAccessError(store, f"cannot read {key} ({exc.strerror})") from exc
     finally:
         os.close(fd)
-
-
-def atomic_write(path: str, data: bytes | memoryview, *, fsync: bool = False, exclusive: bool = False) -> bool:
-    """Write ``data`` to ``path`` through a unique temp name in the same folder and ``os.replace``.
-
-    With ``exclusive`` the file appears only if ``path`` does not exist yet, decided atomically by
-    the filesystem (a hard link of the finished temp file), so of two writers racing for one name
-    exactly one wins and the other's bytes are never seen. Returns whether ``data`` was written.
-    """
-    folder = os.path.dirname(path)
-    os.makedirs(folder, exist_ok=True)
-    tmp = os.path.join(folder, f"{TMP_PREFIX}{uuid.uuid4().hex}")
-    try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-            if fsync:
-                f.flush()
-                os.fsync(f.fileno())
-        if not exclusive:
-            os.replace(tmp, path)
-            return True
-        try:
-            os.link(tmp, path)
-        except FileExistsError:
-            return False
-        except OSError as exc:
-            if exc.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EXDEV):
-                raise
-            # a filesystem without hard links: fall back to check-then-replace (a narrow window)
-            if os.path.exists(path):
-                return False
-            os.replace(tmp, path)
-        return True
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
 
 
 def _copy_range(src_fd: int, offset: int, length: int, dst: str) -> None:
@@ -183,7 +146,7 @@ class LocalDirStore(Store):
             return self.put_chunk(cid, data, verify=False)
         folder = os.path.dirname(path)
         os.makedirs(folder, exist_ok=True)
-        tmp = os.path.join(folder, f"{TMP_PREFIX}{uuid.uuid4().hex}")
+        tmp = temp_path(folder)  # the one write that is not atomic_write's: the kernel copies the bytes
         try:
             _copy_range(fd, offset, length, tmp)
             os.replace(tmp, path)

@@ -1,0 +1,79 @@
+"""Writing a file atomically: the one way Concord puts a file in place.
+
+A reader never sees a half-written file under its real name, and a process killed mid-write leaves
+at most a temporary file: the bytes go to a unique temporary name in the destination folder (a
+``.tmp-`` name, which folder stores never read as an object and garbage collection removes), are
+flushed (and fsynced unless told otherwise), then renamed into place with ``os.replace``; the
+temporary file is removed in ``finally`` whatever happened.
+
+Every small file is written through :func:`atomic_write`: store objects, refs and documents, the
+checkpoint watcher's state, the record of ``deployments.serve``, an audit's PNGs. The one
+specialised path is a folder store's chunk copied in the kernel (``copy_file_range`` from the
+checkpoint file into a :func:`temp_path`, then ``os.replace``), which never holds the bytes.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import uuid
+
+#: temporary files start with this (a folder store lists them as leftovers, never as objects)
+TMP_PREFIX = ".tmp-"
+
+
+def temp_path(folder: str | os.PathLike) -> str:
+    """A unique temporary file name in ``folder`` (nothing is created)."""
+    return os.path.join(os.fspath(folder), f"{TMP_PREFIX}{uuid.uuid4().hex}")
+
+
+def atomic_write(
+    path: str | os.PathLike,
+    data: bytes | bytearray | memoryview,
+    *,
+    mode: int | None = None,
+    fsync: bool = True,
+    exclusive: bool = False,
+) -> bool:
+    """Put ``data`` at ``path`` all at once: unique temp name in the same folder, ``os.replace``.
+
+    The folder is created if needed. ``mode`` gives the file's permissions (default: as ``open``
+    creates a file, 0o666 less the umask). ``fsync`` (the default) flushes the bytes to disk before
+    the rename; a caller that trades durability for speed (a folder store's chunks) turns it off.
+
+    With ``exclusive`` the file appears only if ``path`` does not exist yet, decided atomically by
+    the filesystem (a hard link of the finished temp file), so of two writers racing for one name
+    exactly one wins and the other's bytes are never seen. Returns whether ``data`` was written.
+    """
+    path = os.path.abspath(os.fspath(path))
+    folder = os.path.dirname(path)
+    os.makedirs(folder, exist_ok=True)
+    tmp = temp_path(folder)
+    try:
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
+        fd = os.open(tmp, flags, 0o666 if mode is None else mode)
+        with open(fd, "wb") as f:
+            if mode is not None:
+                os.fchmod(fd, mode)  # exactly ``mode``, whatever the umask
+            f.write(data)
+            if fsync:
+                f.flush()
+                os.fsync(fd)
+        if not exclusive:
+            os.replace(tmp, path)
+            return True
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            return False
+        except OSError as exc:
+            if exc.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EXDEV):
+                raise
+            # a filesystem without hard links: fall back to check-then-replace (a narrow window)
+            if os.path.exists(path):
+                return False
+            os.replace(tmp, path)
+        return True
+    finally:
+        if os.path.lexists(tmp):
+            os.unlink(tmp)

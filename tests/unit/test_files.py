@@ -1,0 +1,59 @@
+"""The one atomic writer (concord/files.py): the file appears whole or not at all, and no temporary
+file is left behind, whatever happened."""
+
+from __future__ import annotations
+
+import os
+import stat
+
+import pytest
+
+from concord.files import TMP_PREFIX, atomic_write, temp_path
+
+
+def leftovers(folder) -> list[str]:
+    return [n for n in os.listdir(folder) if n.startswith(TMP_PREFIX)]
+
+
+def test_a_write_puts_the_bytes_in_place_and_leaves_no_temporary_file(tmp_path):
+    path = tmp_path / "deep" / "er" / "state.json"
+    assert atomic_write(path, b"first") is True
+    assert path.read_bytes() == b"first"
+    assert atomic_write(str(path), memoryview(b"second"), fsync=False) is True
+    assert path.read_bytes() == b"second"
+    assert leftovers(path.parent) == []
+
+
+def test_mode_sets_the_permissions_exactly(tmp_path):
+    path = tmp_path / "record.json"
+    atomic_write(path, b"{}", mode=0o600)
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+    old = os.umask(0o077)
+    try:
+        atomic_write(tmp_path / "plain", b"x")
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(os.stat(tmp_path / "plain").st_mode) == 0o600  # 0o666 less the umask
+
+
+def test_exclusive_writes_only_a_new_name(tmp_path):
+    path = tmp_path / "000001.json"
+    assert atomic_write(path, b"winner", exclusive=True) is True
+    assert atomic_write(path, b"loser", exclusive=True) is False
+    assert path.read_bytes() == b"winner"
+    assert leftovers(tmp_path) == []
+
+
+def test_a_failed_write_leaves_the_old_file_and_no_temporary_one(tmp_path):
+    path = tmp_path / "state.json"
+    path.write_bytes(b"old")
+    with pytest.raises(TypeError):
+        atomic_write(path, "text is not bytes")  # type: ignore[arg-type]
+    assert path.read_bytes() == b"old"
+    assert leftovers(tmp_path) == []
+
+
+def test_a_temporary_name_is_unique_and_in_the_folder(tmp_path):
+    a, b = temp_path(tmp_path), temp_path(tmp_path)
+    assert a != b and os.path.dirname(a) == str(tmp_path) and os.path.basename(a).startswith(TMP_PREFIX)
+    assert not os.path.exists(a)
