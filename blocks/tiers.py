@@ -21,8 +21,9 @@ from prefect.blocks.core import Block
 from prefect.exceptions import ObjectNotFound
 from pydantic import Field, field_validator
 
-from concord.errors import PolicyError, StoreUnreachableError
-from concord.tiering.policy import TierPolicy, format_duration, parse_duration, store_kind
+from concord.errors import InvalidStoreURIError, PolicyError, StoreUnreachableError
+from concord.stores.address import FOLDER, StoreAddress
+from concord.tiering.policy import TierPolicy, format_duration, parse_duration
 
 __all__ = ["ColdStorageClass", "RestoreTier", "TierPolicyBlock", "WarmStorageClass", "load_policy_block"]
 
@@ -287,8 +288,12 @@ class TierPolicyBlock(Block):
             value = value.strip()
             if not value:
                 raise ValueError(f"{info.field_name} is empty: give {_STORE_HELP}")
-            if store_kind(value) == "local" and not value.startswith("file://"):
-                if not os.path.isabs(os.path.expanduser(value)):
+            try:
+                address = StoreAddress.parse(value, check=False)
+            except InvalidStoreURIError:
+                return value  # the policy's own rules say what is wrong with it
+            if address.kind == FOLDER and not address.scheme:  # a folder typed as a path
+                if not os.path.isabs(os.path.expanduser(address.path)):
                     raise ValueError(
                         f"{info.field_name} {value!r} is a relative folder: a saved block is read by workers in "
                         "other working folders; give an absolute path"

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 
 from concord.snapshots.staging import is_s3, s3_checkpoint_problem
+from concord.stores.address import FOLDER, StoreAddress
 
 #: the completion marker the checkpoint watcher waits for; on its own it is no checkpoint
 MARKER = "COMPLETE"
@@ -108,37 +109,22 @@ def ref_problems(value: object, what: str = "ref") -> list[str]:
     return []
 
 
-def store_identity(spec: str) -> tuple[str, ...]:
-    """What a valid store address points at, for telling two addresses of one store apart
-    (``data/stores/x`` and ``file:///abs/data/stores/x`` are one). No store is opened."""
-    from urllib.parse import unquote, urlparse
-
-    from concord.stores import parse_s3_uri
-
-    spec = spec.strip()
-    if is_s3(spec):
-        return ("s3", *parse_s3_uri(spec))
-    if spec.startswith("file://"):
-        return ("local", os.path.realpath(unquote(urlparse(spec).path)))
-    scheme, sep, rest = spec.partition(":")
-    if sep and len(scheme) > 1 and scheme.isidentifier():
-        return (scheme, rest)
-    return ("local", os.path.realpath(spec))
+def _store(spec: object, what: str) -> tuple[StoreAddress | None, list[str]]:
+    """The store address ``spec`` names, or None and its problems (no store is opened)."""
+    if unrendered(spec):
+        return None, [f"{what} {spec!r} is a template the event did not fill in"]
+    try:
+        address = StoreAddress.parse(spec)
+    except ValueError as exc:
+        return None, [f"{what} {spec!r} is not a store address ({str(exc).split('. ')[0]})"]
+    if address.kind == FOLDER and os.path.isfile(address.path):
+        return None, [f"{what} {spec!r} is a file, not a store folder"]
+    return address, []
 
 
 def store_problems(spec: object, what: str) -> list[str]:
     """The problems of a store address: a folder, file:///path, s3://bucket/prefix or block:NAME."""
-    from concord.stores import check_store_address
-
-    if unrendered(spec):
-        return [f"{what} {spec!r} is a template the event did not fill in"]
-    try:
-        kind, *rest = store_identity(check_store_address(spec))
-    except ValueError as exc:
-        return [f"{what} {spec!r} is not a store address ({str(exc).split('. ')[0]})"]
-    if kind == "local" and os.path.isfile(rest[0]):
-        return [f"{what} {spec!r} is a file, not a store folder"]
-    return []
+    return _store(spec, what)[1]
 
 
 def targets_problems(targets: object, store: object) -> list[str]:
@@ -146,15 +132,15 @@ def targets_problems(targets: object, store: object) -> list[str]:
     if not isinstance(targets, (list, tuple)) or not targets:
         return ["targets is empty: give the store of every other cluster"]
     problems: list[str] = []
-    primary = store_identity(store) if isinstance(store, str) and not store_problems(store, "store") else None
-    seen: dict[tuple, str] = {}
+    primary = _store(store, "store")[0] if isinstance(store, str) else None
+    seen: dict[str, str] = {}
     for i, t in enumerate(targets):
-        found = store_problems(t, f"targets[{i}]")
+        address, found = _store(t, f"targets[{i}]")
         problems += found
         if found:
             continue
-        ident = store_identity(t)
-        if ident == primary:
+        ident = address.identity
+        if primary is not None and ident == primary.identity:
             problems.append(f"targets[{i}] {t!r} is the primary store itself; list only the other clusters' stores")
         elif ident in seen:
             problems.append(f"targets[{i}] {t!r} is the same store as {seen[ident]!r}; list each cluster once")

@@ -4,20 +4,25 @@ parameter and what it takes."""
 
 from __future__ import annotations
 
+import re
 from typing import Annotated
 
 from pydantic import AfterValidator, Field
 
 from concord.errors import ConcordError
-from concord.stores import check_store_address, split_ref
+from concord.stores import split_ref
+from concord.stores.address import StoreAddress as Address
+from concord.stores.base import NAME_SEGMENT
 
-#: a name segment as stores take it (refs, data sets, audits)
-SEGMENT = r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,127}"
+#: a name as stores take it (a ref's part, a tenant, a data set, an audit, a checkpoint). Compiled,
+#: so that pydantic checks it with Python's ``re`` (its own engine has no look-ahead, which the
+#: no-'..' rule needs); the run form gets its text, and a browser's regular expressions take it.
+NAME_PATTERN = re.compile(rf"^{NAME_SEGMENT}$")
 
 
 def _store(value: str) -> str:
     try:
-        return check_store_address(value)
+        return Address.parse(value).text
     except ConcordError as exc:  # pydantic reports ValueErrors with the parameter's name
         raise ValueError(str(exc)) from None
 
@@ -38,7 +43,9 @@ StoreAddress = Annotated[
 """A store: a folder (relative to the project folder runs start in), ``file:///path``,
 ``s3://bucket/prefix`` or ``block:NAME`` of a saved store block."""
 
-RefName = Annotated[str, Field(pattern=rf"^({SEGMENT}/)?{SEGMENT}$", examples=["models/minilm"]), AfterValidator(_ref)]
+RefName = Annotated[
+    str, Field(pattern=re.compile(rf"^({NAME_SEGMENT}/)?{NAME_SEGMENT}$"), examples=["models/minilm"]), AfterValidator(_ref)
+]
 """A ref, ``namespace/name`` (a bare name is in the default namespace)."""
 
 ModelName = Annotated[str, Field(pattern=r"^[^/\s][^/]*$", description="Registered model name in MLflow (no '/').")]

@@ -36,7 +36,7 @@ from concord.audit.inputs import audit_name, spec_name
 from concord.audit.render import column_rows, render_markdown, replica_rows, worst_tensor_rows
 from concord.audit.report import AuditReport
 from concord.home import default_registry
-from flows._params import ModelName, StoreAddress
+from flows._params import NAME_PATTERN, ModelName, StoreAddress
 from tasks.audit import (
     AUDIT_EXPERIMENT,
     audit_cards_task,
@@ -58,7 +58,7 @@ ContractRef = Annotated[
 AuditName = Annotated[
     str,
     Field(
-        pattern=r"^[A-Za-z0-9_-][A-Za-z0-9._-]{0,127}$",
+        pattern=NAME_PATTERN,
         description="The audit's name: its nightly history, event resource and MLflow runs are keyed by it.",
     ),
 ]

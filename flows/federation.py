@@ -13,12 +13,11 @@ from prefect import flow
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from pydantic import Field
 
+from flows._params import NAME_PATTERN
 from flows._report import human, md_table, short
 from tasks import federate_task, verify_ledger_task
 
-SEGMENT = r"^[A-Za-z0-9_-][A-Za-z0-9._-]{0,127}$"
-
-Tenant = Annotated[str, Field(pattern=SEGMENT, description="The tenant: its adapters are the refs <tenant>/<name>.")]
+Tenant = Annotated[str, Field(pattern=NAME_PATTERN, description="The tenant: its adapters are the refs <tenant>/<name>.")]
 Clusters = Annotated[
     list[str], Field(min_length=1, description="Cluster stores, searched in order for each adapter; the first receives the result.")
 ]
@@ -29,7 +28,7 @@ Adapters = Annotated[
 Rank = Annotated[int, Field(ge=1, description="exact only: cap each module's rank (empty: the exact rank).")]
 Weight = Annotated[float, Field(ge=0)]
 ClipNorm = Annotated[float, Field(gt=0, description="Scale down client updates whose norm exceeds this.")]
-OutName = Annotated[str, Field(pattern=SEGMENT, description="The result's ref is <tenant>/<out_name>.")]
+OutName = Annotated[str, Field(pattern=NAME_PATTERN, description="The result's ref is <tenant>/<out_name>.")]
 
 
 @flow(name="lora-federation")

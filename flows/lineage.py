@@ -16,7 +16,7 @@ from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from pydantic import Field
 
-from flows._params import ModelName, RefName, StoreAddress
+from flows._params import NAME_PATTERN, ModelName, RefName, StoreAddress
 from flows._report import human, md_table, short
 from flows.snapshot import DEFAULT_REF, DEFAULT_STORE
 from tasks import (
@@ -34,7 +34,7 @@ DEFAULT_CONTRACT = "penguins@1"
 DEFAULT_MODEL = "minilm"
 
 DataName = Annotated[
-    str, Field(pattern=r"^[A-Za-z0-9_-][A-Za-z0-9._-]{0,127}$", description="Name of the data set; its ref is data/<name>.")
+    str, Field(pattern=NAME_PATTERN, description="Name of the data set; its ref is data/<name>.")
 ]
 ParentVersion = Annotated[str, Field(pattern=r"^[^/\s][^/]*/[1-9][0-9]*$", description="A model version, as name/VERSION.")]
 Alias = Annotated[

@@ -19,6 +19,7 @@ from pydantic import Field
 
 from concord.snapshots.staging import staged_checkpoint
 from flows._arguments import BadArguments, checkpoint_problems, started_by_event
+from flows._params import NAME_PATTERN
 from flows._policy import final
 from flows._report import human, md_table, short
 from tasks.progress import PrefectProgress
@@ -38,7 +39,6 @@ Policy = Annotated[
     str,
     Field(min_length=1, description="The tier policy: a YAML file, or block:NAME of a saved Concord Tier Policy block."),
 ]
-NAME_PATTERN = r"^[A-Za-z0-9_-][A-Za-z0-9._-]{0,127}$"
 CheckpointName = Annotated[
     str,
     Field(

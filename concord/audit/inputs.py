@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Iterator, Sequence
 from concord.audit.drift import DriftReport
 from concord.errors import DataFormatError, DriftConfigError
 from concord.hashing import is_digest
+from concord.stores.base import NAME_SEGMENT
 
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
@@ -69,7 +70,7 @@ class TableSource:
         return {k: getattr(self, k) for k in self.__dataclass_fields__} | {"label": self.label}
 
 
-_DATA_REF = re.compile(r"^data/[A-Za-z0-9_-][A-Za-z0-9._-]{0,127}(~[0-9]+)?$")
+_DATA_REF = re.compile(rf"^data/{NAME_SEGMENT}(~[0-9]+)?$")
 
 
 def names_snapshot(text: str) -> bool:
@@ -226,12 +227,23 @@ def check_contract(contract: "Contract", df: "pd.DataFrame") -> dict:
 
 
 def store_labels(specs: Sequence[str]) -> list[str]:
-    """A cluster label per store spec: its last path segment (``data/stores/us-east`` →
-    ``us-east``) when those are unique among ``specs``, else the specs themselves."""
-    tails = [str(s).rstrip("/").rsplit("/", 1)[-1] or str(s) for s in specs]
-    if len(set(tails)) == len(tails):
-        return tails
-    return [str(s) for s in specs]
+    """A cluster label per store spec: its short name (``data/stores/us-east`` → ``us-east``,
+    ``s3://bucket/eu-central`` → ``eu-central``) when those are unique among ``specs``, else the
+    addresses themselves (any credential in them hidden)."""
+    from concord.errors import InvalidStoreURIError
+    from concord.redact import redact
+    from concord.stores.address import StoreAddress
+
+    shown = []
+    for spec in specs:
+        try:
+            address = StoreAddress.parse(spec, check=False)
+        except InvalidStoreURIError:  # a recorded holder that names no store is still a column
+            shown.append((redact(spec), redact(spec)))
+        else:
+            shown.append((address.name, address.label))
+    names = [name for name, _ in shown]
+    return names if len(set(names)) == len(names) else [label for _, label in shown]
 
 
 def model_holders(lineage: Any, name: str, version: "str | int") -> dict:

@@ -68,8 +68,13 @@ class StoreError(ConcordError):
 
 
 class InvalidStoreURIError(StoreError, ValueError):
-    def __init__(self, spec: str, reason: str) -> None:
+    """``spec`` names no store. ``reason`` says why; ``part`` says which part of an
+    ``s3://bucket/prefix`` is wrong: ``"address"`` (its form), ``"bucket"`` or ``"prefix"``."""
+
+    def __init__(self, spec: str, reason: str, *, part: str | None = None) -> None:
         self.spec = spec
+        self.reason = reason
+        self.part = part
         super().__init__(
             f"cannot use {spec!r} as a store: {reason}. A store is a folder path, "
             "file:///path, s3://bucket/prefix, or block:NAME (a saved Prefect block)."

@@ -52,23 +52,21 @@ def is_s3(source: object) -> bool:
 
 def s3_checkpoint_problem(uri: str) -> str | None:
     """Why ``uri`` cannot name a checkpoint under an S3 prefix (None when it can). No network."""
-    from concord.stores import parse_s3_uri
-    from concord.stores.s3 import validate_bucket_name, validate_prefix
+    from concord.stores.address import S3, StoreAddress
 
     try:
-        bucket, prefix = parse_s3_uri(uri)
-    except InvalidStoreURIError:
+        address = StoreAddress.parse(uri)
+    except InvalidStoreURIError as exc:
+        if exc.part == "bucket":
+            bucket = exc.spec[len("s3://"):]
+            return f"bucket name {bucket!r} breaks the S3 naming rules (3 to 63 of a-z, 0-9, '.', '-')"
+        if exc.part == "prefix":
+            return "the prefix holds a control character or '\\'"
         return "is not an s3://bucket/prefix URI (no bucket, a query or fragment, or an empty, '.' or '..' segment)"
-    if not prefix:
+    if address.kind != S3:
+        return "is not an s3://bucket/prefix URI (no bucket, a query or fragment, or an empty, '.' or '..' segment)"
+    if not address.prefix:
         return "names a whole bucket; give the checkpoint's own prefix (s3://bucket/runs/model/step-N)"
-    try:
-        validate_bucket_name(bucket)
-    except InvalidStoreURIError:
-        return f"bucket name {bucket!r} breaks the S3 naming rules (3 to 63 of a-z, 0-9, '.', '-')"
-    try:
-        validate_prefix(bucket, prefix)
-    except InvalidStoreURIError:
-        return "the prefix holds a control character or '\\'"
     return None
 
 
@@ -171,14 +169,14 @@ def stage(source: str, into: str, *, endpoint_url: str | None = None, progress: 
     and ``OSError`` (ENOSPC) when the staging disk is too small. ``into`` is left as it is on
     failure: remove it (:func:`staged_checkpoint` does).
     """
-    from concord.stores import parse_s3_uri
+    from concord.stores.address import StoreAddress
     from concord.stores.s3 import S3ObjectStore
 
     problem = s3_checkpoint_problem(source)
     if problem:
         raise InvalidStoreURIError(source, problem)
-    bucket, prefix = parse_s3_uri(source)
-    store = S3ObjectStore(bucket, prefix, endpoint_url=endpoint_url)
+    address = StoreAddress.parse(source)
+    store = S3ObjectStore(address.bucket, address.prefix, endpoint_url=endpoint_url)
     try:
         objects = _listing(store)
         if not objects:

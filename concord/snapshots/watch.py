@@ -178,10 +178,9 @@ class Watcher:
         if self.model:
             return self.model
         if source.startswith("s3://"):
-            from concord.stores import parse_s3_uri
+            from concord.stores.address import StoreAddress
 
-            bucket, prefix = parse_s3_uri(source)
-            return prefix.rsplit("/", 1)[-1] if prefix else bucket
+            return StoreAddress.parse(source).name
         return os.path.basename(source.rstrip(os.sep)) or source
 
     def _content(self, entries: dict[str, tuple]) -> list[tuple[str, int]]:
@@ -242,11 +241,11 @@ class Watcher:
     def _store(self, source: str):
         store = self._s3_stores.get(source)
         if store is None:
-            from concord.stores import parse_s3_uri
+            from concord.stores.address import StoreAddress
             from concord.stores.s3 import S3ObjectStore
 
-            bucket, prefix = parse_s3_uri(source)
-            store = self._s3_stores[source] = S3ObjectStore(bucket, prefix, endpoint_url=self.endpoint_url)
+            address = StoreAddress.parse(source)
+            store = self._s3_stores[source] = S3ObjectStore(address.bucket, address.prefix, endpoint_url=self.endpoint_url)
         return store
 
     def _scan_s3(self, source: str) -> list[Announcement]:

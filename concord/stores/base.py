@@ -29,7 +29,13 @@ from concord.errors import (
 )
 from concord.hashing import chunk_id, is_digest
 
-_SEGMENT = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,127}")
+#: one part of a name (a ref's namespace or name, a tenant, a data set, an audit, a checkpoint):
+#: 1 to 128 letters, digits, '.', '_' or '-', not starting with '.', with no '..'. The text of a
+#: regular expression (unanchored, so it composes: ``rf"^{NAME_SEGMENT}/{NAME_SEGMENT}$"``); the
+#: flows' run forms use it too, so a form accepts exactly the names the core takes (the '-' in
+#: each class is escaped, as a browser's ``v``-mode expressions require).
+NAME_SEGMENT = r"(?![A-Za-z0-9._\-]*\.\.)[A-Za-z0-9_\-][A-Za-z0-9._\-]{0,127}"
+_SEGMENT = re.compile(NAME_SEGMENT)
 DEFAULT_NAMESPACE = "default"
 #: the one ref name the store format reserves: ``<tenant>/_ledger`` is a federation ledger's head,
 #: which names round hashes (no manifest). Refused wherever a user creates a ref.
@@ -44,7 +50,7 @@ RESTORE_TIERS = ("Expedited", "Standard", "Bulk")
 
 
 def validate_segment(segment: str, what: str = "name") -> str:
-    if not isinstance(segment, str) or not _SEGMENT.fullmatch(segment) or ".." in segment:
+    if not isinstance(segment, str) or not _SEGMENT.fullmatch(segment):
         raise InvalidNameError(str(segment), what)
     return segment
 
@@ -480,6 +486,6 @@ class Store(ABC):
 
 def _check_document_key(key: str) -> str:
     parts = key.split("/")
-    if parts[0] in ("chunks", "manifests", "refs") or not all(_SEGMENT.fullmatch(p) and ".." not in p for p in parts):
+    if parts[0] in ("chunks", "manifests", "refs") or not all(_SEGMENT.fullmatch(p) for p in parts):
         raise InvalidNameError(key, "document key")
     return key

@@ -95,7 +95,7 @@ def validate_bucket_name(bucket: str) -> str:
         except ValueError:
             pass
     if reason:
-        raise InvalidStoreURIError(f"s3://{bucket}", reason)
+        raise InvalidStoreURIError(f"s3://{bucket}", reason, part="bucket")
     return bucket
 
 
@@ -104,12 +104,12 @@ def validate_prefix(bucket: str, prefix: str) -> str:
     if prefix is None:
         return ""
     if not isinstance(prefix, str):
-        raise InvalidStoreURIError(f"s3://{bucket}/{prefix}", "the prefix must be a string")
+        raise InvalidStoreURIError(f"s3://{bucket}/{prefix}", "the prefix must be a string", part="prefix")
     cleaned = prefix.strip("/")
     if cleaned and any(p in ("", ".", "..") for p in cleaned.split("/")):
-        raise InvalidStoreURIError(f"s3://{bucket}/{prefix}", "the prefix has an empty, '.' or '..' segment")
+        raise InvalidStoreURIError(f"s3://{bucket}/{prefix}", "the prefix has an empty, '.' or '..' segment", part="prefix")
     if any(ord(ch) < 32 or ch == "\\" for ch in cleaned):
-        raise InvalidStoreURIError(f"s3://{bucket}/{prefix}", "the prefix has a control character or '\\'")
+        raise InvalidStoreURIError(f"s3://{bucket}/{prefix}", "the prefix has a control character or '\\'", part="prefix")
     return cleaned
 
 

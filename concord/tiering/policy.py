@@ -26,9 +26,11 @@ import math
 import os
 import re
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from typing import Any
 
-from concord.errors import PolicyError
+from concord.errors import InvalidStoreURIError, PolicyError
+from concord.stores.address import FOLDER, S3, StoreAddress
 from concord.stores.base import validate_segment
 
 TIERS = ("hot", "warm", "cold")
@@ -98,23 +100,6 @@ def format_duration(seconds: float | None) -> str:
     return f"{seconds:g}s"
 
 
-def store_kind(spec: str) -> str:
-    """``"s3"`` for ``s3://`` addresses, ``"block"`` for ``block:NAME``, else ``"local"``."""
-    if spec.startswith("s3://"):
-        return "s3"
-    if spec.startswith("block:"):
-        return "block"
-    return "local"
-
-
-def _normal_address(spec: str) -> str:
-    kind = store_kind(spec)
-    if kind == "local":
-        path = spec[len("file://"):] if spec.startswith("file://") else spec
-        return os.path.realpath(os.path.expanduser(path))
-    return spec.rstrip("/")
-
-
 @dataclass(frozen=True)
 class TierSpec:
     """One tier: where it lives and what it keeps."""
@@ -133,29 +118,31 @@ class TierSpec:
     def archive(self) -> bool:
         return (self.storage_class or "").upper() in ARCHIVE_CLASSES
 
+    @cached_property
+    def address(self) -> StoreAddress:
+        """The tier's store, parsed (:class:`~concord.errors.InvalidStoreURIError` if it names none)."""
+        return StoreAddress.parse(self.store, check=False)  # S3's rules apply when it is opened
+
     @property
     def media_kind(self) -> str:
         """The kind of media for the 2-in-3-2-1 rule: declared, or from the address and class."""
         if self.media:
             return self.media
-        kind = store_kind(self.store)
-        if kind == "s3":
+        if self.address.kind == S3:
             return "archive" if self.archive else "object"
-        if kind == "local":
+        if self.address.kind == FOLDER:
             return "disk"
-        return f"block:{self.store[6:]}"
+        return f"{self.address.scheme}:{self.address.rest}"
 
     @property
     def is_offsite(self) -> bool:
         if self.offsite is not None:
             return bool(self.offsite)
-        return store_kind(self.store) == "s3"
+        return self.address.kind == S3
 
     def open(self):
         """The tier's store (the storage class applied to the chunks it writes)."""
-        from concord.stores import open_store
-
-        store = open_store(self.store)
+        store = self.address.open()
         if self.storage_class:
             if not hasattr(store, "storage_class"):
                 raise PolicyError(self.tier, [f"{self.tier}.storage_class is set but {self.store} is not an S3 store"])
@@ -228,10 +215,18 @@ class TierPolicy:
                 validate_segment(name, "checkpoint name")
             except ValueError:
                 out.append(f"pin: {name!r} is not a valid checkpoint name")
+        stores = True  # every tier names a store: else the copy rules would judge stand-ins
         for spec in self.tiers:
             t = spec.tier
             if not spec.store or not str(spec.store).strip():
                 out.append(f"{t}.store is required (a folder, s3://bucket/prefix or block:NAME)")
+                stores = False
+            else:
+                try:
+                    spec.address
+                except InvalidStoreURIError as exc:
+                    out.append(f"{t}.store {spec.store!r} is not a store: {exc.reason}")
+                    stores = False
             if spec.keep is not None and (isinstance(spec.keep, bool) or int(spec.keep) != spec.keep or spec.keep < 1):
                 out.append(f"{t}.keep must be a whole number of 1 or more, got {spec.keep!r}")
             if spec.keep_days is not None and not spec.keep_days > 0:
@@ -240,7 +235,7 @@ class TierPolicy:
                 sc = spec.storage_class.upper()
                 if sc not in S3_CLASSES:
                     out.append(f"{t}.storage_class {spec.storage_class!r} is not an S3 storage class ({', '.join(sorted(S3_CLASSES))})")
-                elif store_kind(spec.store) == "local":
+                elif stores and spec.address.kind == FOLDER:
                     out.append(f"{t}.storage_class applies only to s3:// stores, and {t}.store is a folder")
         for spec in (self.hot, self.warm):
             if spec.keep is None and spec.keep_days is None:
@@ -265,27 +260,8 @@ class TierPolicy:
             )
         if (h.keep is None) != (w.keep is None) and not any(p.startswith(("hot needs", "warm needs")) for p in out):
             out.append("give hot and warm the same unit (both keep, or both keep_days) so warm provably keeps what hot keeps")
-        addresses = {}
-        for spec in self.tiers:
-            if spec.store:
-                addr = _normal_address(str(spec.store))
-                if addr in addresses:
-                    out.append(
-                        f"{spec.tier} and {addresses[addr]} are the same store ({spec.store}): "
-                        "three copies need three stores"
-                    )
-                addresses.setdefault(addr, spec.tier)
-        kinds = {spec.media_kind for spec in self.tiers}
-        if len(kinds) < 2:
-            out.append(
-                f"all three tiers are on the same kind of media ({kinds.pop()}): 3-2-1 needs two kinds; "
-                "put warm or cold on S3, or declare media: for a store that is another kind (e.g. tape)"
-            )
-        if not self.cold.is_offsite:
-            out.append(
-                "cold must be off-site (3-2-1: one copy off-site): use an s3:// store, or set "
-                "cold.offsite: true for a folder that is mounted from another site"
-            )
+        if stores:
+            out.extend(self._copy_problems())
         if self.gc_grace_seconds < 0:
             out.append("gc_grace must not be negative")
         if self.marker is not None:
@@ -301,6 +277,31 @@ class TierPolicy:
             out.append("restore.timeout must be positive")
         if not self.restore_poll_seconds > 0:
             out.append("restore.poll must be positive")
+        return out
+
+    def _copy_problems(self) -> list[str]:
+        """Where 3-2-1 breaks for the tiers' stores: one store twice, one kind of media, nothing off-site."""
+        out: list[str] = []
+        identities: dict[str, str] = {}
+        for spec in self.tiers:
+            identity = spec.address.identity
+            if identity in identities:
+                out.append(
+                    f"{spec.tier} and {identities[identity]} are the same store ({spec.store}): "
+                    "three copies need three stores"
+                )
+            identities.setdefault(identity, spec.tier)
+        kinds = {spec.media_kind for spec in self.tiers}
+        if len(kinds) < 2:
+            out.append(
+                f"all three tiers are on the same kind of media ({kinds.pop()}): 3-2-1 needs two kinds; "
+                "put warm or cold on S3, or declare media: for a store that is another kind (e.g. tape)"
+            )
+        if not self.cold.is_offsite:
+            out.append(
+                "cold must be off-site (3-2-1: one copy off-site): use an s3:// store, or set "
+                "cold.offsite: true for a folder that is mounted from another site"
+            )
         return out
 
     def validate(self) -> "TierPolicy":
@@ -538,9 +539,12 @@ def _relative_to(doc: dict, folder: str) -> dict:
     for t in TIERS:
         tier = out.get(t)
         if isinstance(tier, dict) and isinstance(tier.get("store"), str):
-            spec = tier["store"].strip()
-            if spec and store_kind(spec) == "local" and not spec.startswith("file://"):
-                path = os.path.expanduser(spec)
+            try:
+                address = StoreAddress.parse(tier["store"], check=False)
+            except InvalidStoreURIError:
+                continue  # the policy's problems say what is wrong with it
+            if address.kind == FOLDER and not address.scheme:  # a folder typed as a path
+                path = os.path.expanduser(address.path)
                 if not os.path.isabs(path):
                     out[t] = {**tier, "store": os.path.normpath(os.path.join(folder, path))}
     return out

@@ -4,14 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from flows._arguments import BadArguments, checkpoint_problems, ref_problems, store_identity, store_problems, targets_problems
-
-
-def test_one_store_under_two_addresses_is_one_store(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    assert store_identity("stores/a") == store_identity(f"file://{tmp_path}/stores/a") == store_identity(f"{tmp_path}/stores/a/")
-    assert store_identity("s3://bucket-1/p/q") == store_identity("s3://bucket-1/p/q/") != store_identity("s3://bucket-1/p")
-    assert store_identity("block:us-east") != store_identity("us-east")
+from flows._arguments import BadArguments, checkpoint_problems, ref_problems, store_problems, targets_problems
 
 
 @pytest.mark.parametrize(

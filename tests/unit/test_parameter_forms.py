@@ -64,3 +64,43 @@ def test_a_bad_store_or_ref_is_refused_before_the_run_does_anything(flow, params
                                    "s3://bucket", "block:us-east"])
 def test_good_store_addresses_pass(store):
     flows.snapshot_checkpoint.validate_parameters({"source": "x", "store": store, "ref": "models/m"})
+
+
+NAMED = [  # (flow, parameter, the other parameters it needs)
+    (flows.snapshot_checkpoint, "ref", {"source": "x"}),
+    (flows.lora_federation, "tenant", {"clusters": ["data/stores/a"], "adapters": ["x"]}),
+    (flows.lora_federation, "out_name", {"tenant": "t", "clusters": ["data/stores/a"], "adapters": ["x"]}),
+    (flows.register_data_snapshot, "name", {"source": "x"}),
+    (flows.tier_checkpoints, "name", {"policy": "p.yaml"}),
+    (flows.restore_checkpoint_flow, "name", {"policy": "p.yaml", "out_dir": "o"}),
+    (flows.nightly_drift_audit, "name", {}),
+]
+
+
+@pytest.mark.parametrize("flow, param, others", NAMED)
+@pytest.mark.parametrize("name, ok", [("a.b_c-1", True), ("x" * 128, True), ("a..b", False), (".a", False),
+                                      ("x" * 129, False), ("a b", False)])
+def test_a_name_form_takes_what_the_core_takes(flow, param, others, name, ok):
+    """The form's pattern (checked by the server as by the UI) and the run's own check agree with
+    the core's name rule, '..' included."""
+    from prefect.utilities.schema_tools import validate
+
+    from concord.errors import InvalidNameError
+    from concord.stores.base import validate_segment
+
+    value = f"models/{name}" if param == "ref" else name
+    try:
+        validate_segment(name)
+        core_ok = True
+    except InvalidNameError:
+        core_ok = False
+    assert core_ok is ok
+    schema = parameter_schema(flow).model_dump_for_openapi()
+    form_errors = validate({**others, param: value}, schema, ignore_required=True)
+    assert (not any(param in list(e.absolute_path) for e in form_errors)) is ok
+    if ok:
+        flow.validate_parameters({**others, param: value})
+    else:
+        with pytest.raises(ParameterTypeError) as caught:
+            flow.validate_parameters({**others, param: value})
+        assert param in str(caught.value)

@@ -151,3 +151,27 @@ def test_folders_in_a_policy_file_are_relative_to_the_file(tmp_path, monkeypatch
 def test_a_missing_tier_is_reported_without_follow_on_noise(tmp_path):
     found = problems_of({"hot": {"store": str(tmp_path / "hot"), "keep": 1}})
     assert found == ["warm is required (at least {store: ...})", "cold is required (at least {store: ...})"]
+
+
+def test_a_store_address_of_no_store_is_a_problem_and_the_copy_rules_wait(tmp_path):
+    doc = good(tmp_path)
+    doc["warm"]["store"] = "s3://"
+    doc["cold"]["store"] = "file://elsewhere/cold"
+    found = problems_of(doc)
+    assert "warm.store 's3://' is not a store: no bucket name after s3://" in found
+    assert any(p.startswith("cold.store 'file://elsewhere/cold' is not a store: file:// URIs") for p in found)
+    assert not any("same kind of media" in p or "off-site" in p for p in found)
+
+
+def test_one_store_spelled_two_ways_is_one_store(tmp_path):
+    doc = good(tmp_path)
+    doc["warm"] = {"store": "file://" + str(tmp_path / "my hot").replace(" ", "%20"), "keep": 4}
+    doc["hot"]["store"] = str(tmp_path / "my hot") + "/"
+    assert any("warm and hot are the same store" in p for p in problems_of(doc))
+
+
+def test_the_kind_of_a_store_is_read_before_s3s_rules_apply(tmp_path):
+    p = TierPolicy.from_dict(good(tmp_path, cold={"store": "s3://b1/cold", "storage_class": "GLACIER"}))
+    assert p.cold.media_kind == "archive" and p.cold.is_offsite and p.cold.address.bucket == "b1"
+    with pytest.raises(ValueError, match="bucket names are 3 to 63"):
+        p.cold.open()  # S3's bucket rules, when the store is opened

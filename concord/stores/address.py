@@ -1,0 +1,195 @@
+"""A store address, parsed once.
+
+What a person types to name a store — a folder (``data/stores/us-east``), ``file:///path``,
+``s3://bucket/prefix`` or ``scheme:REST`` for a scheme an entry point provides (``block:NAME``) —
+is parsed here, and only here, into a :class:`StoreAddress`. Everything downstream takes that
+value: it says what kind of store the text names, tells two spellings of one store apart
+(:attr:`StoreAddress.identity`), shows it (:attr:`StoreAddress.label`) and opens it
+(:meth:`StoreAddress.open`). A text that names no store raises
+:class:`~concord.errors.InvalidStoreURIError` saying why; nothing is opened or created to parse.
+
+Schemes other than ``file`` and ``s3`` come from the ``concord.store_schemes`` entry point (the
+``blocks`` package registers ``block``) or :func:`register_scheme`, so the core never imports
+Prefect.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable
+from urllib.parse import unquote, urlparse
+
+from concord.errors import InvalidStoreURIError
+from concord.redact import redact
+
+if TYPE_CHECKING:
+    from concord.stores.base import Store
+
+#: the kinds of store an address names
+FOLDER, S3, SCHEME = "folder", "s3", "scheme"
+#: the entry-point group of ``scheme:`` prefixes
+SCHEME_GROUP = "concord.store_schemes"
+
+_EMPTY = "empty store address: give a folder, file:///path, s3://bucket/prefix or block:NAME"
+_SCHEMES: dict[str, Callable[[str], "Store"]] = {}
+
+
+def register_scheme(scheme: str, factory: Callable[[str], "Store"]) -> None:
+    """Teach store addresses a new ``scheme:`` prefix; ``factory`` gets the text after it."""
+    _SCHEMES[scheme] = factory
+
+
+def _entry_point(scheme: str):
+    from importlib.metadata import entry_points
+
+    return next((ep for ep in entry_points(group=SCHEME_GROUP) if ep.name == scheme), None)
+
+
+def _factory(scheme: str) -> Callable[[str], "Store"] | None:
+    """The factory of ``scheme``: registered, or loaded (once) from its entry point."""
+    factory = _SCHEMES.get(scheme)
+    if factory is None:
+        ep = _entry_point(scheme)
+        if ep is not None:
+            factory = ep.load()
+            register_scheme(scheme, factory)
+    return factory
+
+
+def _split_scheme(text: str) -> tuple[str, str] | None:
+    """``('block', 'NAME')`` for ``block:NAME``; None for a folder (``C:\\x`` and ``a:b/c`` with a
+    one-letter or non-identifier part before the colon are folders)."""
+    scheme, sep, rest = text.partition(":")
+    if sep and len(scheme) > 1 and scheme.isidentifier():
+        return scheme, rest
+    return None
+
+
+@dataclass(frozen=True)
+class StoreAddress:
+    """A store address, checked: build it with :meth:`parse`.
+
+    ``kind`` is :data:`FOLDER` (``path``: a folder as typed, or the unquoted path of a
+    ``file://`` URI), :data:`S3` (``bucket`` and ``prefix``, without surrounding '/') or
+    :data:`SCHEME` (``scheme`` and ``rest``: ``block`` and ``NAME``). ``scheme`` is ``""`` for a
+    folder typed as a path, ``"file"`` or ``"s3"`` for those URIs; ``rest`` is what follows
+    ``scheme:`` (the whole text for a folder typed as a path).
+    """
+
+    text: str
+    kind: str
+    scheme: str = ""
+    rest: str = ""
+    path: str | None = None
+    bucket: str | None = None
+    prefix: str = ""
+
+    @classmethod
+    def parse(cls, spec: "str | os.PathLike | StoreAddress", *, check: bool = True) -> "StoreAddress":
+        """The address ``spec`` names (a :class:`StoreAddress` is returned as it is; an
+        ``os.PathLike`` is a folder), or :class:`~concord.errors.InvalidStoreURIError`.
+
+        With ``check=False`` only the form is read (which kind, which parts): S3's bucket and
+        prefix rules and whether a scheme is installed are left to :meth:`open`, which applies them
+        (a tier policy is judged by the kinds of its stores before any is opened)."""
+        if isinstance(spec, StoreAddress):
+            return spec
+        if isinstance(spec, os.PathLike):
+            path = os.fspath(spec)
+            return cls(text=path, kind=FOLDER, rest=path, path=path)
+        if not isinstance(spec, str) or not spec.strip():
+            raise InvalidStoreURIError(str(spec), _EMPTY)
+        text = spec.strip()
+        if text.startswith("s3://"):
+            return cls._s3(text, check)
+        if text.startswith("file://"):
+            parsed = urlparse(text)
+            if parsed.netloc not in ("", "localhost"):
+                raise InvalidStoreURIError(text, "file:// URIs must name a local path (file:///path)")
+            return cls(text=text, kind=FOLDER, scheme="file", rest=text[len("file:"):], path=unquote(parsed.path))
+        split = _split_scheme(text)
+        if split is None:
+            return cls(text=text, kind=FOLDER, rest=text, path=text)
+        scheme, rest = split
+        if check and scheme not in _SCHEMES and _entry_point(scheme) is None:
+            raise InvalidStoreURIError(text, f"unknown scheme {scheme!r} (folder, file://, s3:// or block:)")
+        if not rest:
+            raise InvalidStoreURIError(text, f"nothing after '{scheme}:'")
+        return cls(text=text, kind=SCHEME, scheme=scheme, rest=rest)
+
+    @classmethod
+    def _s3(cls, text: str, check: bool) -> "StoreAddress":
+        """``s3://bucket/some/prefix``, with (``check``) the rules :class:`S3ObjectStore` applies on open."""
+        from concord.stores.s3 import validate_bucket_name, validate_prefix
+
+        parsed = urlparse(text)
+        bucket = parsed.netloc
+        prefix = parsed.path.strip("/")
+        if not bucket:
+            raise InvalidStoreURIError(text, "no bucket name after s3://", part="address")
+        if parsed.query or parsed.fragment:
+            raise InvalidStoreURIError(text, "query strings and fragments are not allowed", part="address")
+        if prefix and any(p in ("", ".", "..") for p in prefix.split("/")):
+            raise InvalidStoreURIError(text, "the prefix has an empty, '.' or '..' segment", part="address")
+        if check:
+            validate_prefix(validate_bucket_name(bucket), prefix)
+        return cls(text=text, kind=S3, scheme="s3", rest=text[len("s3:"):], bucket=bucket, prefix=prefix)
+
+    # ------------------------------------------------------------------ what it names
+
+    @property
+    def identity(self) -> str:
+        """What tells two addresses of one store apart: a folder's real absolute path (so
+        ``data/stores/x``, ``data/stores/x/`` and ``file:///abs/data/stores/x`` are one store),
+        ``s3://bucket/prefix`` without a trailing '/', or ``scheme:rest``. Nothing is opened;
+        a relative folder is resolved against the working folder of the moment."""
+        if self.kind == FOLDER:
+            return os.path.realpath(self.path)
+        if self.kind == S3:
+            return f"s3://{self.bucket}/{self.prefix}" if self.prefix else f"s3://{self.bucket}"
+        return f"{self.scheme}:{self.rest}"
+
+    @property
+    def label(self) -> str:
+        """The address as it may be shown: as written, with any credential in it hidden."""
+        return redact(self.text)
+
+    @property
+    def name(self) -> str:
+        """The store's short name, as a report calls a cluster: a folder's or prefix's last part
+        (the bucket for a whole bucket); a scheme address's text after its last '/', else all of it."""
+        if self.kind == FOLDER:
+            return self.path.rstrip("/").rsplit("/", 1)[-1] or self.path
+        if self.kind == S3:
+            return self.prefix.rsplit("/", 1)[-1] if self.prefix else self.bucket
+        return self.text.rstrip("/").rsplit("/", 1)[-1] or self.text
+
+    def __str__(self) -> str:
+        return self.text
+
+    # ------------------------------------------------------------------ opening
+
+    def open(self, *, create: bool = True, must_exist: bool = False) -> "Store":
+        """The store this address names.
+
+        A folder is created unless ``create`` is False. With ``must_exist`` (every command that
+        only reads) nothing is ever created, and a folder that holds no store, or is not there,
+        raises :class:`~concord.errors.StoreNotFoundError` at once instead of reading as an empty
+        store; an S3 bucket that does not exist says so on first use.
+        """
+        if self.kind == S3:
+            from concord.stores.s3 import S3ObjectStore
+
+            return S3ObjectStore(self.bucket, self.prefix)
+        if self.kind == FOLDER:
+            from concord.stores.local import LocalDirStore
+
+            return LocalDirStore(self.path, create=create and not must_exist, must_exist=must_exist)
+        factory = _factory(self.scheme)
+        if factory is None:
+            raise InvalidStoreURIError(self.text, f"unknown scheme {self.scheme!r} (folder, file://, s3:// or block:)")
+        return factory(self.rest)
+
+
+__all__ = ["FOLDER", "S3", "SCHEME", "SCHEME_GROUP", "StoreAddress", "register_scheme"]
