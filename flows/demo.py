@@ -179,7 +179,7 @@ def run(home: Path, story: Story) -> None:
     from flows.replicate import replicate_snapshot
     from flows.snapshot import diff_snapshots, restore_snapshot, rollback_ref, snapshot_checkpoint
     from flows.verify import StoreDamaged, verify_store
-    from tasks.lineage import shown_uri
+    from concord.lineage.client import shown_uri
 
     base = model_folder()
     stores = {c: str(home / "stores" / c) for c in CLUSTERS}
@@ -315,7 +315,8 @@ def lineage_story(home: Path, story: Story, stores: dict[str, str], base_root: s
     from concord.lineage.contracts import compatible, infer_contract, save_contract
     from concord.lineage.data import write_parquet
     from concord.errors import PromotionRefused
-    from concord.lineage.tracking import Lineage, render_png, to_mermaid
+    from concord.lineage import Lineage
+    from concord.lineage.graph import render_png, to_mermaid
     from concord.stores import open_store
     from flows.lineage import describe_checks, promote_model, register_data_snapshot, register_model_version, validate_contract
     from flows.replicate import replicate_snapshot

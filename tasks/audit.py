@@ -20,30 +20,25 @@ The resource carries the labels ``concord.severity`` and ``concord.priority`` (P
 
 from __future__ import annotations
 
-import json
 import logging
 import os
-import time
 from typing import TYPE_CHECKING, Any, Sequence
 
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
+from concord.audit.tracking import AUDIT_EXPERIMENT
 from tasks import events
 from tasks.common import RETRIES, RETRY_DELAYS, open_stores, retry_if_transient
 from tasks.progress import PrefectProgress, run_logger
 
 if TYPE_CHECKING:  # pragma: no cover
-    from concord.lineage.tracking import Lineage
+    from concord.lineage import Lineage
 
 DRIFT_DETECTED = "concord.drift.detected"
 DRIFT_AUDITED = "concord.drift.audited"
-#: the MLflow experiment every audit is logged to, one run per audit
-AUDIT_EXPERIMENT = "concord-drift-audits"
 #: drifted columns, failing expectations and replicas carried in an event's payload at most
 EVENT_ITEMS = 20
-#: MLflow keeps a tag value of at most this many characters (the run's description is a tag)
-NOTE_CHARS = 5000
 
 
 def audit_resource(name: str) -> str:
@@ -192,7 +187,7 @@ def model_holders_task(model: str, version: str, tracking_uri: str | None = None
     """The snapshot root of model version ``model``/``version`` (a number or an alias such as
     champion) and the stores lineage records as holding it: ``{name, version, root, stores}``."""
     from concord.audit.inputs import model_holders
-    from concord.lineage.tracking import Lineage
+    from concord.lineage import Lineage
 
     lineage = Lineage(tracking_uri)
     lineage.ensure_ready()  # an unreachable server is a ConnectionError: retried
@@ -273,7 +268,7 @@ def log_audit_task(
 
     Never fails the audit: when MLflow cannot be written, a warning is logged and None returned.
     """
-    from concord.lineage.tracking import Lineage
+    from concord.lineage import Lineage
 
     log = run_logger()
     lineage = Lineage(tracking_uri)
@@ -286,76 +281,10 @@ def log_audit_task(
     return run_id
 
 
-def _metric_key(prefix: str, column: str) -> str:
-    import re
-
-    return f"{prefix}/" + (re.sub(r"[^\w.\- :/]", "_", column)[:200] or "_")
-
-
 def _log_audit(lineage: "Lineage", report: dict, markdown: str, name: str, night: str, plots: list[str], params: dict) -> str:
-    experiment = lineage.experiment_id(AUDIT_EXPERIMENT)
-    client = lineage.client
-    tags = {
-        "concord.audit.name": name,
-        "concord.audit.night": night,
-        "concord.audit.severity": report["severity"],
-        "concord.audit.priority": report.get("priority") or "",
-        "mlflow.note.content": _note(markdown),
-    }
-    run = client.create_run(experiment, run_name=f"{name}-{night}", tags=tags)
-    run_id = run.info.run_id
-    try:
-        _log_audit_run(client, run_id, report, markdown, plots, params)
-    except Exception:
-        client.set_terminated(run_id, "FAILED")
-        raise
-    client.set_terminated(run_id, "FINISHED")
-    return run_id
+    from concord.audit.tracking import log_audit
 
-
-def _note(markdown: str) -> str:
-    if len(markdown) <= NOTE_CHARS:
-        return markdown
-    cut = markdown[: NOTE_CHARS - 200].rsplit("\n", 1)[0]
-    return cut + "\n\n… (the whole report is the artifact report.md)\n"
-
-
-def _log_audit_run(client, run_id: str, report: dict, markdown: str, plots: list[str], params: dict) -> None:
-    from mlflow.entities import Metric, Param
-
-    from concord.audit.drift import SEVERITIES
-
-    now = int(time.time() * 1000)
-    metrics = {"severity_rank": float(SEVERITIES.index(report["severity"]))}
-    if report.get("drift_share") is not None:
-        metrics["drift_share"] = float(report["drift_share"])
-    if "columns" in report:
-        metrics["columns_drifted"] = float(report.get("columns_drifted", 0))
-        metrics["columns_compared"] = float(report.get("columns_compared", 0))
-    for c in report.get("columns", []):
-        for stat in ("psi", "ks", "js"):
-            if c.get(stat) is not None:
-                metrics[_metric_key(stat, c["column"])] = float(c[stat])
-    contract = report.get("contract")
-    if contract:
-        metrics["contract_failed"] = float(len(contract.get("failed", [])))
-    replicas = report.get("replicas")
-    if replicas:
-        metrics["replicas_not_ok"] = float(sum(1 for r in replicas.get("replicas", []) if r.get("severity") != "ok"))
-    logged_params = {k: ("" if v is None else str(v))[:500] for k, v in params.items()}
-    for k, v in (report.get("thresholds") or {}).items():
-        logged_params.setdefault(k, str(v))
-    if report.get("bins") is not None:
-        logged_params.setdefault("bins", str(report["bins"]))
-    client.log_batch(
-        run_id,
-        metrics=[Metric(k, v, now, 0) for k, v in metrics.items()],
-        params=[Param(k, v) for k, v in logged_params.items()],
-    )
-    for path in plots:
-        client.log_artifact(run_id, path, "histograms")
-    client.log_text(run_id, json.dumps(report, indent=1, sort_keys=True, default=str), "report.json")
-    client.log_text(run_id, markdown, "report.md")
+    return log_audit(lineage, report, markdown, name=name, night=night, plots=plots, params=params)
 
 
 @task(name="audit-event", cache_policy=NO_CACHE)

@@ -74,7 +74,7 @@ def federate_task(
     specs = list(clusters)
     lineage = None
     if record_lineage:
-        from concord.lineage.tracking import Lineage
+        from concord.lineage import Lineage
 
         lineage = Lineage(tracking_uri)
     with open_stores(*specs, ledger_store) as opened:

@@ -2,7 +2,7 @@
 promote through the gate, and record which stores hold a version.
 
 Each task is a thin wrapper over ``concord.lineage.data``, ``concord.lineage.contracts`` and
-``concord.lineage.tracking.Lineage``: it opens the stores from their specs, calls the core, emits an event
+``concord.lineage.Lineage``: it opens the stores from their specs, calls the core, emits an event
 and returns a plain, JSON-serialisable dict. Tasks that write lineage take ``tracking_uri``
 (``None``: ``$MLFLOW_TRACKING_URI``, else the sqlite database in ``$CONCORD_HOME``) and check the
 tracking backend first, so an unreachable server fails the task before any store is touched.
@@ -25,12 +25,12 @@ from __future__ import annotations
 
 import json
 import os
-import urllib.parse
 from typing import TYPE_CHECKING, Sequence
 
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
+from concord.lineage.client import shown_uri, sqlite_file
 from tasks import events
 from tasks.common import RETRIES, RETRY_DELAYS, open_stores, retry_if_transient
 from tasks.progress import PrefectProgress, run_logger
@@ -38,7 +38,7 @@ from tasks.progress import PrefectProgress, run_logger
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
 
-    from concord.lineage.tracking import Lineage
+    from concord.lineage import Lineage
     from concord.stores.base import Store
 
 DATA_REGISTERED = "concord.data.registered"
@@ -83,18 +83,10 @@ def _model(name: str, version: str | int, role: str | None = None) -> dict[str, 
     return _res(model_resource(name, version), f"{name}/{version}", role)
 
 
-def shown_uri(uri: str) -> str:
-    """A tracking URI fit for logs, results and artifacts: any password replaced by ``***``."""
-    parts = urllib.parse.urlsplit(uri)
-    if parts.password is None:
-        return uri
-    return urllib.parse.urlunsplit(parts._replace(netloc=parts.netloc.replace(f":{parts.password}@", ":***@", 1)))
-
-
 def _lineage(tracking_uri: str | None) -> "Lineage":
     """The lineage backend, checked: :class:`~concord.errors.LineageUnreachableError` (a
     ``ConnectionError``, so retried) when the tracking server does not answer."""
-    from concord.lineage.tracking import Lineage
+    from concord.lineage import Lineage
 
     lineage = Lineage(tracking_uri)
     lineage.ensure_ready()
@@ -242,7 +234,7 @@ def register_model_task(
     specs = [stores] if isinstance(stores, str) else list(stores)
     if not specs:
         raise ValueError("no stores given: name at least the store that holds the snapshot")
-    from concord.lineage.tracking import TAG_CONTRACT, TAG_CONTRACT_DIGEST, TAG_DATA_NAME, TAG_HELD_BY, TAG_STORE
+    from concord.lineage.tags import TAG_CONTRACT, TAG_CONTRACT_DIGEST, TAG_DATA_NAME, TAG_HELD_BY, TAG_STORE
     from concord.snapshots.refs import resolve_root
 
     lineage = _lineage(tracking_uri)
@@ -361,11 +353,11 @@ def record_replica_task(root: str, store: str, tier: str = "hot", tracking_uri: 
     An embedded sqlite database that does not exist yet holds no versions: it is left
     uncreated rather than made just to find that out.
     """
-    from concord.lineage.tracking import Lineage
+    from concord.lineage import Lineage
 
     lineage = Lineage(tracking_uri)
     out = {"root": root, "store": store, "tier": tier, "updated": [], "tracking_uri": shown_uri(lineage.tracking_uri)}
-    db = _sqlite_file(lineage.tracking_uri)
+    db = sqlite_file(lineage.tracking_uri)
     if db is not None and not os.path.exists(db):
         run_logger().info("no lineage database at %s yet: no model version to record %s on", db, store)
         return out
@@ -378,13 +370,6 @@ def record_replica_task(root: str, store: str, tier: str = "hot", tracking_uri: 
         s.uri, tier, root[:12], ", ".join(out["updated"]) or "no model version (none registered with this root)",
     )
     return out
-
-
-def _sqlite_file(uri: str) -> str | None:
-    if not uri.startswith("sqlite:///"):
-        return None
-    path = uri[len("sqlite:///"):].split("?", 1)[0]
-    return os.path.abspath(path) if path and path != ":memory:" else None
 
 
 # ----------------------------------------------------------------------------- reading
@@ -401,7 +386,7 @@ def model_lineage_task(name: str, version: str | int, tracking_uri: str | None =
     """Everything recorded about ``name``/``version`` (snapshot, data, contract, parents, holders,
     aliases, dataset inputs), with the lineage graph of model ``name`` as ``graph`` and as a
     Mermaid flowchart in ``mermaid``."""
-    from concord.lineage.tracking import to_mermaid
+    from concord.lineage.graph import to_mermaid
 
     lineage = _lineage(tracking_uri)
     out = lineage.model_lineage(name, str(version))

@@ -20,15 +20,14 @@ Events (an automation pages on ``concord.tier.violation`` and ``concord.drill.fa
 
 from __future__ import annotations
 
-import json
 import os
-import time
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Iterator, Literal, Sequence
 
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
+from concord.tiering.tracking import DRILL_EXPERIMENT
 from tasks import events
 from tasks.common import RETRIES, RETRY_DELAYS, retry_if_transient
 from tasks.progress import PrefectProgress, run_logger
@@ -38,8 +37,6 @@ if TYPE_CHECKING:  # pragma: no cover
     from concord.tiering.policy import TierPolicy
 
 from concord.tiering.policy import TIERS
-#: the MLflow experiment every restore drill is logged to, one run per drill
-DRILL_EXPERIMENT = "concord-restore-drills"
 #: findings and violations carried in an event's payload at most (the task's result has them all)
 EVENT_ITEMS = 20
 
@@ -311,7 +308,8 @@ def promoted_roots_task(tracking_uri: str | None = None) -> list[str]:
     Never fails: when MLflow cannot be read, a warning is logged and no root is returned, so
     tiering goes on with the policy's own pins.
     """
-    from concord.lineage.tracking import Lineage, default_tracking_uri
+    from concord.lineage import Lineage
+    from concord.lineage.client import default_tracking_uri
 
     log = run_logger()
     uri = tracking_uri or default_tracking_uri()
@@ -336,7 +334,7 @@ def log_drill_task(drill: dict, sample: int = 1, tracking_uri: str | None = None
 
     Never fails the drill: when MLflow cannot be written, a warning is logged and None returned.
     """
-    from concord.lineage.tracking import Lineage
+    from concord.lineage import Lineage
 
     log = run_logger()
     lineage = Lineage(tracking_uri)
@@ -350,31 +348,6 @@ def log_drill_task(drill: dict, sample: int = 1, tracking_uri: str | None = None
 
 
 def _log_drill(lineage, drill: dict, sample: int) -> str:
-    experiment = lineage.experiment_id(DRILL_EXPERIMENT)
-    client = lineage.client
-    tags = {"concord.namespace": drill["namespace"], "concord.drill.ok": str(drill["ok"]).lower()}
-    run = client.create_run(experiment, run_name=f"{drill['namespace']}-{drill['started']}", tags=tags)
-    run_id = run.info.run_id
-    try:
-        _log_drill_run(client, run_id, drill, sample)
-    except Exception:
-        client.set_terminated(run_id, "FAILED")
-        raise
-    client.set_terminated(run_id, "FINISHED")
-    return run_id
+    from concord.tiering.tracking import log_drill
 
-
-def _log_drill_run(client, run_id: str, drill: dict, sample: int) -> None:
-    from mlflow.entities import Metric, Param, RunTag
-
-    now = int(time.time() * 1000)
-    metrics = [Metric("ok", 1.0 if drill["ok"] else 0.0, now, 0), Metric("findings", float(len(drill["findings"])), now, 0)]
-    params = [Param("namespace", drill["namespace"]), Param("sample", str(sample))]
-    for t, d in drill["tiers"].items():
-        for what in ("rto", "rpo"):
-            if d.get(f"{what}_seconds") is not None:
-                metrics.append(Metric(f"{what}_seconds_{t}", float(d[f"{what}_seconds"]), now, 0))
-            objective = d.get(f"{what}_objective")
-            params.append(Param(f"{what}_objective_{t}", "none" if objective is None else f"{objective:g}"))
-    client.log_batch(run_id, metrics=metrics, params=params, tags=[RunTag("concord.drill.started", drill["started"])])
-    client.log_text(run_id, json.dumps(drill, indent=1, sort_keys=True, default=str), "drill.json")
+    return log_drill(lineage, drill, sample=sample)

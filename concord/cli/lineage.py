@@ -175,7 +175,7 @@ def cmd_lineage_data(args, out) -> int:
 
 
 def cmd_lineage_graph(args, out) -> int:
-    from concord.lineage.tracking import render_png, to_mermaid
+    from concord.lineage.graph import render_png, to_mermaid
 
     graph = open_lineage(args.tracking_uri).lineage_graph(args.name)
     folder = os.path.abspath(args.out)

@@ -29,7 +29,7 @@ from concord.progress import Progress, ensure
 from concord.stores.base import Store, split_ref, validate_segment
 
 if TYPE_CHECKING:  # pragma: no cover
-    from concord.lineage.tracking import Lineage
+    from concord.lineage import Lineage
 
 METHODS = ("exact", "stack", "fedavg")
 ROBUST = ("none", "krum", "trimmed")

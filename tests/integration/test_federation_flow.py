@@ -11,7 +11,7 @@ import pytest
 
 from concord.errors import TenantError
 from concord.federation.ledger import list_rounds, verify_ledger
-from concord.lineage.tracking import Lineage
+from concord.lineage import Lineage
 from concord.snapshots.snapshot import snapshot
 from concord.stores import open_store
 from flows.federation import lora_federation

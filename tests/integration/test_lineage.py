@@ -19,14 +19,11 @@ import pytest
 from concord.lineage.contracts import ColumnSpec, Contract, infer_contract, save_contract
 from concord.lineage.data import register_data
 from concord.errors import LineageError, LineageUnreachableError, PromotionRefused
-from concord.lineage.tracking import (
-    MLFLOW_DIGEST_CHARS,
-    REMOTE_LOCAL_SCHEME,
-    Lineage,
-    default_tracking_uri,
-    render_png,
-    to_mermaid,
-)
+from concord.lineage import Lineage
+from concord.lineage.client import default_tracking_uri
+from concord.lineage.graph import render_png, to_mermaid
+from concord.lineage.registry import REMOTE_LOCAL_SCHEME
+from concord.lineage.runs import MLFLOW_DIGEST_CHARS
 from concord.snapshots.snapshot import snapshot
 from concord.stores import LocalDirStore
 
@@ -250,7 +247,7 @@ def test_unreachable_server_fails_fast_and_touches_no_store(tmp_path, stores, ro
 _REGISTER = textwrap.dedent(
     """
     import json, os, sys, time
-    from concord.lineage.tracking import Lineage
+    from concord.lineage import Lineage
 
     uri, store, root, name, ready, go = sys.argv[1:7]
     lineage = Lineage(uri)

@@ -17,7 +17,7 @@ import pytest
 from concord.lineage.contracts import ColumnSpec, infer_contract, save_contract
 from concord.lineage.data import write_parquet
 from concord.errors import PromotionRefused
-from concord.lineage.tracking import Lineage
+from concord.lineage import Lineage
 from concord.stores import LocalDirStore, open_store
 from flows.lineage import ContractViolated, promote_model, register_data_snapshot, register_model_version, validate_contract
 from flows.replicate import replicate_snapshot

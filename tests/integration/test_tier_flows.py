@@ -17,7 +17,7 @@ import yaml
 from safetensors.numpy import save_file
 from servers import free_port
 
-from concord.lineage.tracking import TAG_ROOT
+from concord.lineage.tags import TAG_ROOT
 from concord.stores import LocalDirStore
 from flows.tiering import DrillFailed, TieringFailed, restore_checkpoint_flow, restore_drill, tier_checkpoints
 
@@ -93,7 +93,7 @@ def test_tier_checkpoints_adds_sweeps_pins_promoted_versions_and_reports(
     # step-100 is promoted in MLflow: the next run keeps it hot and warm again
     from mlflow import MlflowClient
 
-    from concord.lineage.tracking import Lineage
+    from concord.lineage import Lineage
 
     Lineage(tracking).ensure_ready()
     client = MlflowClient(tracking_uri=tracking, registry_uri=tracking)

@@ -262,7 +262,7 @@ def test_replicas_and_cards_bad_input_is_one_line(capsys, clusters, tmp_path):
 
 def test_model_audits_the_stores_lineage_records(capsys, clusters, tmp_path, monkeypatch):
     monkeypatch.setenv("MLFLOW_DISABLE_TELEMETRY", "true")
-    from concord.lineage.tracking import Lineage
+    from concord.lineage import Lineage
     from concord.snapshots.refs import resolve_root
 
     tracking = f"sqlite:///{tmp_path / 'mlflow.db'}"

@@ -15,7 +15,7 @@ from concord.cli import main
 from concord.errors import AdapterNotFoundError, InvalidNameError, TenantError
 from concord.federation.rounds import adapter_ref, run_round
 from concord.federation.ledger import append_round, list_rounds, read_head, round_key, verify_ledger
-from concord.lineage.tracking import Lineage
+from concord.lineage import Lineage
 from concord.snapshots.refs import load_manifest
 from concord.snapshots.snapshot import snapshot
 from concord.stores import LocalDirStore

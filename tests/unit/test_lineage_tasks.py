@@ -23,7 +23,7 @@ from toy_checkpoints import make_checkpoint
 from concord.lineage.contracts import ColumnSpec, infer_contract, save_contract
 from concord.lineage.data import write_parquet
 from concord.errors import LineageError, LineageUnreachableError, PromotionRefused, RefNotFoundError
-from concord.lineage.tracking import Lineage
+from concord.lineage import Lineage
 from concord.snapshots.snapshot import snapshot
 from concord.stores import LocalDirStore, open_store
 from concord.snapshots.sync import replicate

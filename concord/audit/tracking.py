@@ -1,0 +1,104 @@
+"""An audit as an MLflow run: one run of the experiment ``concord-drift-audits`` per audit.
+
+The nightly flow's task and ``concord audit … --track`` log an audit through :func:`log_audit`,
+so its run is the same whichever wrote it: per column ``psi/<column>``, ``ks/<column>``,
+``js/<column>`` (where they apply), ``drift_share``, ``severity_rank`` and the counts as metrics;
+the inputs, thresholds and bins as parameters; the PNGs under ``histograms/``, ``report.json`` and
+``report.md`` as artifacts; the markdown also as the run's description. The run itself is written
+by :meth:`concord.lineage.Lineage.log_run`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
+
+from concord.audit.drift import SEVERITIES
+
+if TYPE_CHECKING:  # pragma: no cover
+    from concord.lineage import Lineage
+
+#: the MLflow experiment every audit is logged to, one run per audit
+AUDIT_EXPERIMENT = "concord-drift-audits"
+#: MLflow keeps a tag value of at most this many characters (the run's description is a tag)
+NOTE_CHARS = 5000
+
+
+def audit_run(
+    report: dict,
+    markdown: str,
+    *,
+    name: str,
+    night: str,
+    plots: Sequence["str | os.PathLike"] = (),
+    params: Mapping[str, Any] | None = None,
+) -> dict:
+    """The run of an audit (``AuditReport.to_dict()`` and its markdown) as keyword arguments of
+    :meth:`~concord.lineage.Lineage.log_run`: run ``<name>-<night>``; ``params`` (values cut to 500
+    characters), then the report's thresholds and bins, as parameters."""
+    metrics = {"severity_rank": float(SEVERITIES.index(report["severity"]))}
+    if report.get("drift_share") is not None:
+        metrics["drift_share"] = float(report["drift_share"])
+    if "columns" in report:
+        metrics["columns_drifted"] = float(report.get("columns_drifted", 0))
+        metrics["columns_compared"] = float(report.get("columns_compared", 0))
+    for c in report.get("columns", []):
+        for stat in ("psi", "ks", "js"):
+            if c.get(stat) is not None:
+                metrics[_metric_key(stat, c["column"])] = float(c[stat])
+    contract = report.get("contract")
+    if contract:
+        metrics["contract_failed"] = float(len(contract.get("failed", [])))
+    replicas = report.get("replicas")
+    if replicas:
+        metrics["replicas_not_ok"] = float(sum(1 for r in replicas.get("replicas", []) if r.get("severity") != "ok"))
+    logged_params = {k: ("" if v is None else str(v))[:500] for k, v in (params or {}).items()}
+    for k, v in (report.get("thresholds") or {}).items():
+        logged_params.setdefault(k, str(v))
+    if report.get("bins") is not None:
+        logged_params.setdefault("bins", str(report["bins"]))
+    return {
+        "experiment": AUDIT_EXPERIMENT,
+        "run_name": f"{name}-{night}",
+        "tags": {
+            "concord.audit.name": name,
+            "concord.audit.night": night,
+            "concord.audit.severity": report["severity"],
+            "concord.audit.priority": report.get("priority") or "",
+        },
+        "params": logged_params,
+        "metrics": metrics,
+        "files": {"histograms": list(plots)},
+        "texts": {
+            "report.json": json.dumps(report, indent=1, sort_keys=True, default=str),
+            "report.md": markdown,
+        },
+        "description": _note(markdown),
+    }
+
+
+def log_audit(
+    lineage: "Lineage",
+    report: dict,
+    markdown: str,
+    *,
+    name: str,
+    night: str,
+    plots: Sequence["str | os.PathLike"] = (),
+    params: Mapping[str, Any] | None = None,
+) -> str:
+    """Log an audit as one run of ``concord-drift-audits`` (:func:`audit_run`); return the run id."""
+    return lineage.log_run(**audit_run(report, markdown, name=name, night=night, plots=plots, params=params))
+
+
+def _metric_key(prefix: str, column: str) -> str:
+    return f"{prefix}/" + (re.sub(r"[^\w.\- :/]", "_", column)[:200] or "_")
+
+
+def _note(markdown: str) -> str:
+    if len(markdown) <= NOTE_CHARS:
+        return markdown
+    cut = markdown[: NOTE_CHARS - 200].rsplit("\n", 1)[0]
+    return cut + "\n\n… (the whole report is the artifact report.md)\n"
