@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml
 	@touch $(STAMP)
 
 demo: install
-	CONCORD_HOME=$${CONCORD_HOME:-$(CURDIR)/data/demo} PREFECT_SERVER_ANALYTICS_ENABLED=false $(PY) -m flows.demo
+	CONCORD_HOME=$${CONCORD_HOME:-$(CURDIR)/data/demo} PREFECT_SERVER_ANALYTICS_ENABLED=false $(PY) -m demo
 
 test: install
 	$(VENV)/bin/lint-imports

@@ -62,12 +62,12 @@ SAVED_TARGET = 0.90
 
 
 def run(opts: Options) -> list[Table]:
-    from flows.demo_tiering import LocalS3, aws_environment
+    from demo.servers import MotoServer, aws_environment
 
     base = ensure_checkpoint(opts.data_dir, opts.size_gb)
     work = fresh_dir(opts.work_dir / "tier")
     warm(base.file)
-    with LocalS3(work / "moto_server.log") as s3:
+    with MotoServer(work / "moto_server.log") as s3:
         endpoint = s3.wait()
         log(f"moto_server on {endpoint}")
         s3.create_buckets(WARM_BUCKET, COLD_BUCKET)
@@ -138,7 +138,7 @@ def write_checkpoint(folder: Path, base, step: int) -> Path:
     import torch
     from safetensors.torch import save_file
 
-    from flows.demo_tiering import link_or_copy
+    from demo.training import link_or_copy
 
     fresh_dir(folder)
     link_or_copy(base.file, folder / "model.safetensors")

@@ -1,7 +1,7 @@
 """Pipelines: each flow sequences tasks, fans out, writes artifacts and emits events.
 
 Flows are imported lazily (``from flows import replicate_snapshot`` works), so a script such as
-``python -m flows.demo`` can configure Prefect through the environment before Prefect loads.
+``python -m demo`` can configure Prefect through the environment before Prefect loads.
 """
 
 from __future__ import annotations

@@ -10,44 +10,27 @@ from pathlib import Path
 from typing import Iterator
 
 import pytest
-from servers import free_port, patched_environ, running_server
+from servers import free_port, patched_environ, running_moto_server, running_server
 
 from concord.stores.local import LocalDirStore
-
-TEST_CREDENTIALS = {
-    "AWS_ACCESS_KEY_ID": "testing",
-    "AWS_SECRET_ACCESS_KEY": "testing",
-    "AWS_DEFAULT_REGION": "us-east-1",
-}
-# Whatever the developer's shell points at must not leak into the tests.
-_CLEARED = (
-    "AWS_PROFILE",
-    "AWS_DEFAULT_PROFILE",
-    "AWS_SESSION_TOKEN",
-    "AWS_SECURITY_TOKEN",
-    "AWS_ENDPOINT_URL",
-    "AWS_ENDPOINT_URL_S3",
-    "AWS_REGION",
-)
+from demo.servers import AWS_CLEARED, AWS_TEST_CREDENTIALS
 
 
 @pytest.fixture(scope="session")
 def aws_credentials(tmp_path_factory):
     """Dummy AWS credentials and region in ``os.environ`` for the session (restored afterwards)."""
     empty = tmp_path_factory.mktemp("aws") / "none"
-    values = dict(TEST_CREDENTIALS, AWS_CONFIG_FILE=str(empty), AWS_SHARED_CREDENTIALS_FILE=str(empty))
-    with patched_environ(values, _CLEARED):
+    values = dict(AWS_TEST_CREDENTIALS, AWS_CONFIG_FILE=str(empty), AWS_SHARED_CREDENTIALS_FILE=str(empty))
+    # whatever the developer's shell points at must not leak into the tests
+    with patched_environ(values, AWS_CLEARED):
         yield values
 
 
 @contextmanager
 def _moto_server(tmp_path_factory, name: str) -> Iterator[str]:
     """Run a real ``moto_server`` process on 127.0.0.1; yield its endpoint URL; stop it after."""
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    exe = str(Path(sys.executable).parent / "moto_server")
     log = tmp_path_factory.mktemp(name) / "moto_server.log"
-    with running_server("moto_server", [exe, "-H", "127.0.0.1", "-p", str(port)], f"{url}/moto-api/", log, timeout=30):
+    with running_moto_server(log, timeout=30) as url:
         yield url
 
 

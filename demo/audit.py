@@ -20,6 +20,9 @@ import shutil
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
+from demo._common import CLUSTERS
+from demo.story import Story
+
 SERVING = "models/minilm-serving"
 #: the tensor a bad write negates on ap-south
 NEGATED = "encoder.layer.0.attention.self.query.weight"
@@ -78,7 +81,7 @@ def bf16_copy(base: Path, out: Path) -> Path:
     return out
 
 
-def audit_story(home: Path, story, stores: dict[str, str], base_folder: Path) -> None:
+def audit_story(home: Path, story: Story, stores: dict[str, str], base_folder: Path) -> None:
     from palmerpenguins import load_penguins
 
     from concord.audit.report import AuditReport
@@ -141,7 +144,7 @@ def audit_story(home: Path, story, stores: dict[str, str], base_folder: Path) ->
     )
     story.done()
 
-    us, eu, ap = (stores[c] for c in ("us-east", "eu-central", "ap-south"))
+    us, eu, ap = (stores[c] for c in CLUSTERS)
     story.step(
         f"Serve MiniLM as {SERVING}: us-east in fp32; eu-central converted to bf16, and someone edited its card's "
         f"license to {EDITED_LICENSE}; ap-south a copy where a bad write negated {NEGATED}"
