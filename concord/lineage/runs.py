@@ -139,6 +139,9 @@ def log_data_snapshot(tracking: Tracking, snap: "DataSnapshot", df=None, *, stor
 
 def _data_source_uri(snap: "DataSnapshot") -> str:
     """Where the data snapshot's manifest lives (MLflow records dataset sources without checking them)."""
-    if snap.store.startswith(("s3://", "file://")) or "://" in snap.store:
-        return f"{snap.store.rstrip('/')}/manifests/{snap.id}.json"
-    return (Path(os.path.realpath(snap.store)) / "manifests" / f"{snap.id}.json").as_uri()
+    from concord.stores.address import FOLDER, StoreAddress
+
+    address = StoreAddress.parse(snap.store, check=False)
+    if address.kind == FOLDER and not address.scheme:  # a folder's path: as a file:// URI
+        return (Path(os.path.realpath(address.path)) / "manifests" / f"{snap.id}.json").as_uri()
+    return f"{snap.store.rstrip('/')}/manifests/{snap.id}.json"
