@@ -23,7 +23,6 @@ relative paths are relative to the project folder deployments run in.
 
 from __future__ import annotations
 
-import os
 from datetime import date
 from typing import Annotated, Literal
 
@@ -35,6 +34,7 @@ from concord.audit.history import night_of
 from concord.audit.inputs import audit_name, spec_name
 from concord.audit.render import column_rows, render_markdown, replica_rows, worst_tensor_rows
 from concord.audit.report import AuditReport
+from concord.audit.tracking import audit_params, run_markdown
 from concord.home import default_registry
 from flows._params import NAME_PATTERN, ModelName, StoreAddress
 from tasks.audit import (
@@ -106,10 +106,6 @@ def _outcome(task, *args, **kwargs) -> tuple[dict | None, str | None]:
     except Exception as exc:  # the section is reported as not audited; the others go on
         return None, " ".join(f"{type(exc).__name__}: {exc}".split())
     return None, f"its task ended {state.type.value.lower()}"
-
-
-def _mlflow_plots(plots: dict[str, str]) -> dict[str, str]:
-    return {col: f"histograms/{os.path.basename(path)}" for col, path in plots.items()}
 
 
 @flow(name="nightly-drift-audit")
@@ -226,15 +222,12 @@ def nightly_drift_audit(
         model=held or ({"ref": ref, "stores": list(stores or [])} if ref else None),
     )
     rd = report.to_dict()
-    params = {
-        "reference": reference, "current": current, "contract": contract, "model": model,
-        "version": version if model else None, "ref": ref, "max_ulps": max_ulps, "bins": bins,
-        **thresholds.model_dump(),
-    }
+    params = audit_params(
+        reference=reference, current=current, contract=contract, model=model, version=version, ref=ref,
+        max_ulps=max_ulps, bins=bins, thresholds=thresholds,
+    )
     run_id = log_audit_task(
-        rd,
-        render_markdown(report, plots=_mlflow_plots(plots), links={"night": tonight, "audit": f"`{name}`"}),
-        name, tonight, list(plots.values()), {k: v for k, v in params.items() if v is not None}, tracking_uri or None,
+        rd, run_markdown(report, name=name, night=tonight, plots=plots), name, tonight, list(plots.values()), params, tracking_uri or None,
     )
     links = {"night": tonight, "audit": f"`{name}`"}
     links["MLflow"] = (

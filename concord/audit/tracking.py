@@ -1,7 +1,8 @@
 """An audit as an MLflow run: one run of the experiment ``concord-drift-audits`` per audit.
 
-The nightly flow's task and ``concord audit … --track`` log an audit through :func:`log_audit`,
-so its run is the same whichever wrote it: per column ``psi/<column>``, ``ks/<column>``,
+The nightly flow and ``concord audit … --track`` log an audit through :func:`log_audit`, with the
+report as :func:`run_markdown` renders it and the parameters :func:`audit_params` lists, so its
+run is the same whichever wrote it: per column ``psi/<column>``, ``ks/<column>``,
 ``js/<column>`` (where they apply), ``drift_share``, ``severity_rank`` and the counts as metrics;
 the inputs, thresholds and bins as parameters; the PNGs under ``histograms/``, ``report.json`` and
 ``report.md`` as artifacts; the markdown also as the run's description. The run itself is written
@@ -10,14 +11,16 @@ by :meth:`concord.lineage.Lineage.log_run`.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
-from concord.audit.drift import SEVERITIES
+from concord.audit.drift import SEVERITIES, DriftThresholds
 
 if TYPE_CHECKING:  # pragma: no cover
+    from concord.audit.report import AuditReport
     from concord.lineage import Lineage
 
 #: the MLflow experiment every audit is logged to, one run per audit
@@ -77,6 +80,39 @@ def audit_run(
         },
         "description": _note(markdown),
     }
+
+
+def audit_params(
+    *,
+    reference: str | None = None,
+    current: str | None = None,
+    contract: str | None = None,
+    model: str | None = None,
+    version: str | None = None,
+    ref: str | None = None,
+    max_ulps: int = 1,
+    bins: int = 10,
+    thresholds: Any = None,
+) -> dict:
+    """An audit's inputs and settings as its run's parameters: those not given left out,
+    ``version`` only with a ``model``, and every threshold (``thresholds``: a
+    :class:`~concord.audit.drift.DriftThresholds` or anything with its fields; default: its defaults)."""
+    limits = DriftThresholds() if thresholds is None else thresholds
+    params = {
+        "reference": reference, "current": current, "contract": contract, "model": model,
+        "version": version if model else None, "ref": ref, "max_ulps": max_ulps, "bins": bins,
+        **{f.name: getattr(limits, f.name) for f in dataclasses.fields(DriftThresholds)},
+    }
+    return {k: v for k, v in params.items() if v is not None}
+
+
+def run_markdown(report: "AuditReport", *, name: str, night: str, plots: Mapping[str, str] | None = None) -> str:
+    """The report as the run keeps it (``report.md`` and the description): each drifted column's
+    PNG (``plots``: column → file) linked where the run keeps it, ``histograms/<file>``."""
+    from concord.audit.render import render_markdown
+
+    logged = {col: f"histograms/{os.path.basename(path)}" for col, path in (plots or {}).items()}
+    return render_markdown(report, plots=logged, links={"night": night, "audit": f"`{name}`"})
 
 
 def log_audit(

@@ -188,6 +188,14 @@ def tracking_parent() -> argparse.ArgumentParser:
     return p
 
 
+def track_parent(what: str, like: str) -> argparse.ArgumentParser:
+    """``--track``: also log ``what`` to MLflow as one run, as ``like`` does (with ``--tracking-uri``
+    from :func:`tracking_parent`)."""
+    p = argparse.ArgumentParser(add_help=False)
+    p.add_argument("--track", action="store_true", help=f"also log the {what} to MLflow as one run, as {like} does")
+    return p
+
+
 def registry_parent() -> argparse.ArgumentParser:
     """``--registry``, for the commands that read or write data snapshots and contracts."""
     p = argparse.ArgumentParser(add_help=False)

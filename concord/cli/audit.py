@@ -11,6 +11,12 @@ when the audit could not be made (one line on stderr), and 2, as for every comma
 command line itself is wrong; so a script tells drift from a failure to audit. A warning is in the
 output (``severity``, ``priority``), not in the status. With ``--json`` the report is exactly one
 JSON object on stdout, whatever the severity; a critical audit also prints one line on stderr.
+
+With ``--track`` the audit is also logged to MLflow (``--tracking-uri``, else
+``$MLFLOW_TRACKING_URI``, else sqlite in ``$CONCORD_HOME``) as one run of the experiment
+``concord-drift-audits``, exactly as the nightly flow logs it (metrics, parameters, the drifted
+columns' PNGs, ``report.json`` and ``report.md``), and the run's id is in the output
+(``mlflow_run_id``). The tracking server is checked before the audit starts.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ from concord.cli._common import (
     readable_store,
     ref_arg,
     registry_parent,
+    track_parent,
     tracking_parent,
     whole_number,
 )
@@ -92,7 +99,10 @@ def report_lines(report) -> list[str]:
 
 
 def _finish(report, out, extra: dict | None = None) -> int:
-    out.emit(report.to_dict() | (extra or {}), report_lines(report) + [f"plot: {p}" for p in (extra or {}).get("plots", [])])
+    lines = report_lines(report) + [f"plot: {p}" for p in (extra or {}).get("plots", [])]
+    if (extra or {}).get("mlflow_run_id"):
+        lines.append(f"logged to MLflow run {extra['mlflow_run_id']}")
+    out.emit(report.to_dict() | (extra or {}), lines)
     if report.severity == "critical":
         from concord.text import one_line
 
@@ -101,15 +111,38 @@ def _finish(report, out, extra: dict | None = None) -> int:
     return 0
 
 
+def _tracker(args):
+    """With ``--track``, the lineage the audit is logged to, checked now (an unreachable tracking
+    server fails before anything is read); else None."""
+    if not args.track:
+        return None
+    lineage = open_lineage(args.tracking_uri)
+    lineage.ensure_ready()
+    return lineage
+
+
+def _track(lineage, report, *, name: str, params: dict, plots: dict[str, str] | None = None) -> dict:
+    """Log the audit as the nightly flow does (tonight's run of the audit ``name``); ``{"mlflow_run_id": …}``."""
+    from concord.audit.history import night_of
+    from concord.audit.tracking import log_audit, run_markdown
+
+    night = night_of(None).isoformat()
+    plots = plots or {}
+    markdown = run_markdown(report, name=name, night=night, plots=plots)
+    run_id = log_audit(lineage, report.to_dict(), markdown, name=name, night=night, plots=list(plots.values()), params=params)
+    return {"mlflow_run_id": run_id}
+
+
 # ----------------------------------------------------------------------------- commands
 
 
 def cmd_audit_data(args, out) -> int:
     from concord.audit.inputs import names_snapshot
-    from concord.audit.render import plot_histograms
+    from concord.audit.render import plot_histograms_by_column
     from concord.audit.drift import DriftThresholds
     from concord.audit.report import audit_data
 
+    lineage = _tracker(args)
     defaults = DriftThresholds()
     thresholds = DriftThresholds(
         psi_warning=defaults.psi_warning if args.psi_warning is None else args.psi_warning,
@@ -127,9 +160,22 @@ def cmd_audit_data(args, out) -> int:
     report = audit_data(
         args.reference, args.current, data_store, contract=contract, columns=args.columns, thresholds=thresholds, bins=args.bins
     )
-    extra = {}
+    extra, plots = {}, {}
     if args.plots:
-        extra["plots"] = plot_histograms(report, out_dir=args.plots)
+        plots = plot_histograms_by_column(report, out_dir=args.plots)
+        extra["plots"] = list(plots.values())
+    if lineage is not None:
+        import tempfile
+
+        from concord.audit.inputs import audit_name, spec_name
+        from concord.audit.tracking import audit_params
+
+        params = audit_params(reference=args.reference, current=args.current, contract=args.contract, bins=args.bins, thresholds=thresholds)
+        with tempfile.TemporaryDirectory() as drawn:  # the flow's run has the PNGs, asked for or not
+            extra |= _track(
+                lineage, report, name=audit_name(spec_name(args.reference), spec_name(args.current)), params=params,
+                plots=plots if args.plots else plot_histograms_by_column(report, out_dir=drawn),
+            )
     return _finish(report, out, extra)
 
 
@@ -164,20 +210,33 @@ def _compare_cards(labels, stores, snapshot, args):
     return compare_cards({label: (store, snapshot) for label, store in zip(labels, stores)}, reference=args.reference or None, **kwargs)
 
 
+def _track_ref(lineage, report, args) -> dict:
+    """``--track`` of an audit of a snapshot's replicas or cards: the run the flow makes for ``ref``."""
+    if lineage is None:
+        return {}
+    from concord.audit.inputs import audit_name, spec_name
+    from concord.audit.tracking import audit_params
+
+    params = audit_params(ref=args.ref, max_ulps=getattr(args, "max_ulps", 1))
+    return _track(lineage, report, name=audit_name(spec_name(args.ref)), params=params)
+
+
 def cmd_audit_replicas(args, out) -> int:
     from concord.audit.report import AuditReport
 
+    lineage = _tracker(args)
     stores = _open_all(args.stores)
     report = AuditReport.assemble(replicas=_compare_replicas(store_labels(args.stores), stores, args.ref, args, out))
-    return _finish(report, out)
+    return _finish(report, out, _track_ref(lineage, report, args))
 
 
 def cmd_audit_cards(args, out) -> int:
     from concord.audit.report import AuditReport
 
+    lineage = _tracker(args)
     stores = _open_all(args.stores)
     report = AuditReport.assemble(cards=_compare_cards(store_labels(args.stores), stores, args.ref, args))
-    return _finish(report, out)
+    return _finish(report, out, _track_ref(lineage, report, args))
 
 
 def cmd_audit_model(args, out) -> int:
@@ -194,14 +253,21 @@ def cmd_audit_model(args, out) -> int:
         cards=_compare_cards(labels, stores, held["root"], args),
         model=held,
     )
-    return _finish(report, out)
+    extra = {}
+    if args.track:
+        from concord.audit.inputs import audit_name
+        from concord.audit.tracking import audit_params
+
+        params = audit_params(model=args.name, version=args.version, max_ulps=args.max_ulps)
+        extra = _track(lineage, report, name=audit_name(args.name), params=params)
+    return _finish(report, out, extra)
 
 
 # ----------------------------------------------------------------------------- parser
 
 
 def register(sub, common: list) -> None:
-    lin, reg = tracking_parent(), registry_parent()
+    lin, reg, trk = tracking_parent(), registry_parent(), track_parent("audit", "the nightly drift audit flow")
     weights = argparse.ArgumentParser(add_help=False)
     weights.add_argument("--max-ulps", type=whole_number, default=1, metavar="N", help="a tensor in another dtype passes within N ULPs of the lower precision (default 1)")
     weights.add_argument("--top", type=positive_int, default=10, metavar="N", help="worst tensors listed per replica (default 10)")
@@ -215,7 +281,7 @@ def register(sub, common: list) -> None:
     ).add_subparsers(dest="sub", metavar="WHAT", required=True)
 
     s = audit.add_parser(
-        "data", parents=[*common, reg],
+        "data", parents=[*common, reg, lin, trk],
         help="per-column drift of CURRENT from REFERENCE (PSI, KL, JS, KS, Wasserstein, chi-squared); exit 3 when critical",
     )
     s.add_argument("reference", metavar="REFERENCE", help="a .parquet or .csv file, a data snapshot id, or data/NAME in the data store")
@@ -230,7 +296,7 @@ def register(sub, common: list) -> None:
     s.set_defaults(func=cmd_audit_data)
 
     s = audit.add_parser(
-        "replicas", parents=[*common, weights, refp],
+        "replicas", parents=[*common, weights, refp, lin, trk],
         help="compare a snapshot's weights across stores: Merkle roots, then tensors in ULPs; exit 3 when critical",
     )
     s.add_argument("--ref", required=True, metavar="REF", type=ref_arg, help="ref (or 64-hex root) of the snapshot, in every store")
@@ -238,14 +304,14 @@ def register(sub, common: list) -> None:
     s.set_defaults(func=cmd_audit_replicas)
 
     s = audit.add_parser(
-        "cards", parents=[*common, cards, refp], help="compare a snapshot's model card (README, metadata) across stores; exit 3 when critical"
+        "cards", parents=[*common, cards, refp, lin, trk], help="compare a snapshot's model card (README, metadata) across stores; exit 3 when critical"
     )
     s.add_argument("--ref", required=True, metavar="REF", type=ref_arg, help="ref (or 64-hex root) of the snapshot, in every store")
     s.add_argument("stores", metavar="STORE", nargs="+", help=STORE_HELP)
     s.set_defaults(func=cmd_audit_cards)
 
     s = audit.add_parser(
-        "model", parents=[*common, lin, weights, cards, refp],
+        "model", parents=[*common, lin, weights, cards, refp, trk],
         help="audit a registered model version: its replicas and model cards on every store lineage records",
     )
     s.add_argument("name", metavar="NAME")

@@ -4,14 +4,16 @@ Every command takes ``--policy``: a policy YAML file, or ``block:NAME`` for a sa
 ``TierPolicyBlock``. A policy is checked before anything is touched; a refused policy lists every
 problem in its one error line. ``sweep`` (and ``add``, which ends with one) exits 1 while any error
 or copy-rule violation is left, ``drill`` while any tier misses its objectives; they still print
-their whole report first.
+their whole report first. ``drill --track`` also logs the drill to MLflow as one run of the
+experiment ``concord-restore-drills``, exactly as the restore-drill flow does, and puts the run's
+id in the output (``mlflow_run_id``); the tracking server is checked before the drill starts.
 """
 
 from __future__ import annotations
 
 import argparse
 
-from concord.cli._common import fail, human, peek_store, positive_int, whole_number
+from concord.cli._common import fail, human, open_lineage, peek_store, positive_int, track_parent, tracking_parent, whole_number
 
 TIERS = ("hot", "warm", "cold")
 
@@ -195,8 +197,19 @@ def drill_lines(r: dict) -> list[str]:
 def cmd_drill(args, out) -> int:
     from concord.tiering.drill import run_drill
 
-    r = run_drill(_policy(args), sample=args.sample, progress=out.progress).to_dict()
-    out.emit(r, drill_lines(r))
+    policy = _policy(args)
+    lineage = None
+    if args.track:  # an unreachable tracking server fails before the drill starts
+        lineage = open_lineage(args.tracking_uri)
+        lineage.ensure_ready()
+    r = run_drill(policy, sample=args.sample, progress=out.progress).to_dict()
+    lines = drill_lines(r)
+    if lineage is not None:
+        from concord.tiering.tracking import log_drill
+
+        r["mlflow_run_id"] = log_drill(lineage, r, sample=args.sample)
+        lines.append(f"logged to MLflow run {r['mlflow_run_id']}")
+    out.emit(r, lines)
     if not r["ok"]:
         failed = [t for t, d in r["tiers"].items() if not d["ok"]]
         first = f" (first finding: {_finding(r['findings'][0])})" if r["findings"] else ""
@@ -282,7 +295,8 @@ def register(sub, common: list) -> None:
     s.add_argument("--timeout", type=_duration, metavar="SECONDS", help="wait this long for an archive restore (default: the policy's)")
     s.set_defaults(func=cmd_restore)
 
-    s = tier.add_parser("drill", parents=[*common, pol], help="restore samples from every tier, verify, measure RTO and RPO (exit 1 when missed)")
+    trk = track_parent("drill", "the restore-drill flow")
+    s = tier.add_parser("drill", parents=[*common, pol, tracking_parent(), trk], help="restore samples from every tier, verify, measure RTO and RPO (exit 1 when missed)")
     s.add_argument("--sample", type=positive_int, default=1, metavar="N", help="checkpoints restored per tier (default 1)")
     s.set_defaults(func=cmd_drill)
 

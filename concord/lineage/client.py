@@ -1,6 +1,7 @@
 """The MLflow connection: which tracking server, whether it can take writes, the client.
 
-Tracking defaults to sqlite in ``$CONCORD_HOME`` (``./data``) unless ``MLFLOW_TRACKING_URI`` is set.
+Tracking defaults to sqlite in ``$CONCORD_HOME`` (``./data``) unless ``MLFLOW_TRACKING_URI`` is set
+(:func:`concord.home.default_tracking_uri`).
 :meth:`Tracking.ensure_ready` runs before every write: it creates a sqlite schema once, under a file
 lock (two processes creating it at once corrupt it), and checks that an HTTP tracking server answers,
 so an unreachable server fails before any store is touched. Writes that meet sqlite's "database is
@@ -23,21 +24,15 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from concord.errors import LineageUnreachableError
+from concord.home import default_tracking_uri
+
+__all__ = ["HEALTH_TIMEOUT", "Tracking", "default_tracking_uri", "error_code", "retry_locked", "shown_uri", "sqlite_file"]
 
 HEALTH_TIMEOUT = 3.0
 
 _LOCK_RETRIES = 12
 _SQLITE_READY: set[str] = set()  # sqlite databases whose schema this process has checked
 _SQLITE_READY_LOCK = threading.Lock()
-
-
-def default_tracking_uri() -> str:
-    """``$MLFLOW_TRACKING_URI``, else a sqlite database in ``$CONCORD_HOME`` (default ``./data``)."""
-    uri = os.environ.get("MLFLOW_TRACKING_URI", "").strip()
-    if uri:
-        return uri
-    home = os.environ.get("CONCORD_HOME") or "data"
-    return f"sqlite:///{os.path.abspath(os.path.join(home, 'mlflow.db'))}"
 
 
 def shown_uri(uri: str) -> str:

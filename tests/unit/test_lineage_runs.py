@@ -262,3 +262,21 @@ def test_log_drill_writes_the_drill_run(tracking_uri, client):
     assert run.data.metrics == {"ok": 1.0, "findings": 0.0, "rto_seconds_hot": 0.5, "rpo_seconds_hot": 120.0}
     assert run.data.params["sample"] == "1" and run.data.params["rto_objective_cold"] == "10"
     assert _artifacts(client, run_id) == {"drill.json"}
+
+
+# ----------------------------------------------------------------------------- what an audit's run records
+
+
+def test_audit_params_are_the_nightly_flows_inputs_and_thresholds():
+    from concord.audit.drift import DriftThresholds
+    from concord.audit.tracking import audit_params
+    from flows.audit import Thresholds
+
+    flow = Thresholds(psi_warning=0.2)
+    expected = {"reference": "data/a", "current": "b.csv", "max_ulps": 1, "bins": 10, **flow.model_dump()}
+    assert audit_params(reference="data/a", current="b.csv", thresholds=flow) == expected
+    # the core's thresholds give the same parameters as the flow's form
+    assert audit_params(reference="data/a", current="b.csv", thresholds=DriftThresholds(psi_warning=0.2)) == expected
+    assert audit_params(ref="models/x", max_ulps=3)["max_ulps"] == 3
+    assert "version" not in audit_params(version="champion")  # a version only with its model
+    assert audit_params(model="m", version="champion")["version"] == "champion"
