@@ -67,9 +67,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 
 from concord.errors import DriftConfigError
+from concord.lineage.data import TableBatches
+from concord.lineage.data import columns_by_name as _columns_by_name
 
 if TYPE_CHECKING:  # pragma: no cover
     import numpy as np
@@ -994,24 +996,6 @@ def _escalated(severity: str, previous: Sequence[str], nights: int) -> bool:
 # --------------------------------------------------------------------------- entry points
 
 
-def _columns_by_name(df: Any, which: str) -> dict[str, "pd.Series"]:
-    import pandas as pd
-
-    if not isinstance(df, pd.DataFrame):
-        raise DriftConfigError(
-            which,
-            f"is a {type(df).__name__}, not a pandas DataFrame",
-            "Pass a DataFrame (read a parquet or CSV file with concord.lineage.data.read_table).",
-        )
-    by_name: dict[str, pd.Series] = {}
-    for i, label in enumerate(df.columns):
-        name = str(label)
-        if name in by_name:
-            raise DriftConfigError(which, f"two columns are named {name!r}", "Rename one of them.")
-        by_name[name] = df.iloc[:, i]
-    return by_name
-
-
 def _check_bins(bins: Any) -> int:
     if isinstance(bins, bool) or not isinstance(bins, int) or bins < 2:
         raise DriftConfigError(
@@ -1165,38 +1149,6 @@ def data_drift(
 
 
 # --------------------------------------------------------------------------- tables read in batches
-
-
-@dataclass(frozen=True)
-class TableBatches:
-    """A table read batch by batch, so that its size does not matter.
-
-    ``columns`` are its column names, in order. ``read(names, as_text)`` yields DataFrames of
-    consecutive rows holding some or all of the columns ``names`` (others are ignored): every value
-    of every column asked for is in exactly one of them, each column's in row order (a CSV reader
-    yields blocks of rows with every column, a parquet reader one column of some row groups at a
-    time); it can be called more than once, each time from the start. ``as_text`` asks for the values as
-    the text they were written as, where the format has it (CSV); elsewhere it may be ignored.
-    :func:`concord.lineage.data.table_batches` reads parquet and CSV files this way;
-    :meth:`of_frame` slices a DataFrame.
-    """
-
-    columns: tuple[str, ...]
-    read: Callable[[Sequence[str], bool], Iterable["pd.DataFrame"]]
-
-    @classmethod
-    def of_frame(cls, df: "pd.DataFrame", rows: int = 1 << 16, which: str = "table") -> "TableBatches":
-        """``df`` in slices of ``rows`` rows."""
-        by_name = _columns_by_name(df, which)
-
-        def read(names: Sequence[str], as_text: bool = False) -> Iterable["pd.DataFrame"]:
-            import pandas as pd
-
-            frame = pd.DataFrame({n: by_name[n] for n in names}, index=df.index)
-            for start in range(0, len(frame), rows):
-                yield frame.iloc[start : start + rows]
-
-        return cls(tuple(by_name), read)
 
 
 def _seed(name: str) -> int:

@@ -22,17 +22,15 @@ import os
 import tempfile
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Sequence
 
-from concord.errors import DataFormatError, DataSnapshotNotFoundError, ManifestError
+from concord.errors import DataFormatError, DataSnapshotNotFoundError, DriftConfigError, ManifestError
 from concord.hashing import is_digest
 from concord.progress import Progress
 from concord.stores.base import Store, validate_segment
 
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
-
-    from concord.audit.drift import TableBatches
 
 DATA_NAMESPACE = "data"
 DOCUMENT_PREFIX = "datasets"
@@ -132,8 +130,60 @@ def _read(path: str, fmt: str) -> "pd.DataFrame":
 BATCH_BYTES = 16 << 20
 
 
+@dataclass(frozen=True)
+class TableBatches:
+    """A table read batch by batch, so that its size does not matter.
+
+    ``columns`` are its column names, in order. ``read(names, as_text)`` yields DataFrames of
+    consecutive rows holding some or all of the columns ``names`` (others are ignored): every value
+    of every column asked for is in exactly one of them, each column's in row order (a CSV reader
+    yields blocks of rows with every column, a parquet reader one column of some row groups at a
+    time); it can be called more than once, each time from the start. ``as_text`` asks for the values as
+    the text they were written as, where the format has it (CSV); elsewhere it may be ignored.
+    :func:`table_batches` reads parquet and CSV files this way; :meth:`of_frame` slices a DataFrame.
+    The drift audit (:func:`concord.audit.drift.data_drift_batches`) reads its tables this way.
+    """
+
+    columns: tuple[str, ...]
+    read: Callable[[Sequence[str], bool], Iterable["pd.DataFrame"]]
+
+    @classmethod
+    def of_frame(cls, df: "pd.DataFrame", rows: int = 1 << 16, which: str = "table") -> "TableBatches":
+        """``df`` in slices of ``rows`` rows."""
+        by_name = columns_by_name(df, which)
+
+        def read(names: Sequence[str], as_text: bool = False) -> Iterable["pd.DataFrame"]:
+            import pandas as pd
+
+            frame = pd.DataFrame({n: by_name[n] for n in names}, index=df.index)
+            for start in range(0, len(frame), rows):
+                yield frame.iloc[start : start + rows]
+
+        return cls(tuple(by_name), read)
+
+
+def columns_by_name(df: Any, which: str) -> dict[str, "pd.Series"]:
+    """``df``'s columns by name (as text); :class:`~concord.errors.DriftConfigError` naming
+    ``which`` when it is not a DataFrame or two columns share a name."""
+    import pandas as pd
+
+    if not isinstance(df, pd.DataFrame):
+        raise DriftConfigError(
+            which,
+            f"is a {type(df).__name__}, not a pandas DataFrame",
+            "Pass a DataFrame (read a parquet or CSV file with concord.lineage.data.read_table).",
+        )
+    by_name: dict[str, pd.Series] = {}
+    for i, label in enumerate(df.columns):
+        name = str(label)
+        if name in by_name:
+            raise DriftConfigError(which, f"two columns are named {name!r}", "Rename one of them.")
+        by_name[name] = df.iloc[:, i]
+    return by_name
+
+
 def table_batches(path: "str | os.PathLike", *, batch_bytes: int = BATCH_BYTES) -> "TableBatches":
-    """A parquet or CSV file as :class:`concord.audit.drift.TableBatches`: read batch by batch, about
+    """A parquet or CSV file as :class:`TableBatches`: read batch by batch, about
     ``batch_bytes`` at a time, so that memory does not grow with the file.
 
     Parquet: consecutive row groups, one column at a time (pyarrow), typed as :func:`read_table`
@@ -142,8 +192,6 @@ def table_batches(path: "str | os.PathLike", *, batch_bytes: int = BATCH_BYTES) 
     The columns are known at once (the parquet footer, the CSV header); a file that is not there or
     cannot be read is a :class:`~concord.errors.DataFormatError`, raised here or while reading.
     """
-    from concord.audit.drift import TableBatches
-
     path = os.path.abspath(os.fspath(path))
     if not os.path.isfile(path):
         raise DataFormatError(path, "no such file")
