@@ -47,6 +47,9 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
+# the events that need a person, and the resources they are about, named where the tasks emit them
+from tasks.events import DRIFT_DETECTED, DRILL_FAILED, REPLICA_FAILED, audit_resource, store_resource, tiers_resource
+
 if TYPE_CHECKING:
     from prefect.client.orchestration import SyncPrefectClient
     from prefect.events.schemas.automations import AutomationCore
@@ -62,10 +65,6 @@ ZOMBIE = "concord: crash zombie flow runs"
 HEARTBEAT = "prefect.flow-run.heartbeat"
 #: the events that end a flow run's watch (its final states)
 FLOW_RUN_ENDED = tuple(f"prefect.flow-run.{s}" for s in ("Completed", "Failed", "Cancelled", "Crashed"))
-
-DRIFT_DETECTED = "concord.drift.detected"
-DRILL_FAILED = "concord.drill.failed"
-REPLICA_FAILED = "concord.replica.failed"
 
 
 @dataclass(frozen=True)
@@ -88,7 +87,7 @@ RULES: tuple[Rule, ...] = (
             "cards. Read the audit's report artifact; the run failed after writing it."
         ),
         event=DRIFT_DETECTED,
-        match={"prefect.resource.id": "concord.audit.*", "concord.priority": "P0"},
+        match={"prefect.resource.id": audit_resource("*"), "concord.priority": "P0"},
         subject="P0 drift: {{ event.resource.name }}",
         body="{{ event.payload.verdict }}\n\nEvent {{ event.id }} at {{ event.occurred }}.",
     ),
@@ -99,7 +98,7 @@ RULES: tuple[Rule, ...] = (
             "Read the drill's report artifact, fix the tier, and run restore-drill again."
         ),
         event=DRILL_FAILED,
-        match={"prefect.resource.id": "concord.tiers.*"},
+        match={"prefect.resource.id": tiers_resource("*")},
         subject="Restore drill failed: {{ event.resource.name }}",
         body=(
             "{{ event.payload.finding_count }} finding(s): {{ event.payload.findings | join('; ') }}"
@@ -113,7 +112,7 @@ RULES: tuple[Rule, ...] = (
             "replicate-snapshot: it sends only what is still missing."
         ),
         event=REPLICA_FAILED,
-        match={"prefect.resource.id": "concord.store.*"},
+        match={"prefect.resource.id": store_resource("*")},
         subject="Replication to {{ event.payload.target }} failed",
         body=(
             "{{ event.payload.ref }} from {{ event.payload.source }}: {{ event.payload.error_type }}: "

@@ -9,16 +9,15 @@ from prefect.artifacts import create_markdown_artifact, create_progress_artifact
 from prefect.futures import as_completed
 from pydantic import Field
 
-from concord.snapshots.staging import staged_checkpoint
 from flows._arguments import BadArguments, checkpoint_problems, ref_problems, started_by_event, store_problems, targets_problems
 from flows._params import RefName, StoreAddress
 from flows._policy import final
 from flows._report import human, md_table, short
 from flows._runner import task_runner
+from flows._staging import staged
 from flows.lineage import record_holders
 from flows.snapshot import DEFAULT_REF, ChunkSizeMiB, snapshot_checkpoint
 from tasks import replicate_task
-from tasks.progress import PrefectProgress
 
 Targets = Annotated[list[str], Field(min_length=1, description="Stores to bring up to date, one per cluster.")]
 
@@ -124,8 +123,9 @@ def snapshot_and_replicate(
 
     The parameters are checked first, every problem named at once (`BadReplicationArguments`),
     before any store is touched. An s3:// checkpoint is downloaded into a temporary folder on the
-    worker, snapshotted from there, and the folder removed whatever happens. Running it again on
-    the same checkpoint changes nothing: the snapshot has the same root, so no ref moves.
+    worker (the stage-checkpoint task, retried when S3 does not answer), snapshotted from there,
+    and the folder removed whatever happens. Running it again on the same checkpoint changes
+    nothing: the snapshot has the same root, so no ref moves.
 
     Args:
         source: The checkpoint: a folder on the worker, or s3://bucket/prefix (staged first).
@@ -136,9 +136,9 @@ def snapshot_and_replicate(
         message: A note kept in the ref's history.
     """
     check_replication_arguments(source, store, targets, ref)
-    with staged_checkpoint(source, progress=PrefectProgress(key="checkpoint-staging")) as staged:
-        snap = snapshot_checkpoint(source=staged.path, store=store, ref=ref, chunk_size_mib=chunk_size_mib, message=message)
-    if staged.staged:
-        snap = snap | {"source": source, "staged_files": staged.files, "staged_bytes": staged.bytes}
+    with staged(source) as checkpoint:
+        snap = snapshot_checkpoint(source=checkpoint["path"], store=store, ref=ref, chunk_size_mib=chunk_size_mib, message=message)
+    if checkpoint["staged"]:
+        snap = snap | {"source": source, "staged_files": checkpoint["files"], "staged_bytes": checkpoint["bytes"]}
     replicas = replicate_snapshot(targets=targets, source=store, ref=ref)
     return {"snapshot": snap, "replicas": replicas}

@@ -17,12 +17,12 @@ from prefect import flow
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from pydantic import Field
 
-from concord.snapshots.staging import staged_checkpoint
+from concord.tiering.engine import opened_tiers
 from flows._arguments import BadArguments, checkpoint_problems, started_by_event
 from flows._params import NAME_PATTERN
 from flows._policy import final
 from flows._report import human, md_table, short
-from tasks.progress import PrefectProgress
+from flows._staging import staged
 from tasks import (
     add_checkpoint_task,
     drill_task,
@@ -30,6 +30,7 @@ from tasks import (
     promoted_roots_task,
     restore_checkpoint_task,
     sweep_task,
+    tier_policy_task,
     tier_status_task,
 )
 
@@ -188,17 +189,19 @@ def tier_checkpoints(
     """
     check_checkpoint_arguments(checkpoint_dir, name, step)
     pinned = promoted_roots_task(tracking_uri or None) if pin_promoted else []
+    tiers = tier_policy_task(policy)  # read and validated once for the run
     added = None
-    if checkpoint_dir:
-        # an s3:// checkpoint is staged into a temporary local folder, removed whatever happens
-        with staged_checkpoint(checkpoint_dir, progress=PrefectProgress(key="checkpoint-staging")) as staged:
-            added = add_checkpoint_task(policy, staged.path, name=name or None, step=step, pinned_roots=pinned)
-        swept = added["sweep"]
-        namespace = added["namespace"]
-    else:
-        swept = sweep_task(policy, pinned_roots=pinned)
-        namespace = swept["namespace"]
-    status = tier_status_task(policy, pinned_roots=pinned)
+    with opened_tiers(tiers) as stores:  # and its stores opened once, for every task
+        if checkpoint_dir:
+            # an s3:// checkpoint is staged into a temporary local folder, removed whatever happens
+            with staged(checkpoint_dir) as checkpoint:
+                added = add_checkpoint_task(tiers, stores, checkpoint["path"], name=name or None, step=step, pinned_roots=pinned)
+            swept = added["sweep"]
+            namespace = added["namespace"]
+        else:
+            swept = sweep_task(tiers, stores, pinned_roots=pinned)
+            namespace = swept["namespace"]
+        status = tier_status_task(tiers, stores, pinned_roots=pinned)
 
     rows = status_rows(status)
     create_table_artifact(
@@ -242,7 +245,7 @@ def restore_checkpoint_flow(
         tier: The tier to restore from; nearest takes the fastest tier holding a copy (hot, then
             warm, then cold, waiting for an archive restore if cold is archived).
     """
-    r = restore_checkpoint_task(policy, name, out_dir, tier=None if tier == "nearest" else tier)
+    r = restore_checkpoint_task(tier_policy_task(policy), name, out_dir, tier=None if tier == "nearest" else tier)
     rows = [
         ("checkpoint", f"`{r['name']}` {short(r['root'])}"),
         ("from", f"{r['tier']} (`{r['store']}`)"),
@@ -307,7 +310,7 @@ def restore_drill(policy: Policy, sample: Sample = 1, tracking_uri: str | None =
         tracking_uri: MLflow tracking URI; empty for the worker's MLFLOW_TRACKING_URI (else the
             embedded sqlite database). MLflow being down leaves a warning, never fails the drill.
     """
-    r = drill_task(policy, sample=sample)
+    r = drill_task(tier_policy_task(policy), sample=sample)
     run_id = log_drill_task(r, sample=sample, tracking_uri=tracking_uri or None)
     r["mlflow_run_id"] = run_id
     create_markdown_artifact(

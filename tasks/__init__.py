@@ -1,51 +1,65 @@
 """Units of work: thin Prefect tasks over the core, where retries, logging, progress artifacts
-and events live. Every task takes store specs as strings and returns a plain dict."""
+and events live. Every task takes store specs as strings (the tiering tasks take the run's loaded
+policy) and returns a plain dict.
 
-from tasks.federation import federate_task, verify_ledger_task
-from tasks.integrity import verify_batch_task, verify_conclude_task, verify_plan_task, verify_task
-from tasks.lineage import (
-    model_lineage_task,
-    promote_task,
-    record_replica_task,
-    register_data_task,
-    register_model_task,
-    validate_contract_task,
-)
-from tasks.replication import replicate_task
-from tasks.snapshots import diff_task, restore_task, rollback_task, snapshot_task
-from tasks.tiering import (
-    add_checkpoint_task,
-    drill_task,
-    log_drill_task,
-    promoted_roots_task,
-    restore_checkpoint_task,
-    sweep_task,
-    tier_status_task,
-)
+The tasks are imported on first use (``from tasks import snapshot_task`` imports
+``tasks.snapshots`` then), so that ``from tasks import events`` stays light: the checkpoint watcher,
+the automations and ``deployments.serve`` name events without loading Prefect's task machinery.
+"""
 
-__all__ = [
-    "add_checkpoint_task",
-    "diff_task",
-    "drill_task",
-    "federate_task",
-    "log_drill_task",
-    "model_lineage_task",
-    "promote_task",
-    "promoted_roots_task",
-    "record_replica_task",
-    "register_data_task",
-    "register_model_task",
-    "replicate_task",
-    "restore_checkpoint_task",
-    "restore_task",
-    "rollback_task",
-    "snapshot_task",
-    "sweep_task",
-    "tier_status_task",
-    "validate_contract_task",
-    "verify_batch_task",
-    "verify_conclude_task",
-    "verify_ledger_task",
-    "verify_plan_task",
-    "verify_task",
-]
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+#: every task, by the module that defines it
+_WHERE = {
+    "audit_cards_task": "audit",
+    "audit_contract_task": "audit",
+    "audit_event_task": "audit",
+    "audit_replicas_task": "audit",
+    "data_drift_task": "audit",
+    "log_audit_task": "audit",
+    "model_holders_task": "audit",
+    "federate_task": "federation",
+    "verify_ledger_task": "federation",
+    "verify_batch_task": "integrity",
+    "verify_conclude_task": "integrity",
+    "verify_plan_task": "integrity",
+    "verify_task": "integrity",
+    "register_data_task": "lineage",
+    "validate_contract_task": "lineage",
+    "model_lineage_task": "lineage",
+    "promote_task": "lineage",
+    "record_replica_task": "lineage",
+    "register_model_task": "lineage",
+    "replicate_task": "replication",
+    "diff_task": "snapshots",
+    "restore_task": "snapshots",
+    "rollback_task": "snapshots",
+    "snapshot_task": "snapshots",
+    "stage_checkpoint_task": "staging",
+    "drill_task": "drills",
+    "log_drill_task": "drills",
+    "restore_checkpoint_task": "drills",
+    "add_checkpoint_task": "tiering",
+    "promoted_roots_task": "tiering",
+    "sweep_task": "tiering",
+    "tier_policy_task": "tiering",
+    "tier_status_task": "tiering",
+}
+
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str) -> Any:
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module 'tasks' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"tasks.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_WHERE))

@@ -1,15 +1,15 @@
 """Drift audit tasks: data drift with its nightly history, contract validation, replica weights,
 model cards, the MLflow run of an audit and its event.
 
-Thin wrappers over :mod:`concord.audit.report`, :mod:`concord.audit.drift`, :mod:`concord.audit.replicas` and
-:mod:`concord.audit.model_cards`: each opens its stores from their specs, calls the core and returns a
-plain dict. Reading is safe to repeat, so every task that reads a store is retried when the store
+Thin wrappers over :mod:`concord.audit.nightly`, :mod:`concord.audit.inputs`,
+:mod:`concord.audit.replicas` and :mod:`concord.audit.model_cards`: each opens its stores from
+their specs, calls the core and returns a plain dict. Reading is safe to repeat, so every task that reads a store is retried when the store
 does not answer; recording a night twice replaces the first record.
 
 Logging an audit to MLflow never fails the audit: when MLflow cannot be written, a warning is
 logged and the report stands on its Prefect artifacts.
 
-Events (an automation notifies on ``concord.drift.detected``)::
+Events (an automation notifies on ``concord.drift.detected``; every name is in :mod:`tasks.events`)::
 
     concord.drift.detected   resource concord.audit.<name>   severity warning (P1) or critical (P0)
     concord.drift.audited    resource concord.audit.<name>   severity ok
@@ -21,53 +21,33 @@ The resource carries the labels ``concord.severity`` and ``concord.priority`` (P
 from __future__ import annotations
 
 import logging
-import os
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from concord.audit.tracking import AUDIT_EXPERIMENT
 from tasks import events
-from tasks.common import RETRIES, RETRY_DELAYS, open_stores, retry_if_transient
+from tasks.common import RETRIED, open_stores
 from tasks.progress import PrefectProgress, run_logger
 
 if TYPE_CHECKING:  # pragma: no cover
     from concord.lineage import Lineage
 
-DRIFT_DETECTED = "concord.drift.detected"
-DRIFT_AUDITED = "concord.drift.audited"
-#: drifted columns, failing expectations and replicas carried in an event's payload at most
-EVENT_ITEMS = 20
 
-
-def audit_resource(name: str) -> str:
-    return f"concord.audit.{name}"
-
-
-def _audit(name: str, severity: str, priority: str | None) -> dict[str, str]:
-    return {
-        "prefect.resource.id": audit_resource(name),
-        "prefect.resource.name": name,
-        "concord.severity": severity,
-        "concord.priority": priority or "none",
-    }
-
-
-def _related(report: dict, name: str) -> list[dict[str, str]]:
+def _related(report: dict) -> list[dict[str, str]]:
     """The data snapshots, contract, model version and stores an audit speaks about."""
     out = []
     for side in ("reference", "current"):
         src = report.get(side) or {}
         if src.get("kind") == "snapshot" and src.get("id"):
-            out.append({"prefect.resource.id": f"concord.data.{src['id']}", "prefect.resource.name": src.get("name") or src["id"][:12], "prefect.resource.role": side})
+            out.append(events.data(src["id"], src.get("name") or "", side))
     contract = report.get("contract") or {}
     if contract.get("ref"):
-        out.append({"prefect.resource.id": f"concord.contract.{contract['ref']}", "prefect.resource.name": contract["ref"], "prefect.resource.role": "contract"})
+        out.append(events.contract(contract["ref"], "contract"))
     model = report.get("model") or {}
     if model.get("name") and model.get("version"):
-        mid = f"{model['name']}/{model['version']}"
-        out.append({"prefect.resource.id": f"concord.model.{mid}", "prefect.resource.name": mid, "prefect.resource.role": "model"})
+        out.append(events.model(model["name"], model["version"], "model"))
     if model.get("root"):
         out.append(events.snapshot(model["root"], "snapshot"))
     for r in (report.get("replicas") or {}).get("replicas", []):
@@ -79,13 +59,7 @@ def _related(report: dict, name: str) -> list[dict[str, str]]:
 # ----------------------------------------------------------------------------- data
 
 
-@task(
-    name="data-drift",
-    retries=RETRIES,
-    retry_delay_seconds=RETRY_DELAYS,
-    retry_condition_fn=retry_if_transient,
-    cache_policy=NO_CACHE,
-)
+@task(name="data-drift", **RETRIED)
 def data_drift_task(
     reference: str,
     current: str,
@@ -111,48 +85,27 @@ def data_drift_task(
     Returns ``{name, night, drift: DriftReport.to_dict(), reference, current: TableSource dicts,
     history, history_key, plots: {column: path}}``.
     """
-    from concord.audit.history import night_of, previous_nights, record_night
-    from concord.audit.inputs import audit_name, open_table, stream_drift
-    from concord.audit.render import plot_histograms_by_column
     from concord.audit.drift import DriftThresholds
+    from concord.audit.nightly import nightly_drift
 
-    limits = DriftThresholds(**(thresholds or {}))
-    log = run_logger()
+    limits = DriftThresholds(**(thresholds or {}))  # refused before any store is opened
     with open_stores(data_store, history_store) as (ds, hs):
-        # both tables read in batches: memory does not grow with them
-        with open_table(reference, ds, which="reference") as ref, open_table(current, ds, which="current") as cur:
-            ref_src, cur_src = ref.source, cur.source
-            name = name or audit_name(ref_src.name, cur_src.name)
-            history = previous_nights(hs, name, night) if hs is not None else {}
-            report = stream_drift(ref, cur, columns=list(columns) if columns else None, thresholds=limits, bins=bins, history=history)
-        key = record_night(hs, name, report.severities(), night, severity=report.severity) if hs is not None else None
-    tonight = night_of(night).isoformat()
-    plots = plot_histograms_by_column(report, out_dir=plots_dir or default_plots_dir(name, tonight)) if draw_plots else {}
-    for c in report.drifted:
-        (log.error if c.severity == "critical" else log.warning)("%s: %s", c.column, c.finding)
+        r = nightly_drift(
+            reference, current, ds, hs, name=name, night=night, thresholds=limits, bins=bins, columns=columns,
+            plots_dir=plots_dir, draw_plots=draw_plots,
+        )
+    log, drift = run_logger(), r["drift"]
+    for c in drift["columns"]:
+        if c["severity"] != "ok":
+            (log.error if c["severity"] == "critical" else log.warning)("%s: %s", c["column"], c["finding"])
     log.info(
-        "data drift %s → %s: %s, %d of %d column(s) drifted; %d PNG(s)",
-        ref_src.label, cur_src.label, report.severity, len(report.drifted), report.compared, len(plots),
+        "data drift %s → %s: %s, %d of %d column(s) drifted; %d PNG(s)", r["reference"]["label"], r["current"]["label"],
+        drift["severity"], drift["columns_drifted"], drift["columns_compared"], len(r["plots"]),
     )
-    return {
-        "name": name,
-        "night": tonight,
-        "drift": report.to_dict(),
-        "reference": ref_src.to_dict(),
-        "current": cur_src.to_dict(),
-        "history": history,
-        "history_key": key,
-        "plots": plots,
-    }
+    return r
 
 
-@task(
-    name="audit-contract",
-    retries=RETRIES,
-    retry_delay_seconds=RETRY_DELAYS,
-    retry_condition_fn=retry_if_transient,
-    cache_policy=NO_CACHE,
-)
+@task(name="audit-contract", **RETRIED)
 def audit_contract_task(contract: str, contracts_store: str, current: str, data_store: str | None = None) -> dict:
     """Validate the current table (a file, a data snapshot id or ``data/<name>`` in
     ``data_store``) against ``contract`` (``name@version``, ``name`` for its latest, or a .json
@@ -176,13 +129,7 @@ def audit_contract_task(contract: str, contracts_store: str, current: str, data_
 # ----------------------------------------------------------------------------- weights and cards
 
 
-@task(
-    name="model-holders",
-    retries=RETRIES,
-    retry_delay_seconds=RETRY_DELAYS,
-    retry_condition_fn=retry_if_transient,
-    cache_policy=NO_CACHE,
-)
+@task(name="model-holders", **RETRIED)
 def model_holders_task(model: str, version: str, tracking_uri: str | None = None) -> dict:
     """The snapshot root of model version ``model``/``version`` (a number or an alias such as
     champion) and the stores lineage records as holding it: ``{name, version, root, stores}``."""
@@ -196,13 +143,7 @@ def model_holders_task(model: str, version: str, tracking_uri: str | None = None
     return out
 
 
-@task(
-    name="audit-replicas",
-    retries=RETRIES,
-    retry_delay_seconds=RETRY_DELAYS,
-    retry_condition_fn=retry_if_transient,
-    cache_policy=NO_CACHE,
-)
+@task(name="audit-replicas", **RETRIED)
 def audit_replicas_task(snapshot: str, stores: Sequence[str], reference: str | None = None, max_ulps: int = 1, top: int = 10) -> dict:
     """Compare snapshot ``snapshot`` (a ref or a root) on every store with the first store's (or
     ``reference``'s, a cluster label): by Merkle root, then tensor by tensor in ULPs of the lower
@@ -224,13 +165,7 @@ def audit_replicas_task(snapshot: str, stores: Sequence[str], reference: str | N
     return r
 
 
-@task(
-    name="audit-cards",
-    retries=RETRIES,
-    retry_delay_seconds=RETRY_DELAYS,
-    retry_condition_fn=retry_if_transient,
-    cache_policy=NO_CACHE,
-)
+@task(name="audit-cards", **RETRIED)
 def audit_cards_task(snapshot: str, stores: Sequence[str], required: Sequence[str] | None = None, reference: str | None = None) -> dict:
     """Compare the model card of snapshot ``snapshot`` on every store with the first store's (or
     ``reference``'s, a cluster label), and check the required fields (``required``; default: the
@@ -292,64 +227,12 @@ def audit_event_task(report: dict, name: str, night: str, run_id: str | None = N
     """Emit ``concord.drift.detected`` (severity and priority in the payload) when the audit's
     severity is not ok, else ``concord.drift.audited``; resource ``concord.audit.<name>``.
     Returns the event's id."""
-    from concord.audit.severity import column_order
+    from concord.audit.nightly import audit_summary
 
-    drifted = [
-        {k: c.get(k) for k in ("column", "severity", "priority", "psi", "escalated", "finding")}
-        for c in sorted((c for c in report.get("columns", []) if c["severity"] != "ok"), key=column_order)
-    ]
-    payload: dict[str, Any] = {
-        "audit": name,
-        "night": night,
-        "severity": report["severity"],
-        "priority": report.get("priority"),
-        "verdict": report.get("verdict"),
-        "sections": report.get("sections"),
-        "errors": report.get("errors") or {},
-        "drift_share": report.get("drift_share"),
-        "drifted_columns": drifted[:EVENT_ITEMS],
-        "drifted_count": len(drifted),
-        "mlflow_run_id": run_id,
-        "plots": list(plots),
-    }
-    contract = report.get("contract")
-    if contract:
-        payload["contract"] = {"ref": contract.get("ref"), "ok": contract.get("ok"), "failed": contract.get("failed", [])[:EVENT_ITEMS], "failed_count": len(contract.get("failed", []))}
-    replicas = report.get("replicas")
-    if replicas:
-        payload["replicas"] = [
-            {k: r.get(k) for k in ("cluster", "store", "severity", "identical", "finding")} for r in replicas.get("replicas", [])
-        ][:EVENT_ITEMS]
-    cards = report.get("cards")
-    if cards:
-        payload["cards"] = {
-            "severity": cards.get("severity"),
-            "clusters": [
-                {
-                    "cluster": c.get("cluster"),
-                    "severity": c.get("severity"),
-                    "finding": c.get("finding"),
-                    "missing_required": c.get("missing_required", []),
-                    "differing": [d.get("field") for d in c.get("differing", [])],
-                }
-                for c in cards.get("clusters", [])[:EVENT_ITEMS]
-            ],
-        }
-    for side in ("reference", "current"):
-        if report.get(side):
-            payload[side] = {k: report[side].get(k) for k in ("label", "kind", "id", "path")}
-    if report.get("model"):
-        payload["model"] = report["model"]
-    event = DRIFT_AUDITED if report["severity"] == "ok" else DRIFT_DETECTED
-    resource = _audit(name, report["severity"], report.get("priority"))
-    event_id = events.emit(event, resource, _related(report, name), payload)
+    payload = audit_summary(report, name=name, night=night, run_id=run_id, plots=plots, items=events.PAYLOAD_ITEMS)
+    event = events.DRIFT_AUDITED if report["severity"] == "ok" else events.DRIFT_DETECTED
+    resource = events.audit(name, report["severity"], report.get("priority"))
+    event_id = events.emit(event, resource, _related(report), payload)
     level = {"ok": logging.INFO, "warning": logging.WARNING}.get(report["severity"], logging.ERROR)
     run_logger().log(level, "audit %s: %s", name, report.get("verdict"))
     return event_id
-
-
-def default_plots_dir(name: str, night: str) -> str:
-    """Where an audit's PNGs go unless told: ``$CONCORD_HOME/audits/<name>/<night>``."""
-    from concord.home import concord_home
-
-    return os.path.join(concord_home(), "audits", name, night)

@@ -1,4 +1,4 @@
-"""What every Concord task shares: the retry policy, and opening stores from their specs."""
+"""What every Concord task shares: the retry policy (``RETRIED``), and opening stores from their specs."""
 
 from __future__ import annotations
 
@@ -40,6 +40,17 @@ def retry_if_transient(task: "Task", task_run: "TaskRun", state: "State") -> boo
     except Exception as exc:
         return is_transient(exc)
     return False
+
+
+def _retried() -> dict:
+    from prefect.cache_policies import NO_CACHE
+
+    return dict(retries=RETRIES, retry_delay_seconds=RETRY_DELAYS, retry_condition_fn=retry_if_transient, cache_policy=NO_CACHE)
+
+
+#: the options of a task that is safe to run again: ``@task(name=..., **RETRIED)`` retries it on
+#: :func:`is_transient` errors, and never reuses a cached result
+RETRIED = _retried()
 
 
 @contextmanager

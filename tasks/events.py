@@ -1,21 +1,44 @@
-"""The events Concord's tasks emit, and the resource ids they speak about.
+"""Every event Concord's tasks emit, and the resource ids they speak about.
 
 Automations match on these names (``concord.snapshot.created`` starts replication, a
-``concord.replica.failed`` pages someone), so they are constants, in one place.
+``concord.replica.failed`` pages someone), so they are constants, in one place: the tasks emit
+them from here, ``deployments/automations.py`` and the checkpoint watcher name them from here.
 
-Resource ids::
+Events and their resources::
 
-    concord.snapshot.<root>      a snapshot, named by its Merkle root
-    concord.store.<uri>          a store (a folder path, s3://bucket/prefix, ...)
-    concord.ref.<namespace/name> a ref
-    concord.checkpoint.<namespace/name>  a tiered checkpoint (one per name, whatever tiers hold it)
-    concord.tiers.<namespace>    a namespace's hot, warm and cold tiers (sweeps, drills)
+    concord.checkpoint.created    concord.checkpoint.<model>/<name>    the watcher: a finished checkpoint
+    concord.snapshot.created      concord.snapshot.<root>
+    concord.replica.updated       concord.store.<target>
+    concord.replica.failed        concord.store.<target>
+    concord.store.verified        concord.store.<uri>
+    concord.ref.rolled-back       concord.ref.<namespace/name>
+    concord.tier.added            concord.checkpoint.<namespace>/<name>
+    concord.tier.demoted          concord.checkpoint.<namespace>/<name>  (one per demotion)
+    concord.tier.restored         concord.checkpoint.<namespace>/<name>
+    concord.tier.violation        concord.tiers.<namespace>
+    concord.drill.completed       concord.tiers.<namespace>
+    concord.drill.failed          concord.tiers.<namespace>
+    concord.federation.completed  concord.tenant.<tenant>
+    concord.ledger.verified       concord.tenant.<tenant>
+    concord.ledger.tampered       concord.tenant.<tenant>
+    concord.data.registered       concord.data.<id>
+    concord.contract.validated    concord.contract.<name@version>
+    concord.contract.failed       concord.contract.<name@version>
+    concord.model.registered      concord.model.<name>/<version>
+    concord.model.promoted        concord.model.<name>/<version>
+    concord.promotion.refused     concord.model.<name>/<version>
+    concord.drift.detected        concord.audit.<name>   severity warning (P1) or critical (P0)
+    concord.drift.audited         concord.audit.<name>   severity ok
+
+An audit's resource carries the labels ``concord.severity`` and ``concord.priority`` (P0, P1, or
+"none"), so an automation's trigger can match a P0 alone without reading the payload.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+CHECKPOINT_CREATED = "concord.checkpoint.created"
 SNAPSHOT_CREATED = "concord.snapshot.created"
 REPLICA_UPDATED = "concord.replica.updated"
 REPLICA_FAILED = "concord.replica.failed"
@@ -27,7 +50,24 @@ TIER_RESTORED = "concord.tier.restored"
 TIER_VIOLATION = "concord.tier.violation"
 DRILL_COMPLETED = "concord.drill.completed"
 DRILL_FAILED = "concord.drill.failed"
-CHECKPOINT_CREATED = "concord.checkpoint.created"
+FEDERATION_COMPLETED = "concord.federation.completed"
+LEDGER_VERIFIED = "concord.ledger.verified"
+LEDGER_TAMPERED = "concord.ledger.tampered"
+DATA_REGISTERED = "concord.data.registered"
+CONTRACT_VALIDATED = "concord.contract.validated"
+CONTRACT_FAILED = "concord.contract.failed"
+MODEL_REGISTERED = "concord.model.registered"
+MODEL_PROMOTED = "concord.model.promoted"
+PROMOTION_REFUSED = "concord.promotion.refused"
+DRIFT_DETECTED = "concord.drift.detected"
+DRIFT_AUDITED = "concord.drift.audited"
+
+#: items of a list (findings, violations, failures, drifted columns...) carried in an event's
+#: payload at most; the task's result has them all
+PAYLOAD_ITEMS = 20
+
+
+# ----------------------------------------------------------------------------- resource ids
 
 
 def snapshot_resource(root: str) -> str:
@@ -48,6 +88,29 @@ def checkpoint_resource(namespace: str, name: str) -> str:
 
 def tiers_resource(namespace: str) -> str:
     return f"concord.tiers.{namespace}"
+
+
+def tenant_resource(tenant: str) -> str:
+    return f"concord.tenant.{tenant}"
+
+
+def data_resource(snapshot_id: str) -> str:
+    return f"concord.data.{snapshot_id}"
+
+
+def contract_resource(ref: str) -> str:
+    return f"concord.contract.{ref}"
+
+
+def model_resource(name: str, version: str | int) -> str:
+    return f"concord.model.{name}/{version}"
+
+
+def audit_resource(name: str) -> str:
+    return f"concord.audit.{name}"
+
+
+# ----------------------------------------------------------------------------- resources
 
 
 def _resource(rid: str, name: str, role: str | None = None) -> dict[str, str]:
@@ -75,6 +138,30 @@ def checkpoint(namespace: str, name: str, role: str | None = None) -> dict[str, 
 
 def tiers(namespace: str, role: str | None = None) -> dict[str, str]:
     return _resource(tiers_resource(namespace), namespace, role)
+
+
+def tenant(name: str, role: str | None = None) -> dict[str, str]:
+    return _resource(tenant_resource(name), name, role)
+
+
+def data(snapshot_id: str, name: str = "", role: str | None = None) -> dict[str, str]:
+    return _resource(data_resource(snapshot_id), name or snapshot_id[:12], role)
+
+
+def contract(ref: str, role: str | None = None) -> dict[str, str]:
+    return _resource(contract_resource(ref), ref, role)
+
+
+def model(name: str, version: str | int, role: str | None = None) -> dict[str, str]:
+    return _resource(model_resource(name, version), f"{name}/{version}", role)
+
+
+def audit(name: str, severity: str, priority: str | None) -> dict[str, str]:
+    """An audit, labelled with its severity and priority (``"none"`` when it has none)."""
+    return _resource(audit_resource(name), name) | {"concord.severity": severity, "concord.priority": priority or "none"}
+
+
+# ----------------------------------------------------------------------------- sending
 
 
 def emit(event: str, resource: dict[str, str], related: list[dict[str, str]], payload: dict[str, Any]) -> str | None:

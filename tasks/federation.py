@@ -15,36 +15,12 @@ from __future__ import annotations
 from typing import Sequence
 
 from prefect import task
-from prefect.cache_policies import NO_CACHE
 
 from tasks import events
-from tasks.common import RETRIES, RETRY_DELAYS, open_stores, retry_if_transient
+from tasks.common import RETRIED, open_stores
 from tasks.progress import PrefectProgress, run_logger
 
-FEDERATION_COMPLETED = "concord.federation.completed"
-LEDGER_VERIFIED = "concord.ledger.verified"
-LEDGER_TAMPERED = "concord.ledger.tampered"
-
-
-def tenant_resource(tenant: str) -> str:
-    return f"concord.tenant.{tenant}"
-
-
-def _tenant(tenant: str, role: str | None = None) -> dict[str, str]:
-    out = {"prefect.resource.id": tenant_resource(tenant), "prefect.resource.name": tenant}
-    if role is not None:
-        out["prefect.resource.role"] = role
-    return out
-
-
-@task(
-    name="federate",
-    task_run_name="federate-{tenant}",
-    retries=RETRIES,
-    retry_delay_seconds=RETRY_DELAYS,
-    retry_condition_fn=retry_if_transient,
-    cache_policy=NO_CACHE,
-)
+@task(name="federate", task_run_name="federate-{tenant}", **RETRIED)
 def federate_task(
     tenant: str,
     clusters: Sequence[str],
@@ -111,7 +87,7 @@ def federate_task(
         "rejected": sum(1 for c in r["clients"] if not c["accepted"]),
         "relative_error": r["relative_error"],
     }
-    r["event_id"] = events.emit(FEDERATION_COMPLETED, _tenant(tenant), related, payload)
+    r["event_id"] = events.emit(events.FEDERATION_COMPLETED, events.tenant(tenant), related, payload)
     rejected = [c["adapter"] for c in r["clients"] if not c["accepted"]]
     log.info(
         "round %d of %s: %s over %d adapter(s) → %s %s (rank %s, relative error %s)%s; ledger: %s",
@@ -121,14 +97,7 @@ def federate_task(
     return r
 
 
-@task(
-    name="verify-ledger",
-    task_run_name="verify-ledger-{tenant}",
-    retries=RETRIES,
-    retry_delay_seconds=RETRY_DELAYS,
-    retry_condition_fn=retry_if_transient,
-    cache_policy=NO_CACHE,
-)
+@task(name="verify-ledger", task_run_name="verify-ledger-{tenant}", **RETRIED)
 def verify_ledger_task(store: str, tenant: str) -> dict:
     """Check ``tenant``'s ledger in ``store`` (round hashes, chain, head). Returns the report
     rather than raising: the caller decides what tampering means. Emits
@@ -138,8 +107,8 @@ def verify_ledger_task(store: str, tenant: str) -> dict:
     with open_stores(store) as (s,):
         report = verify_ledger(s, tenant)
     out = report.to_dict()
-    name = LEDGER_VERIFIED if report.ok else LEDGER_TAMPERED
-    out["event_id"] = events.emit(name, _tenant(tenant), [events.store(report.store, "ledger")], dict(out))
+    name = events.LEDGER_VERIFIED if report.ok else events.LEDGER_TAMPERED
+    out["event_id"] = events.emit(name, events.tenant(tenant), [events.store(report.store, "ledger")], dict(out))
     log = run_logger()
     if report.ok:
         log.info("ledger of %s in %s: %d round(s), head %s", tenant, report.store, report.rounds, (report.head or "(none)")[:12])

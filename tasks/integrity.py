@@ -12,18 +12,14 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from prefect import task
-from prefect.cache_policies import NO_CACHE
 
 from tasks import events
-from tasks.common import RETRIES, RETRY_DELAYS, open_stores, retry_if_transient
+from tasks.common import RETRIED, open_stores
 from tasks.progress import PrefectProgress, human_bytes, run_logger
 
 if TYPE_CHECKING:
     from concord.stores.base import Store
     from concord.snapshots.verify import VerifyResult
-
-#: the store tasks' retry policy: only errors a later attempt can cure
-_STORE_TASK = dict(retries=RETRIES, retry_delay_seconds=RETRY_DELAYS, retry_condition_fn=retry_if_transient, cache_policy=NO_CACHE)
 
 
 def _reported(r: "VerifyResult", store: "Store", donor: "Store | None", ref: str | None) -> dict:
@@ -54,7 +50,7 @@ def _reported(r: "VerifyResult", store: "Store", donor: "Store | None", ref: str
     return out
 
 
-@task(name="verify", **_STORE_TASK)
+@task(name="verify", **RETRIED)
 def verify_task(store: str, ref: str | None = None, root: str | None = None, repair_from: str | None = None) -> dict:
     """Re-hash every chunk the snapshot ``ref``/``root`` needs (with neither: everything in the
     store); with ``repair_from``, fetch good copies of what is missing or corrupt.
@@ -69,7 +65,7 @@ def verify_task(store: str, ref: str | None = None, root: str | None = None, rep
         return _reported(r, s, donor, ref)
 
 
-@task(name="verify-plan", **_STORE_TASK)
+@task(name="verify-plan", **RETRIED)
 def verify_plan_task(
     store: str, batch_bytes: int, ref: str | None = None, root: str | None = None, repair_from: str | None = None
 ) -> dict:
@@ -96,7 +92,7 @@ def verify_plan_task(
     }
 
 
-@task(name="verify-batch", **_STORE_TASK)
+@task(name="verify-batch", **RETRIED)
 def verify_batch_task(store: str, batch: dict[str, int]) -> dict:
     """Re-hash one batch of chunks (``{chunk id: expected length, -1 if unknown}``):
     ``{missing, corrupt, chunks, bytes_read}``, ids in order. Reads only; repairs nothing."""
@@ -106,7 +102,7 @@ def verify_batch_task(store: str, batch: dict[str, int]) -> dict:
         return check(s, batch).to_dict()
 
 
-@task(name="verify-conclude", **_STORE_TASK)
+@task(name="verify-conclude", **RETRIED)
 def verify_conclude_task(
     store: str,
     checks: list[dict],

@@ -28,11 +28,10 @@ import os
 from typing import TYPE_CHECKING, Sequence
 
 from prefect import task
-from prefect.cache_policies import NO_CACHE
 
 from concord.lineage.client import shown_uri, sqlite_file
 from tasks import events
-from tasks.common import RETRIES, RETRY_DELAYS, open_stores, retry_if_transient
+from tasks.common import RETRIED, open_stores
 from tasks.progress import PrefectProgress, run_logger
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -40,48 +39,6 @@ if TYPE_CHECKING:  # pragma: no cover
 
     from concord.lineage import Lineage
     from concord.stores.base import Store
-
-DATA_REGISTERED = "concord.data.registered"
-CONTRACT_VALIDATED = "concord.contract.validated"
-CONTRACT_FAILED = "concord.contract.failed"
-MODEL_REGISTERED = "concord.model.registered"
-MODEL_PROMOTED = "concord.model.promoted"
-PROMOTION_REFUSED = "concord.promotion.refused"
-
-#: failures carried in an event's payload at most (the task's result has them all)
-EVENT_FAILURES = 20
-
-
-def data_resource(snapshot_id: str) -> str:
-    return f"concord.data.{snapshot_id}"
-
-
-def contract_resource(ref: str) -> str:
-    return f"concord.contract.{ref}"
-
-
-def model_resource(name: str, version: str | int) -> str:
-    return f"concord.model.{name}/{version}"
-
-
-def _res(rid: str, name: str, role: str | None) -> dict[str, str]:
-    out = {"prefect.resource.id": rid, "prefect.resource.name": name}
-    if role is not None:
-        out["prefect.resource.role"] = role
-    return out
-
-
-def _data(snapshot_id: str, name: str = "", role: str | None = None) -> dict[str, str]:
-    return _res(data_resource(snapshot_id), name or snapshot_id[:12], role)
-
-
-def _contract(ref: str, role: str | None = None) -> dict[str, str]:
-    return _res(contract_resource(ref), ref, role)
-
-
-def _model(name: str, version: str | int, role: str | None = None) -> dict[str, str]:
-    return _res(model_resource(name, version), f"{name}/{version}", role)
-
 
 def _lineage(tracking_uri: str | None) -> "Lineage":
     """The lineage backend, checked: :class:`~concord.errors.LineageUnreachableError` (a
@@ -103,13 +60,7 @@ def _data_id(store: "Store", spec: str) -> str:
 # ----------------------------------------------------------------------------- data
 
 
-@task(
-    name="register-data",
-    retries=RETRIES,
-    retry_delay_seconds=RETRY_DELAYS,
-    retry_condition_fn=retry_if_transient,
-    cache_policy=NO_CACHE,
-)
+@task(name="register-data", **RETRIED)
 def register_data_task(
     source: "str | os.PathLike | pd.DataFrame",
     store: str,
@@ -134,7 +85,7 @@ def register_data_task(
     out = snap.to_dict() | {"ref": ref, "run_id": run_id, "source": shown, "tracking_uri": shown_uri(lineage.tracking_uri)}
     payload = {k: out[k] for k in ("id", "name", "format", "rows", "columns", "bytes", "digest", "store", "ref", "run_id")}
     out["event_id"] = events.emit(
-        DATA_REGISTERED, _data(snap.id, name), [events.store(s.uri, "store"), events.ref(ref)], payload
+        events.DATA_REGISTERED, events.data(snap.id, name), [events.store(s.uri, "store"), events.ref(ref)], payload
     )
     run_logger().info(
         "data %s: %s, %d rows x %d columns (%s) in %s; MLflow run %s",
@@ -146,13 +97,7 @@ def register_data_task(
 # ----------------------------------------------------------------------------- contracts
 
 
-@task(
-    name="validate-contract",
-    retries=RETRIES,
-    retry_delay_seconds=RETRY_DELAYS,
-    retry_condition_fn=retry_if_transient,
-    cache_policy=NO_CACHE,
-)
+@task(name="validate-contract", **RETRIED)
 def validate_contract_task(contract_store: str, contract_ref: str, data_store: str, data_id: str) -> dict:
     """Validate data snapshot ``data_id`` (its id or ``data/<name>``) of ``data_store`` against
     the contract ``contract_ref`` (``name@version``, or ``name`` for its latest version) saved in
@@ -178,12 +123,12 @@ def validate_contract_task(contract_store: str, contract_ref: str, data_store: s
         "contract_store": cs.uri,
         "data_store": ds.uri,
     }
-    related = [_data(snapshot_id, info.name, "data"), events.store(ds.uri, "data-store"), events.store(cs.uri, "contract-store")]
+    related = [events.data(snapshot_id, info.name, "data"), events.store(ds.uri, "data-store"), events.store(cs.uri, "contract-store")]
     payload = {k: out[k] for k in ("contract", "contract_digest", "success", "evaluated", "data_snapshot", "data_name", "data_store")}
-    payload["failures"] = out["failures"][:EVENT_FAILURES]
+    payload["failures"] = out["failures"][:events.PAYLOAD_ITEMS]
     payload["failure_count"] = len(out["failures"])
-    name = CONTRACT_VALIDATED if result.success else CONTRACT_FAILED
-    out["event_id"] = events.emit(name, _contract(contract.ref), related, payload)
+    name = events.CONTRACT_VALIDATED if result.success else events.CONTRACT_FAILED
+    out["event_id"] = events.emit(name, events.contract(contract.ref), related, payload)
     log = run_logger()
     if result.success:
         log.info("data %s (%s) meets contract %s: %d expectation(s)", info.name, snapshot_id[:12], contract.ref, result.evaluated)
@@ -198,13 +143,7 @@ def validate_contract_task(contract_store: str, contract_ref: str, data_store: s
 # ----------------------------------------------------------------------------- model versions
 
 
-@task(
-    name="register-model",
-    retries=RETRIES,
-    retry_delay_seconds=RETRY_DELAYS,
-    retry_condition_fn=retry_if_transient,
-    cache_policy=NO_CACHE,
-)
+@task(name="register-model", **RETRIED)
 def register_model_task(
     name: str,
     stores: str | Sequence[str],
@@ -269,12 +208,12 @@ def register_model_task(
     }
     related = [events.snapshot(root, "snapshot"), events.store(out["store"], "store")]
     if data_id:
-        related.append(_data(data_id, out["data_name"] or "", "data"))
+        related.append(events.data(data_id, out["data_name"] or "", "data"))
     if out["contract"]:
-        related.append(_contract(out["contract"], "contract"))
-    related += [_model(*p.rsplit("/", 1), role="parent") for p in out["parents"]]
+        related.append(events.contract(out["contract"], "contract"))
+    related += [events.model(*p.rsplit("/", 1), role="parent") for p in out["parents"]]
     fields = ("name", "version", "root", "source", "store", "held_by", "data_snapshot", "contract", "parents", "run_id")
-    out["event_id"] = events.emit(MODEL_REGISTERED, _model(name, r["version"]), related, {k: out[k] for k in fields})
+    out["event_id"] = events.emit(events.MODEL_REGISTERED, events.model(name, r["version"]), related, {k: out[k] for k in fields})
     run_logger().info(
         "%s/%s registered: snapshot %s in %s, held by %d store(s)%s%s%s",
         name, r["version"], root[:12], out["store"], len(out["held_by"]),
@@ -285,13 +224,7 @@ def register_model_task(
     return out
 
 
-@task(
-    name="promote",
-    retries=RETRIES,
-    retry_delay_seconds=RETRY_DELAYS,
-    retry_condition_fn=retry_if_transient,
-    cache_policy=NO_CACHE,
-)
+@task(name="promote", **RETRIED)
 def promote_task(
     name: str,
     version: str | int,
@@ -317,8 +250,8 @@ def promote_task(
             r = lineage.promote(name, version, alias, data_store=ds, contracts=cs)
         except PromotionRefused as exc:
             events.emit(
-                PROMOTION_REFUSED,
-                _model(name, version),
+                events.PROMOTION_REFUSED,
+                events.model(name, version),
                 [events.store(ds.uri, "data-store"), events.store(cs.uri, "contract-store")],
                 {"name": name, "version": version, "alias": alias, "reasons": exc.reasons},
             )
@@ -327,25 +260,18 @@ def promote_task(
     out = r | {"data_store": ds.uri, "contracts_store": cs.uri, "tracking_uri": shown_uri(lineage.tracking_uri)}
     related = [events.store(ds.uri, "data-store"), events.store(cs.uri, "contract-store")]
     if "contract" in checks:
-        related.append(_contract(checks["contract"]["ref"], "contract"))
+        related.append(events.contract(checks["contract"]["ref"], "contract"))
     if "validation" in checks:
-        related.append(_data(checks["validation"]["data_snapshot"], role="data"))
+        related.append(events.data(checks["validation"]["data_snapshot"], role="data"))
     if checks.get("previous"):
-        related.append(_model(*checks["previous"].rsplit("/", 1), role="previous"))
+        related.append(events.model(*checks["previous"].rsplit("/", 1), role="previous"))
     payload = {"name": name, "version": version, "alias": alias, "time": r["time"], "previous": checks.get("previous")}
-    out["event_id"] = events.emit(MODEL_PROMOTED, _model(name, version), related, payload)
+    out["event_id"] = events.emit(events.MODEL_PROMOTED, events.model(name, version), related, payload)
     run_logger().info("%s/%s is now %r (was %s)", name, version, alias, checks.get("previous") or "unset")
     return out
 
 
-@task(
-    name="record-replica",
-    task_run_name="record-replica-{store}",
-    retries=RETRIES,
-    retry_delay_seconds=RETRY_DELAYS,
-    retry_condition_fn=retry_if_transient,
-    cache_policy=NO_CACHE,
-)
+@task(name="record-replica", task_run_name="record-replica-{store}", **RETRIED)
 def record_replica_task(root: str, store: str, tier: str = "hot", tracking_uri: str | None = None) -> dict:
     """Record that ``store`` holds snapshot ``root`` on ``tier``, on every model version
     registered with that root (none registered: nothing to record).
@@ -375,13 +301,7 @@ def record_replica_task(root: str, store: str, tier: str = "hot", tracking_uri: 
 # ----------------------------------------------------------------------------- reading
 
 
-@task(
-    name="model-lineage",
-    retries=RETRIES,
-    retry_delay_seconds=RETRY_DELAYS,
-    retry_condition_fn=retry_if_transient,
-    cache_policy=NO_CACHE,
-)
+@task(name="model-lineage", **RETRIED)
 def model_lineage_task(name: str, version: str | int, tracking_uri: str | None = None) -> dict:
     """Everything recorded about ``name``/``version`` (snapshot, data, contract, parents, holders,
     aliases, dataset inputs), with the lineage graph of model ``name`` as ``graph`` and as a

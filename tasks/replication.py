@@ -3,21 +3,13 @@
 from __future__ import annotations
 
 from prefect import task
-from prefect.cache_policies import NO_CACHE
 
 from tasks import events
-from tasks.common import RETRIES, RETRY_DELAYS, open_stores, retry_if_transient
+from tasks.common import RETRIED, open_stores
 from tasks.progress import PrefectProgress, run_logger
 
 
-@task(
-    name="replicate",
-    task_run_name="replicate-to-{target}",
-    retries=RETRIES,
-    retry_delay_seconds=RETRY_DELAYS,
-    retry_condition_fn=retry_if_transient,
-    cache_policy=NO_CACHE,
-)
+@task(name="replicate", task_run_name="replicate-to-{target}", **RETRIED)
 def replicate_task(source: str, target: str, ref: str | None = None, root: str | None = None) -> dict:
     """Bring ``target`` up to the snapshot ``ref`` (or ``root``) names in ``source``.
 

@@ -14,17 +14,11 @@ from prefect.cache_policies import NO_CACHE
 
 from concord.snapshots.manifest import DEFAULT_CHUNK_SIZE
 from tasks import events
-from tasks.common import RETRIES, RETRY_DELAYS, open_stores, retry_if_transient
+from tasks.common import RETRIED, open_stores
 from tasks.progress import PrefectProgress, run_logger
 
 
-@task(
-    name="snapshot",
-    retries=RETRIES,
-    retry_delay_seconds=RETRY_DELAYS,
-    retry_condition_fn=retry_if_transient,
-    cache_policy=NO_CACHE,
-)
+@task(name="snapshot", **RETRIED)
 def snapshot_task(
     source: str,
     store: str,
@@ -68,13 +62,7 @@ def diff_task(store: str, a: str, b: str, against: str | None = None) -> dict:
     return d.to_dict() | {"store": sa.uri, "against": sb.uri, "a_spec": a, "b_spec": b}
 
 
-@task(
-    name="restore",
-    retries=RETRIES,
-    retry_delay_seconds=RETRY_DELAYS,
-    retry_condition_fn=retry_if_transient,
-    cache_policy=NO_CACHE,
-)
+@task(name="restore", **RETRIED)
 def restore_task(store: str, snapshot: str, out_dir: str) -> dict:
     """Write snapshot ``snapshot`` (ref, ``ref~N`` or root) of ``store`` into the new folder ``out_dir``.
 

@@ -13,7 +13,9 @@ would land outside the staging folder ('..', '.', empty segments, a leading '/',
 before anything is downloaded (:class:`~concord.errors.UnsafePathError`).
 
 :func:`staged_checkpoint` is a context manager that removes the staging folder on the way out,
-whatever happened inside. A local source is given back as it is: nothing is copied. The staging
+whatever happened inside. A local source is given back as it is: nothing is copied. Pipelines
+that download in a retried step of their own hold a :func:`staging_folder` and :func:`stage` into
+it (emptying it first with :func:`empty_folder` on a second attempt). The staging
 root is ``staging_dir``, else ``$CONCORD_STAGING_DIR``, else the system's temporary folder; the
 S3 endpoint is ``endpoint_url``, else ``AWS_ENDPOINT_URL_S3`` / ``AWS_ENDPOINT_URL``, else AWS
 (as for S3 stores).
@@ -217,21 +219,15 @@ def stage(source: str, into: str, *, endpoint_url: str | None = None, progress: 
 
 
 @contextmanager
-def staged_checkpoint(
-    source: str,
-    *,
-    endpoint_url: str | None = None,
-    staging_dir: str | None = None,
-    progress: Progress | None = None,
-) -> Iterator[StagedCheckpoint]:
-    """The checkpoint ``source`` as a local folder for the time of the ``with`` block.
+def staging_folder(source: str, *, staging_dir: str | None = None) -> Iterator[str | None]:
+    """A new empty folder to stage the checkpoint ``source`` into, for the time of the ``with`` block.
 
-    A local folder is yielded as it is. An ``s3://bucket/prefix/NAME`` is downloaded into a new
-    folder ``NAME`` (so the checkpoint keeps its name) inside a fresh temporary folder, which is
-    removed on leaving the block, after success or failure alike (a failed download included).
+    For an ``s3://bucket/prefix/NAME``: a folder ``NAME`` (so the checkpoint keeps its name) inside
+    a fresh temporary folder of the staging root, removed on leaving the block, after success or
+    failure alike. For a local source: None, and nothing is made.
     """
     if not is_s3(source):
-        yield StagedCheckpoint(source=source, path=source, staged=False)
+        yield None
         return
     root = staging_dir or os.environ.get(STAGING_DIR_ENV) or None
     if root:
@@ -241,8 +237,38 @@ def staged_checkpoint(
         name = source.rstrip("/").rsplit("/", 1)[-1]
         into = os.path.join(tmp, name if name not in ("", ".", "..") else "checkpoint")
         os.mkdir(into)
-        yield stage(source, into, endpoint_url=endpoint_url, progress=progress)
+        yield into
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
         if os.path.exists(tmp):
             log.warning("could not remove the staging folder %s; remove it by hand", tmp)
+
+
+def empty_folder(path: str) -> None:
+    """Remove everything inside the folder ``path`` (what an earlier, failed staging left)."""
+    for entry in os.scandir(path):
+        if entry.is_dir(follow_symlinks=False):
+            shutil.rmtree(entry.path)
+        else:
+            os.unlink(entry.path)
+
+
+@contextmanager
+def staged_checkpoint(
+    source: str,
+    *,
+    endpoint_url: str | None = None,
+    staging_dir: str | None = None,
+    progress: Progress | None = None,
+) -> Iterator[StagedCheckpoint]:
+    """The checkpoint ``source`` as a local folder for the time of the ``with`` block.
+
+    A local folder is yielded as it is. An ``s3://bucket/prefix/NAME`` is downloaded into a
+    :func:`staging_folder`, which is removed on leaving the block, after success or failure alike
+    (a failed download included).
+    """
+    with staging_folder(source, staging_dir=staging_dir) as into:
+        if into is None:
+            yield StagedCheckpoint(source=source, path=source, staged=False)
+        else:
+            yield stage(source, into, endpoint_url=endpoint_url, progress=progress)

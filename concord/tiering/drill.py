@@ -69,6 +69,26 @@ class DrillResult:
         }
 
 
+#: what a drill's summary says of each tier
+SUMMARY_KEYS = ("store", "rto_seconds", "rto_objective", "rto_ok", "rpo_seconds", "rpo_objective", "rpo_ok", "ok")
+
+
+def drill_summary(drill: dict, *, items: int = 20) -> dict:
+    """What a notification says about a drill (``DrillResult.to_dict()``): per tier, RTO and RPO
+    against their objectives and what was sampled; the first ``items`` findings and their count."""
+    return {
+        "namespace": drill["namespace"],
+        "started": drill["started"],
+        "ok": drill["ok"],
+        "tiers": {
+            t: {k: d.get(k) for k in SUMMARY_KEYS} | {"sampled": list(d.get("sampled") or [])}
+            for t, d in drill["tiers"].items()
+        },
+        "findings": list(drill["findings"][:items]),
+        "finding_count": len(drill["findings"]),
+    }
+
+
 def _secs(seconds: float | None) -> str:
     return "-" if seconds is None else f"{seconds:.3g} s"
 

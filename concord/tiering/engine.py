@@ -19,8 +19,9 @@ from __future__ import annotations
 import os
 import re
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Iterable
+from typing import Iterable, Iterator
 
 from concord.errors import (
     CheckpointConflictError,
@@ -170,6 +171,19 @@ class TierState:
 
 def open_tiers(policy: TierPolicy) -> dict[str, Store]:
     return {t: policy.tier(t).open() for t in TIERS}
+
+
+@contextmanager
+def opened_tiers(policy: TierPolicy) -> Iterator[dict[str, Store]]:
+    """The three tiers' stores, opened once for everything a run does with them, closed on the way out."""
+    opened: dict[str, Store] = {}
+    try:
+        for t in TIERS:
+            opened[t] = policy.tier(t).open()
+        yield opened
+    finally:
+        for store in opened.values():
+            store.close()
 
 
 def desired_tiers(

@@ -117,6 +117,39 @@ def test_an_unreachable_s3_endpoint_fails_before_any_store_is_touched(s3_env, st
     assert not any(Path(p).exists() for p in store_dirs.values())
 
 
+def test_staging_is_a_retried_task_that_starts_over_in_an_empty_folder(s3_env, s3_checkpoint, store_dirs, tmp_path, monkeypatch, prefect_client):
+    """S3 going away mid-download fails one attempt of stage-checkpoint, not the run: the next
+    attempt finds the staging folder empty again, and the folder is gone afterwards."""
+    import concord.snapshots.staging as staging
+    import flows._staging
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+    from tasks.staging import stage_checkpoint_task
+
+    folder, uri = s3_checkpoint
+    real, attempts = staging.stage, []
+
+    def flaky(source, into, **kw):
+        attempts.append(sorted(p.name for p in Path(into).iterdir()))
+        if len(attempts) == 1:
+            (Path(into) / "model.safetensors").write_bytes(b"half a download")
+            raise StoreUnreachableError(source, "connection reset by peer")
+        return real(source, into, **kw)
+
+    monkeypatch.setattr(staging, "stage", flaky)
+    monkeypatch.setattr(flows._staging, "stage_checkpoint_task", stage_checkpoint_task.with_options(retry_delay_seconds=0))
+    expected = snapshot(folder, LocalDirStore(tmp_path / "reference"), chunk_size=MiB).root
+    state = snapshot_and_replicate(
+        source=uri, store=store_dirs["us-east"], targets=[store_dirs["eu-central"]], ref="models/llama",
+        chunk_size_mib=1, return_state=True,
+    )
+    assert state.is_completed() and state.result()["snapshot"]["root"] == expected
+    assert attempts == [[], []]  # the second attempt started from an empty folder
+    assert list(s3_env.iterdir()) == []
+    runs = prefect_client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[state.state_details.flow_run_id])))
+    (staged,) = [r for r in runs if r.name.startswith("stage-")]
+    assert staged.run_count == 2 and staged.state.is_completed()
+
+
 # ----------------------------------------------------------------------------- malformed payloads
 
 

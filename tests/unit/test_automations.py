@@ -224,11 +224,23 @@ def test_typed_parameters_refuse_a_bad_name_or_step_before_the_run_starts():
 
 def test_event_names_are_the_ones_concord_emits():
     from tasks import events
-    from tasks.audit import DRIFT_DETECTED
 
     assert (auto.DRIFT_DETECTED, auto.DRILL_FAILED, auto.REPLICA_FAILED) == (
-        DRIFT_DETECTED, events.DRILL_FAILED, events.REPLICA_FAILED,
-    )
+        events.DRIFT_DETECTED, events.DRILL_FAILED, events.REPLICA_FAILED,
+    ) == ("concord.drift.detected", "concord.drill.failed", "concord.replica.failed")
+
+
+def test_every_event_name_is_spelled_once_in_tasks_events():
+    from tasks import events
+
+    names = {v for k, v in vars(events).items() if k.isupper() and isinstance(v, str) and v.startswith("concord.")}
+    assert len(names) == 23
+    spelled = {
+        path.relative_to(ROOT).as_posix(): sorted(n for n in names if f'"{n}"' in path.read_text())
+        for path in [*(ROOT / "tasks").glob("*.py"), *(ROOT / "deployments").glob("*.py")]
+        if path.name != "events.py"
+    }
+    assert {p: n for p, n in spelled.items() if n} == {}
 
 
 @pytest.mark.parametrize("block", [None, uuid.UUID(int=7)])
