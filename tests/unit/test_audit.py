@@ -417,3 +417,37 @@ def test_a_warning_on_the_second_night_escalates_through_the_history(tmp_path):
     record_night(store, "n", first.severities(), "2025-02-01")
     second = data_drift(ref, cur, thresholds=limits, history=previous_nights(store, "n", "2025-02-02"))
     assert second.column("mass").severity == "critical" and second.column("mass").escalated
+
+
+def test_a_night_of_drift_escalates_records_and_draws(tmp_path):
+    from concord.audit.nightly import nightly_drift
+
+    ref, cur = frames(n=2000, shift=150)
+    ref.to_parquet(tmp_path / "reference.parquet")
+    cur.to_parquet(tmp_path / "current.parquet")
+    history = LocalDirStore(tmp_path / "registry")
+    limits = {"psi_warning": 0.05, "psi_critical": 5.0}
+    kw = dict(name="n", thresholds=limits, plots_dir=str(tmp_path / "plots"))
+    first = nightly_drift(str(tmp_path / "reference.parquet"), str(tmp_path / "current.parquet"), None, history, night="2025-02-01", **kw)
+    second = nightly_drift(str(tmp_path / "reference.parquet"), str(tmp_path / "current.parquet"), None, history, night="2025-02-02", **kw)
+    mass = [{c["column"]: c for c in r["drift"]["columns"]}["mass"] for r in (first, second)]
+    assert mass[0]["severity"] == "warning" and mass[1]["severity"] == "critical" and mass[1]["escalated"]
+    assert (second["name"], second["night"], second["history_key"]) == ("n", "2025-02-02", history_key("n"))
+    assert first["history"] == {} and second["history"]["mass"] == ["warning"]
+    assert second["reference"]["label"] == "reference.parquet" and Path(second["plots"]["mass"]).read_bytes().startswith(PNG)
+    assert nightly_drift(str(tmp_path / "reference.parquet"), str(tmp_path / "current.parquet"), draw_plots=False, **kw)["plots"] == {}
+
+
+def test_an_audit_summary_puts_the_worst_columns_first_and_cuts_every_list():
+    from concord.audit.nightly import audit_summary
+
+    ref, cur = frames(shift=800, tilt=True)
+    contract = check_contract(infer_contract(ref, "toy", 1), cur)
+    report = AuditReport.assemble(drift=data_drift(ref, cur), contract=contract).to_dict()
+    s = audit_summary(report, name="penguins", night="2025-03-01", run_id="r1", plots=("a.png",), items=1)
+    assert (s["audit"], s["night"], s["mlflow_run_id"], s["plots"]) == ("penguins", "2025-03-01", "r1", ["a.png"])
+    assert (s["severity"], s["priority"]) == ("critical", "P0")
+    assert s["drifted_count"] == len([c for c in report["columns"] if c["severity"] != "ok"]) >= 2
+    assert [c["column"] for c in s["drifted_columns"]] == ["mass"]  # the worst one, and only one
+    assert s["contract"]["ref"] == "toy@1" and len(s["contract"]["failed"]) == 1 < s["contract"]["failed_count"]
+    json.dumps(s)

@@ -326,3 +326,34 @@ def test_killed_at_any_point_a_sweep_converges(tmp_path, base, delay):
     restore(stores["cold"], load_manifest(stores["cold"], root), out)
     assert files_equal(out, folders[0])
     shutil.rmtree(out)
+
+
+def test_a_run_opens_the_tiers_once_for_every_step_and_closes_them(tmp_path, base, policy, monkeypatch):
+    from concord.tiering.engine import opened_tiers
+    from concord.tiering.policy import TierSpec
+
+    opened, closed = [], []
+    real_open = TierSpec.open
+    monkeypatch.setattr(TierSpec, "open", lambda self: opened.append(self.tier) or real_open(self))
+    monkeypatch.setattr(LocalDirStore, "close", lambda self: closed.append(self.root))
+    (folder,) = checkpoints(tmp_path, base, [10])
+    with opened_tiers(policy) as stores:
+        add_checkpoint(policy, folder, stores=stores)
+        sweep(policy, stores=stores)
+        assert [c["name"] for c in tier_status(policy, stores=stores)["checkpoints"]] == ["step-0010"]
+        assert closed == []
+    assert opened == ["hot", "warm", "cold"]
+    assert sorted(closed) == sorted(s.root for s in stores.values())
+
+
+def test_a_drill_summary_keeps_the_objectives_and_cuts_the_findings():
+    from concord.tiering.drill import drill_summary
+
+    tier = {"store": "/t/hot", "rto_seconds": 2.0, "rto_objective": 1.0, "rto_ok": False, "rpo_seconds": 5.0,
+            "rpo_objective": None, "rpo_ok": None, "ok": False, "sampled": ("step-0010",), "restores": [{"x": 1}]}
+    drill = {"namespace": "run1", "started": "2025-01-01T00:00:00Z", "ok": False, "tiers": {"hot": tier},
+             "findings": [f"finding {i}" for i in range(30)], "seconds": 3.0, "record": None}
+    s = drill_summary(drill, items=20)
+    assert s["tiers"]["hot"] == {k: v for k, v in tier.items() if k != "restores"} | {"sampled": ["step-0010"]}
+    assert s["findings"] == drill["findings"][:20] and s["finding_count"] == 30
+    assert (s["namespace"], s["started"], s["ok"]) == ("run1", "2025-01-01T00:00:00Z", False)
