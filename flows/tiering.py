@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import re
+from contextlib import nullcontext
 from typing import Annotated, Literal
 
 from prefect import flow
@@ -191,11 +192,11 @@ def tier_checkpoints(
     pinned = promoted_roots_task(tracking_uri or None) if pin_promoted else []
     tiers = tier_policy_task(policy)  # read and validated once for the run
     added = None
-    with opened_tiers(tiers) as stores:  # and its stores opened once, for every task
-        if checkpoint_dir:
-            # an s3:// checkpoint is staged into a temporary local folder, removed whatever happens
-            with staged(checkpoint_dir) as checkpoint:
-                added = add_checkpoint_task(tiers, stores, checkpoint["path"], name=name or None, step=step, pinned_roots=pinned)
+    # an s3:// checkpoint is staged into a temporary local folder (removed whatever happens) before
+    # the tiers are opened, once, for every task of the run
+    with staged(checkpoint_dir) if checkpoint_dir else nullcontext() as checkpoint, opened_tiers(tiers) as stores:
+        if checkpoint is not None:
+            added = add_checkpoint_task(tiers, stores, checkpoint["path"], name=name or None, step=step, pinned_roots=pinned)
             swept = added["sweep"]
             namespace = added["namespace"]
         else:
