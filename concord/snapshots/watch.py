@@ -5,7 +5,7 @@ checkpoints (``runs/llama/step-0100``). :meth:`Watcher.scan` returns the checkpo
 complete since the last scan, as :class:`Announcement` records, and remembers them in a small
 JSON state file (written atomically), so a restarted watcher does not announce them again.
 
-Complete means, for a local folder, that :func:`~concord.tiering.engine.checkpoint_ready`
+Complete means, for a local folder, that :func:`~concord.snapshots.ready.checkpoint_ready`
 passes (marker present, no half-written files, whole safetensors files, sizes stable). For an
 S3 subfolder it means the completion marker object exists under it or, without a marker, that
 at least one ``*.safetensors`` object exists and no object changed (size, ETag, LastModified)
@@ -25,13 +25,13 @@ import hashlib
 import json
 import logging
 import os
-import re
 import time
 from dataclasses import asdict, dataclass
 from typing import Any, Callable, Iterable
 
 from concord.errors import CheckpointNotReadyError, WatchStateError
 from concord.files import atomic_write
+from concord.snapshots.ready import checkpoint_ready, step_of
 
 log = logging.getLogger(__name__)
 
@@ -64,12 +64,6 @@ def fingerprint(entries: Iterable[tuple[str, int]]) -> str:
         h.update(json.dumps([rel, size]).encode())
         h.update(b"\n")
     return h.hexdigest()
-
-
-def step_of(name: str) -> int | None:
-    """The trailing digits of a checkpoint's name (``step-0100`` → 100), or None."""
-    m = re.search(r"(\d+)$", name)
-    return int(m.group(1)) if m else None
 
 
 # --------------------------------------------------------------------------- state file
@@ -210,7 +204,6 @@ class Watcher:
     # ------------------------------------------------------------------ local folders
 
     def _scan_local(self, source: str) -> list[Announcement]:
-        from concord.tiering.engine import checkpoint_ready
 
         try:
             names = sorted(e.name for e in os.scandir(source) if e.is_dir() and not e.name.startswith("."))
