@@ -22,7 +22,7 @@ from concord.snapshots.watch import Announcement
 from deployments import automations as auto
 from deployments.watcher import event_of
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture(autouse=True)

@@ -13,7 +13,7 @@ from toy_checkpoints import make_checkpoint
 
 from concord.snapshots.watch import Announcement, Watcher, WatchStateError, fingerprint
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def no_sleep(_seconds: float) -> None:

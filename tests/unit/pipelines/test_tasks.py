@@ -36,7 +36,7 @@ from concord.errors import RestoreTimeoutError
 from tasks.common import RETRIES, is_transient, retry_if_transient
 from tasks.progress import PrefectProgress
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 REF = "models/tiny"
 MiB = 1024 * 1024
 
