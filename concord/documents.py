@@ -119,11 +119,12 @@ def load_json_document(
         raise fail(f"nested deeper than the {max_depth} levels any Concord document has")
     if expect is not None and not isinstance(doc, expect):
         names = {dict: "a JSON object", list: "a JSON array", str: "a JSON string"}
-        raise fail(f"the top level is {_json_type(doc)}, expected {names.get(expect, expect.__name__)}")
+        raise fail(f"the top level is {json_type(doc)}, expected {names.get(expect, expect.__name__)}")
     return doc
 
 
-def _json_type(value: Any) -> str:
+def json_type(value: Any) -> str:
+    """How a JSON value is named in an error line (\"an integer\", \"an array\", …)."""
     if value is None:
         return "null"
     if isinstance(value, bool):
@@ -147,7 +148,7 @@ def _json_type(value: Any) -> str:
 def need_int(value: Any, what: str, fail: ErrorFactory, *, low: int = 0, high: int = MAX_INT) -> int:
     """``value`` if it is an integer (not a boolean) in ``[low, high]``."""
     if isinstance(value, bool) or not isinstance(value, int):
-        raise fail(f"{what} is {_json_type(value)}, expected an integer")
+        raise fail(f"{what} is {json_type(value)}, expected an integer")
     if not low <= value <= high:
         raise fail(f"{what} is {value}, expected {low} to {high}")
     return value
@@ -160,7 +161,7 @@ def need_optional_int(value: Any, what: str, fail: ErrorFactory, *, low: int = 0
 def need_str(value: Any, what: str, fail: ErrorFactory, *, max_len: int = 64 * KiB) -> str:
     """``value`` if it is a string of at most ``max_len`` characters."""
     if not isinstance(value, str):
-        raise fail(f"{what} is {_json_type(value)}, expected a string")
+        raise fail(f"{what} is {json_type(value)}, expected a string")
     if len(value) > max_len:
         raise fail(f"{what} is {len(value)} characters long, at most {max_len} are expected")
     return value
@@ -172,17 +173,18 @@ def need_optional_str(value: Any, what: str, fail: ErrorFactory, *, max_len: int
 
 def need_list(value: Any, what: str, fail: ErrorFactory) -> list:
     if not isinstance(value, list):
-        raise fail(f"{what} is {_json_type(value)}, expected an array")
+        raise fail(f"{what} is {json_type(value)}, expected an array")
     return value
 
 
 def need_dict(value: Any, what: str, fail: ErrorFactory) -> dict:
     if not isinstance(value, dict):
-        raise fail(f"{what} is {_json_type(value)}, expected an object")
+        raise fail(f"{what} is {json_type(value)}, expected an object")
     return value
 
 
 __all__ = [
+    "json_type",
     "MAX_DEPTH",
     "MAX_INT",
     "MAX_LEASE_BYTES",

@@ -13,6 +13,8 @@ Standard library only.
 from __future__ import annotations
 
 import os
+from contextlib import contextmanager
+from typing import Iterator, Mapping
 
 #: the home folder when ``$CONCORD_HOME`` is not set (relative to the working directory)
 DEFAULT_HOME = "data"
@@ -37,3 +39,20 @@ def default_tracking_uri() -> str:
     if uri:
         return uri
     return f"sqlite:///{os.path.abspath(os.path.join(concord_home(), 'mlflow.db'))}"
+
+
+@contextmanager
+def patched_environ(values: Mapping[str, str], cleared: tuple[str, ...] = ()) -> Iterator[None]:
+    """Set ``values`` and remove ``cleared`` in ``os.environ``; restore everything afterwards."""
+    saved = {k: os.environ.get(k) for k in (*values, *cleared)}
+    for k in cleared:
+        os.environ.pop(k, None)
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v

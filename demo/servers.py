@@ -23,7 +23,9 @@ import urllib.error
 import urllib.request
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
-from typing import Callable, Iterator, Mapping, NoReturn
+from typing import Callable, Iterator, NoReturn
+
+from concord.home import patched_environ
 
 AWS_TEST_CREDENTIALS = {
     "AWS_ACCESS_KEY_ID": "testing",
@@ -208,23 +210,6 @@ def moto_server(log_path: Path, *, timeout: float = 60, fail: Callable[[str], No
     """Run a ``moto_server`` until the block ends; yield its endpoint URL once it answers."""
     with MotoServer(log_path, fail=fail) as server:
         yield server.wait(timeout)
-
-
-@contextmanager
-def patched_environ(values: Mapping[str, str], cleared: tuple[str, ...] = ()) -> Iterator[None]:
-    """Set ``values`` and remove ``cleared`` in ``os.environ``; restore everything afterwards."""
-    saved = {k: os.environ.get(k) for k in (*values, *cleared)}
-    for k in cleared:
-        os.environ.pop(k, None)
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 def aws_environment(endpoint: str) -> AbstractContextManager[None]:

@@ -18,6 +18,8 @@ from contextlib import contextmanager
 from functools import cached_property
 from typing import Callable, Iterator
 
+from concord.home import patched_environ
+
 STORE_HELP = "a folder, file:///path, s3://bucket/prefix or block:NAME"
 TRACKING_URI_HELP = "MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else sqlite in $CONCORD_HOME)"
 REGISTRY_HELP = "store of data snapshots and contracts (default: $CONCORD_REGISTRY, else $CONCORD_HOME/registry)"
@@ -233,13 +235,5 @@ def quiet_libraries() -> Iterator[None]:
     answers with its output and, on failure, one ``concord: error:`` line. A value the user set
     for ``DO_NOT_TRACK`` or ``MLFLOW_LOGGING_LEVEL`` is kept."""
     values = dict(QUIET_ENV, **{k: v for k, v in QUIET_DEFAULTS.items() if k not in os.environ})
-    saved = {k: os.environ.get(k) for k in values}
-    os.environ.update(values)
-    try:
+    with patched_environ(values):
         yield
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v

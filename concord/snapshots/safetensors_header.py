@@ -23,6 +23,7 @@ import struct
 from dataclasses import dataclass
 from typing import Any, BinaryIO
 
+from concord.documents import json_type
 from concord.errors import SafetensorsError
 
 # Bits per element of every dtype the safetensors format defines (safetensors 0.8 ``Dtype``).
@@ -249,7 +250,7 @@ def _parse_body(body: bytes, file_size: int, path: str) -> SafetensorsHeader:
     except ValueError as exc:  # e.g. an integer with more digits than Python will convert
         raise SafetensorsError(path, f"header is not valid JSON ({exc})") from exc
     if not isinstance(doc, dict):
-        raise SafetensorsError(path, f"header must be a JSON object, got {_json_type(doc)}")
+        raise SafetensorsError(path, f"header must be a JSON object, got {json_type(doc)}")
 
     data_start = _PREFIX_BYTES + n
     data_len = file_size - data_start
@@ -279,7 +280,7 @@ def _metadata(entry: Any, path: str) -> dict[str, str] | None:
         raise SafetensorsError(
             path,
             f"{METADATA_KEY} must be an object mapping strings to strings, "
-            f"got {_json_type(entry)}",
+            f"got {json_type(entry)}",
         )
     for key, value in entry.items():
         _check_text(key, f"a {METADATA_KEY} key", path)
@@ -287,7 +288,7 @@ def _metadata(entry: Any, path: str) -> dict[str, str] | None:
             raise SafetensorsError(
                 path,
                 f"{METADATA_KEY} value for key {_show(key)} must be a string, "
-                f"got {_json_type(value)}",
+                f"got {json_type(value)}",
             )
         _check_text(value, f"the {METADATA_KEY} value for key {_show(key)}", path)
     return dict(entry)
@@ -301,7 +302,7 @@ def _tensor(
         raise SafetensorsError(
             path,
             f"{where}: entry must be an object with dtype, shape and data_offsets, "
-            f"got {_json_type(entry)}",
+            f"got {json_type(entry)}",
         )
     missing = _FIELDS - entry.keys()
     if missing:
@@ -423,19 +424,3 @@ def _show(value: Any) -> str:
     if len(text) > _SHOW_CHARS:
         text = text[: _SHOW_CHARS - 3] + "..."
     return text
-
-
-def _json_type(value: Any) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "a boolean"
-    if isinstance(value, int):
-        return "an integer"
-    if isinstance(value, float):
-        return "a number"
-    if isinstance(value, str):
-        return "a string"
-    if isinstance(value, list):
-        return "an array"
-    return "an object"

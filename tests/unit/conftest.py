@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 from toy_checkpoints import make_checkpoint
 
+from concord.home import patched_environ
 from concord.stores import LocalDirStore
 
 
@@ -18,3 +19,18 @@ def ckpt(tmp_path: Path) -> Path:
 @pytest.fixture
 def stores(tmp_path: Path):
     return [LocalDirStore(tmp_path / f"c{i}") for i in range(3)]
+
+
+_QUIET = {"MLFLOW_DISABLE_TELEMETRY": "true", "DO_NOT_TRACK": "true", "MLFLOW_LOGGING_LEVEL": "WARNING"}
+
+
+@pytest.fixture(scope="module")
+def tracking_uri(tmp_path_factory) -> str:
+    """One sqlite tracking database for the module, its schema created once up front (parallel
+    first use would corrupt it); MLflow kept quiet meanwhile."""
+    from concord.lineage import Lineage
+
+    with patched_environ(_QUIET):
+        uri = f"sqlite:///{tmp_path_factory.mktemp('mlflow') / 'mlflow.db'}"
+        Lineage(uri).ensure_ready()
+        yield uri

@@ -22,24 +22,6 @@ from concord.lineage import Lineage
 from concord.snapshots.snapshot import snapshot
 from concord.stores import LocalDirStore
 
-_QUIET = {"MLFLOW_DISABLE_TELEMETRY": "true", "DO_NOT_TRACK": "true", "MLFLOW_LOGGING_LEVEL": "WARNING"}
-
-
-@pytest.fixture(scope="module")
-def tracking_uri(tmp_path_factory) -> str:
-    """One sqlite tracking database for the module, its schema created once up front."""
-    saved = {k: os.environ.get(k) for k in _QUIET}
-    os.environ.update(_QUIET)
-    uri = f"sqlite:///{tmp_path_factory.mktemp('mlflow') / 'mlflow.db'}"
-    Lineage(uri).ensure_ready()
-    yield uri
-    for k, v in saved.items():
-        if v is None:
-            os.environ.pop(k, None)
-        else:
-            os.environ[k] = v
-
-
 @pytest.fixture
 def client(tracking_uri):
     from mlflow import MlflowClient

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import uuid
 from pathlib import Path
 
@@ -36,24 +35,6 @@ from tasks import (
     validate_contract_task,
 )
 from tasks.common import RETRIES, is_transient, retry_if_transient
-
-_QUIET = {"MLFLOW_DISABLE_TELEMETRY": "true", "DO_NOT_TRACK": "true", "MLFLOW_LOGGING_LEVEL": "WARNING"}
-
-
-@pytest.fixture(scope="module")
-def tracking_uri(tmp_path_factory) -> str:
-    """One sqlite tracking database for the module, its schema created once up front."""
-    saved = {k: os.environ.get(k) for k in _QUIET}
-    os.environ.update(_QUIET)
-    uri = f"sqlite:///{tmp_path_factory.mktemp('mlflow') / 'mlflow.db'}"
-    Lineage(uri).ensure_ready()
-    yield uri
-    for k, v in saved.items():
-        if v is None:
-            os.environ.pop(k, None)
-        else:
-            os.environ[k] = v
-
 
 @pytest.fixture
 def mlflow_client(tracking_uri):
