@@ -57,6 +57,7 @@ class UnsafePathError(ConcordError, ValueError):
 
     def __init__(self, path: str, reason: str) -> None:
         self.path = path
+        self.reason = reason
         super().__init__(
             f"refusing path {path!r}: {reason}. Manifest paths must be relative, use '/', "
             "and stay inside the restore folder."

@@ -263,7 +263,10 @@ def _parse_manifest(doc, where: str, expected_root: str | None, verify: bool) ->
     seen: set[str] = set()
     for fd in files_doc:
         _need(isinstance(fd, dict), where, "a file entry is not an object")
-        path = safe_relpath(fd.get("path"))
+        try:
+            path = safe_relpath(fd.get("path"))
+        except UnsafePathError as exc:  # name the manifest the path came from
+            raise UnsafePathError(exc.path, f"{exc.reason}, in manifest {where}") from None
         _need(path not in seen, where, f"file {path} listed twice")
         seen.add(path)
         size = _int(fd.get("size"), where, f"{path}: size")
