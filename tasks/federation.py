@@ -16,6 +16,8 @@ from typing import Sequence
 
 from prefect import task
 
+from concord.federation.rounds import DEFAULT_OUT
+
 from tasks import events
 from tasks.common import RETRIED, open_stores
 from tasks.progress import PrefectProgress, run_logger
@@ -30,7 +32,7 @@ def federate_task(
     weights: Sequence[float] | None = None,
     clip_norm: float | None = None,
     robust: str = "none",
-    out_name: str = "federated",
+    out_name: str = DEFAULT_OUT,
     ledger_store: str | None = None,
     record_lineage: bool = False,
     tracking_uri: str | None = None,

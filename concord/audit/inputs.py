@@ -84,6 +84,31 @@ def names_snapshot(text: str) -> bool:
     return os.path.splitext(text.partition("~")[0])[1].lower() not in FORMATS
 
 
+def _resolve(spec, which: str, store):
+    """``(text, (snapshot id, info) or None, absolute file path or None)`` for an audit input,
+    with the checks both ways of reading it share; errors are :class:`DriftConfigError`."""
+    text = os.fspath(spec).strip()
+    if not text:
+        raise DriftConfigError(which, "is empty", INPUT_HELP)
+    if names_snapshot(text):
+        if store is None:
+            raise DriftConfigError(which, f"{text!r} names a data snapshot but no data store was given", "Pass the store that holds it.")
+        from concord.lineage.data import data_info
+        from concord.snapshots.refs import resolve_root
+
+        try:
+            snapshot_id = resolve_root(store, text)
+            info = data_info(store, snapshot_id)
+        except (KeyError, ValueError) as exc:
+            raise DriftConfigError(which, f"no data snapshot {text!r} in {store.uri} ({' '.join(str(exc).split())})", INPUT_HELP) from exc
+        return text, (snapshot_id, info), None
+    path = os.path.abspath(text)
+    if not os.path.isfile(path):
+        what = "a folder, not a table" if os.path.isdir(path) else "no such file"
+        raise DriftConfigError(which, f"{path}: {what}", INPUT_HELP)
+    return text, None, path
+
+
 def load_table(spec: "str | os.PathLike", store: "Store | None" = None, *, which: str = "table") -> tuple["pd.DataFrame", TableSource]:
     """The table ``spec`` names, and where it came from.
 
@@ -92,26 +117,13 @@ def load_table(spec: "str | os.PathLike", store: "Store | None" = None, *, which
     names the input in errors, which are :class:`~concord.errors.DriftConfigError` (a
     ``ValueError``) and say what to give instead.
     """
-    text = os.fspath(spec).strip()
-    if not text:
-        raise DriftConfigError(which, "is empty", INPUT_HELP)
-    if names_snapshot(text):
-        if store is None:
-            raise DriftConfigError(which, f"{text!r} names a data snapshot but no data store was given", "Pass the store that holds it.")
-        from concord.lineage.data import data_info, load_data
-        from concord.snapshots.refs import resolve_root
+    text, snapshot, path = _resolve(spec, which, store)
+    if snapshot is not None:
+        from concord.lineage.data import load_data
 
-        try:
-            snapshot_id = resolve_root(store, text)
-            info = data_info(store, snapshot_id)
-        except (KeyError, ValueError) as exc:
-            raise DriftConfigError(which, f"no data snapshot {text!r} in {store.uri} ({' '.join(str(exc).split())})", INPUT_HELP) from exc
+        snapshot_id, info = snapshot
         df = load_data(store, snapshot_id)
         return df, TableSource(spec=text, kind="snapshot", name=info.name, id=snapshot_id, store=store.uri)
-    path = os.path.abspath(text)
-    if not os.path.isfile(path):
-        what = "a folder, not a table" if os.path.isdir(path) else "no such file"
-        raise DriftConfigError(which, f"{path}: {what}", INPUT_HELP)
     from concord.lineage.data import read_table
 
     try:
@@ -148,27 +160,14 @@ def open_table(spec: "str | os.PathLike", store: "Store | None" = None, *, which
     """The table ``spec`` names, as :func:`load_table` takes it, without reading it: a file as it is,
     a data snapshot restored (every chunk verified) into a temporary folder removed on leaving.
     Errors are :func:`load_table`'s."""
-    text = os.fspath(spec).strip()
-    if not text:
-        raise DriftConfigError(which, "is empty", INPUT_HELP)
-    if names_snapshot(text):
-        if store is None:
-            raise DriftConfigError(which, f"{text!r} names a data snapshot but no data store was given", "Pass the store that holds it.")
-        from concord.lineage.data import data_file, data_info
-        from concord.snapshots.refs import resolve_root
+    text, snapshot, path = _resolve(spec, which, store)
+    if snapshot is not None:
+        from concord.lineage.data import data_file
 
-        try:
-            snapshot_id = resolve_root(store, text)
-            data_info(store, snapshot_id)
-        except (KeyError, ValueError) as exc:
-            raise DriftConfigError(which, f"no data snapshot {text!r} in {store.uri} ({' '.join(str(exc).split())})", INPUT_HELP) from exc
+        snapshot_id, _ = snapshot
         with data_file(store, snapshot_id) as (path, info):
             yield OpenTable(TableSource(spec=text, kind="snapshot", name=info.name, id=snapshot_id, store=store.uri), path, info.format)
         return
-    path = os.path.abspath(text)
-    if not os.path.isfile(path):
-        what = "a folder, not a table" if os.path.isdir(path) else "no such file"
-        raise DriftConfigError(which, f"{path}: {what}", INPUT_HELP)
     from concord.lineage.data import FORMATS
 
     fmt = FORMATS.get(os.path.splitext(path)[1].lower())
