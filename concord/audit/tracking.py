@@ -27,6 +27,15 @@ if TYPE_CHECKING:  # pragma: no cover
 AUDIT_EXPERIMENT = "concord-drift-audits"
 #: MLflow keeps a tag value of at most this many characters (the run's description is a tag)
 NOTE_CHARS = 5000
+#: run tags short enough to read in MLflow's run list: ``ok``, ``warning`` or ``critical``; P0, P1 or empty
+TAG_SEVERITY = "severity"
+TAG_PRIORITY = "priority"
+
+
+def audit_run_name(name: str, night: str, severity: str, priority: str | None = None) -> str:
+    """``<name>-<night>``, and `` [P0 critical]`` (or `` [P1 warning]``) after it when the audit pages."""
+    base = f"{name}-{night}"
+    return f"{base} [{priority} {severity}]" if priority and severity != "ok" else base
 
 
 def audit_run(
@@ -39,8 +48,11 @@ def audit_run(
     params: Mapping[str, Any] | None = None,
 ) -> dict:
     """The run of an audit (``AuditReport.to_dict()`` and its markdown) as keyword arguments of
-    :meth:`~concord.lineage.Lineage.log_run`: run ``<name>-<night>``; ``params`` (values cut to 500
-    characters), then the report's thresholds and bins, as parameters."""
+    :meth:`~concord.lineage.Lineage.log_run`: run ``<name>-<night>``, with `` [P0 critical]`` or
+    `` [P1 warning]`` after it when the night pages (:func:`audit_run_name`), and the tags
+    ``severity`` and ``priority``, so a bad night stands out in MLflow's run list and can be
+    filtered (``tags.severity = 'critical'``); ``params`` (values cut to 500 characters), then the
+    report's thresholds and bins, as parameters."""
     metrics = {"severity_rank": float(SEVERITIES.index(report["severity"]))}
     if report.get("drift_share") is not None:
         metrics["drift_share"] = float(report["drift_share"])
@@ -64,8 +76,10 @@ def audit_run(
         logged_params.setdefault("bins", str(report["bins"]))
     return {
         "experiment": AUDIT_EXPERIMENT,
-        "run_name": f"{name}-{night}",
+        "run_name": audit_run_name(name, night, report["severity"], report.get("priority")),
         "tags": {
+            TAG_SEVERITY: report["severity"],
+            TAG_PRIORITY: report.get("priority") or "",
             "concord.audit.name": name,
             "concord.audit.night": night,
             "concord.audit.severity": report["severity"],

@@ -26,9 +26,14 @@ from typing import Any, Callable, Iterator
 from concord.errors import LineageUnreachableError
 from concord.home import default_tracking_uri
 
-__all__ = ["HEALTH_TIMEOUT", "Tracking", "default_tracking_uri", "error_code", "retry_locked", "shown_uri", "sqlite_file"]
+__all__ = ["EXPERIMENT_KIND", "EXPERIMENT_KIND_TAG", "HEALTH_TIMEOUT", "Tracking", "default_tracking_uri", "error_code", "retry_locked", "shown_uri", "sqlite_file"]
 
 HEALTH_TIMEOUT = 3.0
+
+#: the experiment tag MLflow 3's UI reads to choose an experiment's view, and the value of its
+#: classic runs view ("Machine learning"); without it the UI guesses, and may open the GenAI view
+EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
+EXPERIMENT_KIND = "custom_model_development"
 
 _LOCK_RETRIES = 12
 _SQLITE_READY: set[str] = set()  # sqlite databases whose schema this process has checked
@@ -160,7 +165,8 @@ class Tracking:
 
     def experiment_id(self, name: str) -> str:
         """The id of the experiment ``name``, created on first use (its artifacts beside a sqlite
-        database rather than in the working folder)."""
+        database rather than in the working folder), marked as a machine-learning experiment
+        (:data:`EXPERIMENT_KIND`) so MLflow's UI opens it on its runs list."""
         self.ensure_ready()
         return self._experiment_id(name)
 
@@ -174,13 +180,22 @@ class Tracking:
             db = sqlite_file(self.tracking_uri)
             if db is not None:  # keep run artifacts next to the database, not in the working folder
                 location = (Path(db).parent / "mlflow-artifacts" / name).as_uri()
+            kind = {EXPERIMENT_KIND_TAG: EXPERIMENT_KIND}
             try:
-                exp_id = retry_locked(client.create_experiment, name, artifact_location=location)
+                exp_id = retry_locked(client.create_experiment, name, artifact_location=location, tags=kind)
             except Exception as exc:
                 if error_code(exc) != "RESOURCE_ALREADY_EXISTS":
                     raise
                 exp_id = client.get_experiment_by_name(name).experiment_id
+                _mark_kind(client, client.get_experiment(exp_id))
         else:
             exp_id = exp.experiment_id
+            _mark_kind(client, exp)  # experiments made before the mark, or marked otherwise by MLflow's UI
         self._experiments[name] = exp_id
         return exp_id
+
+
+def _mark_kind(client, exp) -> None:
+    """Mark a Concord experiment as a machine-learning one, unless it already is."""
+    if exp is not None and (exp.tags or {}).get(EXPERIMENT_KIND_TAG) != EXPERIMENT_KIND:
+        retry_locked(client.set_experiment_tag, exp.experiment_id, EXPERIMENT_KIND_TAG, EXPERIMENT_KIND)

@@ -73,7 +73,7 @@ def test_audit_data_track_logs_the_run_the_nightly_flow_logs(capsys, tables, tra
     assert d["plots"] and all(Path(p).parent == plots for p in d["plots"])
     r = logged(client, d["mlflow_run_id"], "concord-drift-audits")
     name = audit_name("ref", "hot")
-    assert r.info.run_name == f"{name}-{tonight()}"
+    assert r.info.run_name == f"{name}-{tonight()} [P0 critical]"
     assert r.data.tags["concord.audit.name"] == name and r.data.tags["concord.audit.night"] == tonight()
     assert r.data.tags["concord.audit.severity"] == "critical" and r.data.tags["concord.audit.priority"] == "P0"
     assert r.data.tags["mlflow.note.content"].startswith("# Drift audit: **CRITICAL (P0)**")
@@ -142,6 +142,7 @@ def test_audit_replicas_and_cards_track(capsys, clusters, tracking_uri, client):
 
 def test_audit_model_track(capsys, clusters, tracking_uri, client):
     from concord.audit.inputs import audit_name
+    from concord.audit.tracking import audit_run_name
     from concord.snapshots.refs import resolve_root
 
     lineage = Lineage(tracking_uri)
@@ -150,7 +151,8 @@ def test_audit_model_track(capsys, clusters, tracking_uri, client):
     code, d, err = run(capsys, "audit", "model", "toy-tracked", mv["version"], "--track", "--tracking-uri", tracking_uri)
     assert code == 0, err
     r = logged(client, d["mlflow_run_id"], "concord-drift-audits")
-    assert r.info.run_name == f"{audit_name('toy-tracked')}-{tonight()}"
+    assert r.info.run_name == audit_run_name(audit_name("toy-tracked"), tonight(), d["severity"], d["priority"])
+    assert r.data.tags["severity"] == d["severity"]
     assert r.data.params["model"] == "toy-tracked" and r.data.params["version"] == str(mv["version"])
     assert r.data.metrics["replicas_not_ok"] == 0
 

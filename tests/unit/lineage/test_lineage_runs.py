@@ -145,8 +145,10 @@ def test_audit_record_names_metrics_params_and_artifacts_as_the_flow_logs_them()
         params={"reference": "data/a", "bins": 12, "long": "x" * 600, "none": None},
     )
     assert rec["experiment"] == AUDIT_EXPERIMENT == "concord-drift-audits"
-    assert rec["run_name"] == "penguins-2025-03-01"
+    assert rec["run_name"] == "penguins-2025-03-01 [P0 critical]"
     assert rec["tags"] == {
+        "severity": "critical",
+        "priority": "P0",
         "concord.audit.name": "penguins",
         "concord.audit.night": "2025-03-01",
         "concord.audit.severity": "critical",
@@ -176,7 +178,13 @@ def test_audit_record_names_metrics_params_and_artifacts_as_the_flow_logs_them()
 def test_an_ok_audit_without_data_logs_only_what_it_has():
     rec = audit_run({"severity": "ok", "priority": None}, "ok", name="n", night="2025-01-01")
     assert rec["metrics"] == {"severity_rank": 0.0}
-    assert rec["params"] == {} and rec["tags"]["concord.audit.priority"] == ""
+    assert rec["params"] == {} and rec["tags"]["concord.audit.priority"] == "" == rec["tags"]["priority"]
+    assert rec["run_name"] == "n-2025-01-01" and rec["tags"]["severity"] == "ok"  # a quiet night has no suffix
+
+
+def test_a_warning_night_says_p1_in_its_run_name():
+    rec = audit_run({"severity": "warning", "priority": "P1"}, "w", name="n", night="2025-01-02")
+    assert rec["run_name"] == "n-2025-01-02 [P1 warning]" and rec["tags"]["severity"] == "warning"
 
 
 def test_a_long_report_is_cut_to_fit_the_description_and_kept_whole_as_an_artifact():
@@ -196,8 +204,13 @@ def test_log_audit_writes_the_audit_run(tracking_uri, client, tmp_path):
     )
     run = client.get_run(run_id)
     assert client.get_experiment(run.info.experiment_id).name == "concord-drift-audits"
-    assert run.info.run_name == "penguins-2025-03-02" and run.info.status == "FINISHED"
-    assert run.data.tags["concord.audit.severity"] == "critical"
+    assert run.info.run_name == "penguins-2025-03-02 [P0 critical]" and run.info.status == "FINISHED"
+    assert run.data.tags["concord.audit.severity"] == "critical" == run.data.tags["severity"]
+    # the experiment opens on MLflow's classic runs list, not its GenAI view
+    assert client.get_experiment(run.info.experiment_id).tags["mlflow.experimentKind"] == "custom_model_development"
+    # the P0 night is found by its tag
+    found = client.search_runs([run.info.experiment_id], "tags.severity = 'critical'")
+    assert run_id in {r.info.run_id for r in found}
     assert run.data.tags["mlflow.note.content"].startswith("# Drift audit: **CRITICAL (P0)**")
     assert run.data.metrics["severity_rank"] == 2 and run.data.metrics["psi/body mass _g_"] == pytest.approx(1.2)
     assert run.data.params["reference"] == "data/a" and run.data.params["bins"] == "10"
