@@ -6,7 +6,7 @@ for an endpoint that does not answer), carries its context as attributes, and sa
 message what to do next.
 
 One module per area (``base``, ``stores``, ``snapshots``, ``lineage``, ``federation``,
-``tiering``, ``audit``); every error is imported from here: ``from concord.errors import X``.
+``tiering``, ``audit``, ``serving``, ``trust``); every error is imported from here: ``from concord.errors import X``.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from concord.errors.stores import (
     StoreNotFoundError,
     StoreUnreachableError,
 )
+from concord.errors.store_config import StoreConfigError, StoreKeyError, UnknownEncodingError
 from concord.errors.snapshots import (
     ControlCharacterNameError,
     GcRefusedError,
@@ -72,11 +73,38 @@ from concord.errors.tiering import (
     PolicyError,
     RestoreTimeoutError,
 )
+from concord.errors.serving import (
+    CheckoutBusyError,
+    CheckoutDiskFullError,
+    CheckoutTargetError,
+    HealthCheckFailedError,
+    NoPreviousVersionError,
+)
+from concord.errors.oci import (
+    OciAuthError,
+    OciDigestMismatchError,
+    OciError,
+    OciNotAModelError,
+    OciNotFoundError,
+    OciReferenceError,
+    OciRegistryUnreachableError,
+    OciUnsafePathError,
+)
 from concord.errors.audit import (
     DriftConfigError,
     ModelCardError,
     ModelCardNotFoundError,
     ReplicaConfigError,
+)
+from concord.errors.trust import (
+    KeyFileError,
+    KeyPasswordError,
+    SignatureError,
+    SignatureFormatError,
+    TrustError,
+    TrustPolicyError,
+    UnsupportedKeyError,
+    UntrustedRootError,
 )
 
 __all__ = [
@@ -98,6 +126,9 @@ __all__ = [
     "NotRegularFileError",
     "DocumentError",
     "ReservedNameError",
+    "StoreConfigError",
+    "StoreKeyError",
+    "UnknownEncodingError",
     "SafetensorsError",
     "SourceNotFoundError",
     "SourceChangedError",
@@ -135,4 +166,17 @@ __all__ = [
     "ReplicaConfigError",
     "ModelCardNotFoundError",
     "ModelCardError",
+    "CheckoutTargetError",
+    "CheckoutBusyError",
+    "CheckoutDiskFullError",
+    "NoPreviousVersionError",
+    "HealthCheckFailedError",
+    "TrustError",
+    "KeyFileError",
+    "UnsupportedKeyError",
+    "KeyPasswordError",
+    "SignatureFormatError",
+    "SignatureError",
+    "TrustPolicyError",
+    "UntrustedRootError",
 ]

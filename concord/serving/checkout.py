@@ -1,0 +1,307 @@
+"""Check a snapshot out beside a serving link: write it whole, verified, then flip the link.
+
+The new version is written into ``.partial-<root>/`` of the versions folder (see
+:mod:`concord.serving.versions`). Its manifest says which byte ranges of each file are which
+chunk, and the manifests of the versions already on the node say where each of their chunks
+lies, so every chunk the node already holds is copied from there with ``copy_file_range`` (a
+reflink where the filesystem can share blocks, a copy in the kernel elsewhere) and only the others
+are fetched: from the cache store if one is given and holds them, else from the store (and then
+kept in the cache for the next node of the host). Every byte is verified: a copied range is read
+back and hashed, a fetched chunk is hashed as it arrives. Only a whole, verified version is
+renamed to ``<root>/``, and only then is the link flipped.
+
+Crash safety: a checkout killed at any point leaves the link on the version it named and no
+half version under any name the link can point to; a re-run finds ``.partial-<root>/`` and keeps
+every range already right (hashed, not trusted). A full disk removes the partial version and
+says so. Checkouts, rollbacks and prunes of one link take its lock in turn.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Callable
+
+from concord.errors import CheckoutDiskFullError, HealthCheckFailedError, IntegrityError, UnsafePathError
+from concord.files import atomic_write
+from concord.hashing import chunk_id
+from concord.progress import Progress, ensure
+from concord.serving.health import HealthCheck
+from concord.serving.versions import DEFAULT_WAIT, Layout, prune
+from concord.snapshots.manifest import Manifest, safe_relpath
+from concord.stores.base import Store
+from concord.text import control_char
+
+#: errors that mean the disk (or a quota, or a file size limit) is full
+DISK_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+
+
+@dataclass(frozen=True)
+class CheckoutResult:
+    root: str
+    path: str
+    bytes: int
+    bytes_fetched: int
+    bytes_reused: int
+    bytes_from_cache: int
+    previous: str | None
+    seconds: float
+    switched: bool
+    files: int
+    pruned: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict:
+        d = dict(self.__dict__)
+        d["pruned"] = list(self.pruned)
+        return d
+
+
+@dataclass
+class _Tally:
+    fetched: int = 0
+    reused: int = 0
+    cached: int = 0
+
+    def __post_init__(self) -> None:
+        self.lock = threading.Lock()
+
+    def add(self, what: str, n: int) -> None:
+        with self.lock:
+            setattr(self, what, getattr(self, what) + n)
+
+
+def _target_paths(manifest: Manifest, base: str) -> list[str]:
+    real_base = os.path.realpath(base)
+    out = []
+    for f in manifest.files:
+        rel = safe_relpath(f.path)
+        if control_char(rel) is not None:
+            raise UnsafePathError(f.path, "it holds a control character, which a checkout never creates")
+        full = os.path.realpath(os.path.join(real_base, *rel.split("/")))
+        if os.path.commonpath([full, real_base]) != real_base or full == real_base:
+            raise UnsafePathError(f.path, "it resolves outside the version folder")
+        out.append(full)
+    return out
+
+
+def _local_sources(layout: Layout, order: list[str]) -> dict[str, tuple[str, int]]:
+    """Where each chunk lies in the versions already on this node: ``cid -> (file, offset)``.
+    Versions earlier in ``order`` win (the current one first: its pages are warm)."""
+    out: dict[str, tuple[str, int]] = {}
+    for root in reversed(order):
+        vdir = layout.version_dir(root)
+        try:
+            with open(layout.manifest_path(root), "rb") as f:
+                m = Manifest.from_json(f.read(), expected_root=root)
+        except (OSError, ValueError):
+            continue  # a version without its manifest is served, but not copied from
+        for fe in m.files:
+            path = os.path.join(vdir, *fe.path.split("/"))
+            for p in fe.parts:
+                for cid, offset, _ in p.chunk_spans(m.chunk_size):
+                    out[cid] = (path, offset)
+    return out
+
+
+def _copy(src_fd: int, src_off: int, dst_fd: int, dst_off: int, length: int) -> None:
+    done = 0
+    while done < length:
+        n = os.copy_file_range(src_fd, dst_fd, length - done, src_off + done, dst_off + done)
+        if n <= 0:
+            raise OSError(errno.EIO, "copy_file_range copied nothing (the source is shorter than its manifest says)")
+        done += n
+
+
+def _pwrite_all(fd: int, data: bytes, offset: int) -> None:
+    view = memoryview(data)
+    while view:
+        n = os.pwrite(fd, view, offset)
+        view, offset = view[n:], offset + n
+
+
+class _Files:
+    """Open file descriptors, opened once each, closed together."""
+
+    def __init__(self, flags: int) -> None:
+        self.flags = flags
+        self.fds: dict[str, int] = {}
+        self.lock = threading.Lock()
+
+    def fd(self, path: str) -> int:
+        with self.lock:
+            if path not in self.fds:
+                self.fds[path] = os.open(path, self.flags)
+            return self.fds[path]
+
+    def close(self) -> None:
+        for fd in self.fds.values():
+            os.close(fd)
+        self.fds.clear()
+
+
+def materialise(
+    store: Store,
+    manifest: Manifest,
+    layout: Layout,
+    *,
+    sources: list[str],
+    cache: Store | None = None,
+    fsync: bool = True,
+    progress: Progress | None = None,
+) -> _Tally:
+    """Write ``manifest`` into ``<versions>/<root>/``, whole and verified (see the module's doc).
+    ``sources`` are the roots of versions on this node to copy from, most preferred first."""
+    root = manifest.root
+    part_dir = layout.partial_dir(root)
+    resuming = os.path.isdir(part_dir)
+    os.makedirs(part_dir, exist_ok=True)
+    tally = _Tally()
+    prog = ensure(progress)
+    dst = _Files(os.O_RDWR | getattr(os, "O_CLOEXEC", 0))
+    src = _Files(os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    try:
+        paths = _target_paths(manifest, part_dir)
+        # every place each chunk goes: a chunk named twice is fetched or copied once
+        places: dict[str, list[tuple[str, int, int]]] = {}
+        for f, path in zip(manifest.files, paths):
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                if os.fstat(fd).st_size != f.size:
+                    os.ftruncate(fd, f.size)
+            finally:
+                os.close(fd)
+            for p in f.parts:
+                for cid, offset, length in p.chunk_spans(manifest.chunk_size):
+                    places.setdefault(cid, []).append((path, offset, length))
+        local = _local_sources(layout, sources)
+        in_cache = cache.has_chunks([c for c in places if c not in local]) if cache is not None else set()
+        prog.start(manifest.total_bytes, "checkout")
+
+        def read(path: str, offset: int, length: int) -> bytes:
+            return os.pread(dst.fd(path), length, offset)
+
+        def place(cid: str) -> None:
+            todo = places[cid]
+            if resuming:  # what a killed run already wrote is kept when it hashes right
+                left = [t for t in todo if chunk_id(read(*t)) != cid]
+                tally.add("reused", sum(t[2] for t in todo) - sum(t[2] for t in left))
+                todo = left
+            if not todo:
+                prog.advance(sum(t[2] for t in places[cid]))
+                return
+            data = None
+            path, offset, length = todo[0]
+            if cid in local:
+                spath, soff = local[cid]
+                try:
+                    _copy(src.fd(spath), soff, dst.fd(path), offset, length)
+                    data = read(path, offset, length)
+                    if chunk_id(data) == cid:
+                        tally.add("reused", length)
+                    else:
+                        data = None  # the old version's copy is damaged: fetch a good one
+                except OSError as exc:
+                    if exc.errno in DISK_FULL:
+                        raise
+                    data = None
+            if data is None:
+                if cid in in_cache:
+                    data = cache.get_chunk(cid, verify=True)
+                    tally.add("cached", length)
+                else:
+                    data = store.get_chunk(cid, verify=True)
+                    tally.add("fetched", length)
+                    if cache is not None:
+                        cache.put_chunk(cid, data, verify=False)
+                if len(data) != length:
+                    raise IntegrityError(f"chunk {cid} in {store.uri}", f"{length} bytes", f"{len(data)} bytes")
+                _pwrite_all(dst.fd(path), data, offset)
+            for path2, offset2, length2 in todo[1:]:
+                _pwrite_all(dst.fd(path2), data, offset2)
+                tally.add("reused", length2)
+            prog.advance(sum(t[2] for t in places[cid]))
+
+        workers = max(4, store.parallelism)
+        with ThreadPoolExecutor(workers, thread_name_prefix="concord-checkout") as pool:
+            for _ in pool.map(place, list(places)):
+                pass
+        if fsync:
+            for fd in dst.fds.values():
+                os.fsync(fd)
+        dst.close()
+        atomic_write(layout.manifest_path(root), manifest.to_json(), fsync=fsync)
+        os.rename(part_dir, layout.version_dir(root))
+    except OSError as exc:
+        if exc.errno in DISK_FULL:
+            dst.close()
+            shutil.rmtree(part_dir, ignore_errors=True)
+            raise CheckoutDiskFullError(layout.link, manifest.total_bytes, os.strerror(exc.errno)) from exc
+        raise
+    finally:
+        dst.close()
+        src.close()
+        prog.close()
+    return tally
+
+
+def checkout(
+    store: Store,
+    manifest: Manifest,
+    dest: str | os.PathLike,
+    *,
+    cache: Store | None = None,
+    keep: int | None = None,
+    health: HealthCheck | None = None,
+    admit: Callable[[str], None] | None = None,
+    wait: float = DEFAULT_WAIT,
+    fsync: bool = True,
+    progress: Progress | None = None,
+) -> CheckoutResult:
+    """Make ``dest`` (a symlink) name ``manifest``'s snapshot, written whole and verified beside it.
+
+    ``admit(root)`` runs before any byte is written and raises to refuse the root (a trust
+    policy). The same root as the current one does nothing (but ``keep`` still prunes). With
+    ``health``, the gate runs after the flip; when it fails the link flips back and
+    :class:`HealthCheckFailedError` is raised. ``keep`` prunes to that many versions after a
+    healthy flip (never the current one or the one before)."""
+    t0 = time.perf_counter()
+    layout = Layout.of(dest)
+    root = manifest.root
+    layout.current()  # a real folder at dest is refused before anything is made beside it
+    if admit is not None:
+        admit(root)
+    os.makedirs(os.path.dirname(layout.link), exist_ok=True)
+    with layout.locked(wait):
+        current = layout.current()
+        if current == root and os.path.isdir(layout.version_dir(root)):
+            pruned = tuple(prune(layout, keep)) if keep else ()
+            return CheckoutResult(
+                root, layout.link, manifest.total_bytes, 0, 0, 0, layout.previous(current),
+                round(time.perf_counter() - t0, 6), False, manifest.n_files, pruned,
+            )
+        if os.path.isdir(layout.version_dir(root)):
+            # a version kept from before: re-checked byte by byte, repaired where it differs
+            if os.path.isdir(layout.partial_dir(root)):
+                shutil.rmtree(layout.partial_dir(root))
+            os.rename(layout.version_dir(root), layout.partial_dir(root))
+        order = ([current] if current else []) + [r for r in reversed(layout.versions()) if r != current]
+        tally = materialise(store, manifest, layout, sources=order, cache=cache, fsync=fsync, progress=progress)
+        layout.flip(root)
+        layout.record(root, "checkout")
+        if health is not None:
+            problem = health.run(layout.link, root)
+            if problem is not None:
+                layout.flip(current)
+                layout.record(current, "health-rollback")
+                raise HealthCheckFailedError(layout.link, health.describe(), problem, current)
+        pruned = tuple(prune(layout, keep, spare=None)) if keep else ()
+    return CheckoutResult(
+        root, layout.link, manifest.total_bytes, tally.fetched, tally.reused, tally.cached, current,
+        round(time.perf_counter() - t0, 6), True, manifest.n_files, pruned,
+    )
