@@ -2,7 +2,8 @@
 
 Everything is written into a temporary sibling folder, every chunk verified as it is read, and
 the folder is renamed into place only when complete: the destination either does not exist or
-holds the whole snapshot. Manifest paths that would leave the folder, or that hold a control
+holds the whole snapshot. A ``check_root`` (a trust policy's) runs before anything is written
+and may name SHA-256 digests the files must have, checked before the rename. Manifest paths that would leave the folder, or that hold a control
 character (which ``concord snapshot`` never records), are refused before any byte is written.
 """
 
@@ -13,6 +14,7 @@ import shutil
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Callable, Mapping
 
 from concord.errors import RestoreTargetError, UnsafePathError
 from concord.snapshots.manifest import Manifest, safe_relpath
@@ -32,6 +34,21 @@ class RestoreResult:
         return dict(self.__dict__)
 
 
+def _check_sha256(folder: str, expected: Mapping[str, str], root: str, where: str) -> None:
+    """Refuse a restore whose files do not have the SHA-256 a signature lists for them."""
+    import hashlib
+
+    from concord.errors import IntegrityError
+
+    for rel, digest in sorted(expected.items()):
+        h = hashlib.sha256()
+        with open(os.path.join(folder, *safe_relpath(rel).split("/")), "rb") as fh:
+            while block := fh.read(8 * 1024 * 1024):
+                h.update(block)
+        if h.hexdigest() != digest:
+            raise IntegrityError(f"{rel} of {root} from {where} (checked against its signature; nothing restored)", f"SHA-256 {digest}", h.hexdigest())
+
+
 def _target_paths(manifest: Manifest, base: str) -> list[str]:
     out = []
     real_base = os.path.realpath(base)
@@ -47,10 +64,23 @@ def _target_paths(manifest: Manifest, base: str) -> list[str]:
     return out
 
 
-def restore(store: Store, manifest: Manifest, out_dir: str | os.PathLike, *, progress: Progress | None = None) -> RestoreResult:
+#: a check of a root before it is restored (a trust policy's ``restore_check``): raises to refuse
+#: it; may return the SHA-256 (hex) some files must have, checked before the final rename
+RootCheck = Callable[[Store, str], "Mapping[str, str] | None"]
+
+
+def restore(
+    store: Store,
+    manifest: Manifest,
+    out_dir: str | os.PathLike,
+    *,
+    progress: Progress | None = None,
+    check_root: RootCheck | None = None,
+) -> RestoreResult:
     out = os.path.abspath(os.fspath(out_dir))
     if os.path.exists(out) and (not os.path.isdir(out) or os.listdir(out)):
         raise RestoreTargetError(out)
+    expected = check_root(store, manifest.root) if check_root is not None else None
     parent = os.path.dirname(out)
     os.makedirs(parent, exist_ok=True)
     tmp = os.path.join(parent, f".{os.path.basename(out)}.concord-tmp-{uuid.uuid4().hex[:12]}")
@@ -85,6 +115,8 @@ def restore(store: Store, manifest: Manifest, out_dir: str | os.PathLike, *, pro
         with ThreadPoolExecutor(store.parallelism, thread_name_prefix="concord-restore") as pool:
             for _ in pool.map(write, jobs):
                 pass
+        if expected:
+            _check_sha256(tmp, expected, manifest.root, store.uri)
         if os.path.isdir(out):
             os.rmdir(out)  # empty (checked above)
         os.rename(tmp, out)

@@ -14,6 +14,7 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from dataclasses import dataclass
+from typing import Callable
 
 from concord.errors import ReplicationError
 from concord.snapshots.gc import write_lease
@@ -78,6 +79,18 @@ def copy_chunks(source: Store, target: Store, ids: list[str], progress: Progress
     return sent, nbytes
 
 
+def copy_signatures(source: Store, target: Store, root: str) -> int:
+    """Copy the signature documents of ``root`` (``signatures/<root>/*``) the target lacks or holds
+    differently; how many were written. The trust wing reads them; here they are opaque bytes."""
+    n = 0
+    for key in source.list_documents(f"signatures/{root}"):
+        data = source.get_document(key)
+        if data is not None and target.get_document(key) != data:
+            target.put_document(key, data, overwrite=True)
+            n += 1
+    return n
+
+
 def replicate(
     source: Store,
     targets: list[Store],
@@ -85,14 +98,19 @@ def replicate(
     ref: str | None = None,
     root: str | None = None,
     progress: Progress | None = None,
+    check_root: Callable[[Store, str], object] | None = None,
 ) -> list[TargetResult]:
-    """Bring every target up to the snapshot named by ``ref`` (or ``root``) in ``source``."""
+    """Bring every target up to the snapshot named by ``ref`` (or ``root``) in ``source``.
+    ``check_root`` (a trust policy's ``require``) may refuse the root before anything moves; the
+    root's signature documents (``signatures/<root>/``) travel with it, before the ref moves."""
     if not targets:
         raise ValueError("replicate: name at least one target store")
     if (ref is None) == (root is None):
         raise ValueError("replicate: give exactly one of ref= or root=")
     ref = check_writable_ref(ref) if ref is not None else None  # "" is a mistake, not "no ref"
     root = resolve_root(source, ref or root)
+    if check_root is not None:
+        check_root(source, root)  # refuses (raises) before any target is touched
     manifest_bytes = source.get_manifest_bytes(root)
     manifest = Manifest.from_json(manifest_bytes, expected_root=root, verify=True)
     lengths = manifest.chunk_lengths()
@@ -117,6 +135,7 @@ def replicate(
         with p.lease:
             sent, nbytes = copy_chunks(source, p.target, p.missing, prog)
             p.target.put_manifest(root, manifest_bytes)
+            copy_signatures(source, p.target, root)
             version = None
             if ref:
                 version = p.target.cas_ref(ref, p.expected, root, f"sync from {source.uri}").version

@@ -1,0 +1,82 @@
+"""Trust: who released a root. Signatures in OpenSSF Model Signing (OMS v1.0) format, trust
+policies, and the checks that refuse an untrusted root before anything is materialised.
+
+The stable API other wings and rooms call (import from ``concord.trust``)::
+
+    # (a) a policy from --trust / CONCORD_TRUSTED_KEYS (None when neither is set)
+    policy = load_policy(args.trust)                    # TrustPolicy | None
+    policy = TrustPolicy.from_pems([pem, ...], "block:NAME")   # from a block's PEM text
+
+    # (b) check a root in a store before materialising it
+    check_root(store, root, policy)                     # no-op without a policy; else raises
+                                                        # UntrustedRootError (one line: root,
+                                                        # store, keys tried)
+    policy.require(store, root) -> Verdict              # the same, with a policy in hand
+    policy.restore_check(store, root)                   # for restore's check_root hook: None, or
+                                                        # the SHA-256 per file still to check
+    policy.report(store, root) -> Verdict               # never raises: .signed_by, .trusted
+
+    # (c) the signature documents of a root (OMS bundles, JSON bytes)
+    signature_ids(store, root) -> [key id, ...]         # sorted
+    read_signature(store, root, key_id) -> bytes | None
+    signature_documents(store, root) -> {key id: bytes}
+    signature_key(root, key_id) -> "signatures/<root>/<key id>.sig"   # the store document key
+    import_signature(store, root, bundle_bytes, keys)   # keep a bundle after it verifies
+
+    # signing
+    key = load_signing_key("key.pem", password=None)    # password default: $CONCORD_KEY_PASSWORD
+    result, bundle_bytes = sign_root(store, root, key, ref="models/x")
+
+A key id is the SHA-256 of the public key's PEM, as OMS writes it in the bundle's key hint.
+Errors are in :mod:`concord.errors` (``TrustError`` and subclasses). See docs/trust.md.
+"""
+
+from __future__ import annotations
+
+from concord.trust.keys import (
+    PublicKey,
+    SigningKey,
+    generate_key,
+    load_public_key,
+    load_signing_key,
+    public_key_from_pem,
+    signing_key_from_pem,
+)
+from concord.trust.policy import ENV, TrustPolicy, Verdict, load_policy
+from concord.trust.signing import (
+    import_signature,
+    read_signature,
+    sign_root,
+    signature_documents,
+    signature_ids,
+    signature_key,
+    verify_bundle,
+)
+
+
+def check_root(store, root: str, policy: TrustPolicy | None) -> Verdict | None:
+    """Refuse ``root`` in ``store`` unless ``policy`` trusts it (nothing to check without one)."""
+    return None if policy is None else policy.require(store, root)
+
+
+__all__ = [
+    "ENV",
+    "PublicKey",
+    "SigningKey",
+    "TrustPolicy",
+    "Verdict",
+    "check_root",
+    "generate_key",
+    "import_signature",
+    "load_policy",
+    "load_public_key",
+    "load_signing_key",
+    "public_key_from_pem",
+    "read_signature",
+    "sign_root",
+    "signature_documents",
+    "signature_ids",
+    "signature_key",
+    "signing_key_from_pem",
+    "verify_bundle",
+]

@@ -1,0 +1,185 @@
+"""A trust policy: the public keys whose signatures a root needs before it is used.
+
+A policy comes from ``--trust PUB.pem[,PUB2.pem...]``, else from ``CONCORD_TRUSTED_KEYS``
+(comma-separated PEM paths), else from a Prefect block (``blocks.trust.TrustBlock`` builds one
+with :meth:`TrustPolicy.from_pems`). No policy means no check, as before.
+
+Under a policy a root is *trusted* when one of its signature documents verifies with a trusted
+key and holds for the root (:func:`concord.trust.signing.check_bundle`). What each caller asks:
+
+- :meth:`TrustPolicy.require` (sync, tier restore, flows, serving, OCI): raises
+  :class:`~concord.errors.UntrustedRootError` (one line: the root, the store, the keys tried)
+  unless trusted; a root trusted only through a root-less ``model_signing`` bundle has its files'
+  SHA-256 computed from the store and compared first.
+- :meth:`TrustPolicy.restore_check` (restore): the same, except that for a root-less bundle it
+  returns the expected SHA-256 per file instead of reading the store twice: the restore hashes
+  what it wrote and refuses before its final rename. For a bundle that names the root nothing more
+  is needed: restore verifies every chunk against the root's Merkle tree as it reads it.
+- :meth:`TrustPolicy.report`: never raises; ``signed_by`` and ``trusted`` for verify and audits.
+
+``require`` and ``restore_check`` match the ``check_root`` hook of
+:func:`concord.snapshots.sync.replicate` and :func:`concord.snapshots.restore.restore`.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Iterable, Mapping
+
+from concord.errors import ConcordError, TrustPolicyError, UntrustedRootError
+from concord.snapshots.manifest import Manifest
+from concord.snapshots.refs import load_manifest
+from concord.stores.base import Store
+from concord.trust import bundle as oms
+from concord.trust.keys import PublicKey, load_public_key, public_key_from_pem
+from concord.trust.signing import (
+    Checked,
+    check_bundle,
+    compare_digests,
+    file_digests,
+    signature_documents,
+    signature_key,
+)
+
+#: comma-separated paths of trusted public keys (PEM)
+ENV = "CONCORD_TRUSTED_KEYS"
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What a store's signatures say of a root under a policy."""
+
+    root: str
+    store: str
+    #: key ids of every signature document the store holds for the root
+    signed_by: tuple[str, ...]
+    #: whether one verifies with a trusted key and holds for the root
+    trusted: bool
+    #: the trusted key id that vouches for it (None if untrusted)
+    trusted_by: str | None = None
+    #: why each other signature does not count (key id → problem)
+    problems: Mapping[str, str] = field(default_factory=dict)
+    #: for a root trusted through a root-less bundle only: SHA-256 its files must have
+    expected: Mapping[str, str] | None = None
+
+    def to_dict(self) -> dict:
+        return {
+            "root": self.root,
+            "store": self.store,
+            "signed_by": list(self.signed_by),
+            "trusted": self.trusted,
+            "trusted_by": self.trusted_by,
+            "problems": dict(self.problems),
+        }
+
+
+@dataclass(frozen=True)
+class TrustPolicy:
+    keys: tuple[PublicKey, ...]
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.keys:
+            raise TrustPolicyError(self.source or "(nowhere)", "no trusted key")
+
+    @property
+    def key_ids(self) -> tuple[str, ...]:
+        return tuple(k.id for k in self.keys)
+
+    # ------------------------------------------------------------------ building
+
+    @classmethod
+    def from_paths(cls, paths: Iterable[str | os.PathLike], source: str = "") -> "TrustPolicy":
+        paths = [os.fspath(p) for p in paths]
+        keys = _unique(load_public_key(p) for p in paths)
+        return cls(keys, source or ",".join(paths))
+
+    @classmethod
+    def from_spec(cls, spec: str, source: str = "--trust") -> "TrustPolicy":
+        """``spec``: comma-separated PEM paths (blanks around commas ignored)."""
+        paths = [p.strip() for p in spec.split(",") if p.strip()]
+        if not paths:
+            raise TrustPolicyError(source, "no key path given")
+        return cls.from_paths(paths, source)
+
+    @classmethod
+    def from_pems(cls, pems: Iterable[bytes | str], source: str = "block") -> "TrustPolicy":
+        keys = _unique(
+            public_key_from_pem(p.encode() if isinstance(p, str) else p, f"{source} key {i + 1}") for i, p in enumerate(pems)
+        )
+        return cls(keys, source)
+
+    # ------------------------------------------------------------------ checking
+
+    def report(self, store: Store, root: str, manifest: Manifest | None = None) -> Verdict:
+        """What the store's signatures say of ``root`` (never raises for a bad signature)."""
+        docs = signature_documents(store, root)
+        problems: dict[str, str] = {}
+        rootless: list[Checked] = []
+        if docs and manifest is None:
+            manifest = load_manifest(store, root)
+        for kid, data in docs.items():
+            where = f"{store.uri}/{signature_key(root, kid)}"
+            try:
+                parsed = oms.parse_bundle(data, where)
+                checked = check_bundle(parsed, root, manifest, self.keys, where)
+            except ConcordError as exc:
+                problems[kid] = _problem(exc)
+                continue
+            if checked.root_bound:
+                return Verdict(root, store.uri, tuple(docs), True, checked.key_id, problems)
+            rootless.append(checked)
+        if rootless:
+            c = rootless[0]
+            return Verdict(root, store.uri, tuple(docs), True, c.key_id, problems, dict(c.expected))
+        return Verdict(root, store.uri, tuple(docs), False, None, problems)
+
+    def restore_check(self, store: Store, root: str) -> Mapping[str, str] | None:
+        """Raise unless ``root`` is trusted; the SHA-256 its restored files must have when only a
+        root-less bundle vouches for it, else None."""
+        v = self.report(store, root)
+        if not v.trusted:
+            raise UntrustedRootError(store.uri, root, self.key_ids, _problems(v))
+        return v.expected
+
+    def require(self, store: Store, root: str) -> Verdict:
+        """Raise :class:`UntrustedRootError` unless ``root`` is trusted in ``store``."""
+        v = self.report(store, root)
+        if not v.trusted:
+            raise UntrustedRootError(store.uri, root, self.key_ids, _problems(v))
+        if v.expected is not None:
+            try:
+                manifest = load_manifest(store, root)
+                compare_digests(v.expected, file_digests(store, manifest, v.expected), f"{store.uri}/{signature_key(root, v.trusted_by)}")
+            except ConcordError as exc:
+                raise UntrustedRootError(store.uri, root, self.key_ids, (_problem(exc),)) from exc
+        return v
+
+
+def _problem(exc: Exception) -> str:
+    text = str(exc)
+    return text.split(": ", 1)[1] if text.startswith("signature ") and ": " in text else text
+
+
+def _problems(v: Verdict) -> tuple[str, ...]:
+    return tuple(f"{kid[:16]}: {p.split('. ')[0]}" for kid, p in v.problems.items())
+
+
+def _unique(keys: Iterable[PublicKey]) -> tuple[PublicKey, ...]:
+    out: dict[str, PublicKey] = {}
+    for k in keys:
+        out.setdefault(k.id, k)
+    return tuple(out.values())
+
+
+def load_policy(trust: str | None = None, *, environ: Mapping[str, str] | None = None) -> TrustPolicy | None:
+    """The policy from ``trust`` (comma-separated PEM paths, as ``--trust`` takes), else from
+    ``$CONCORD_TRUSTED_KEYS``; None when neither is set."""
+    if trust is not None and trust.strip():
+        return TrustPolicy.from_spec(trust, "--trust")
+    env = os.environ if environ is None else environ
+    spec = env.get(ENV, "").strip()
+    if spec:
+        return TrustPolicy.from_spec(spec, ENV)
+    return None

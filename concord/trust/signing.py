@@ -1,0 +1,268 @@
+"""Sign a root, keep signatures in the store, check a signature against a root.
+
+Signature documents live at ``signatures/<root>/<key id>.sig`` (one per key; a new signature by
+the same key replaces the old one, atomically), so they are listed per root and travel with
+``sync``. Each is an OMS bundle (:mod:`concord.trust.bundle`) over the SHA-256 of every file of
+the snapshot (the files OMS ignores by default, ``.git`` and friends, excepted) and over the root.
+
+Signing reads the snapshot from the store, never from a folder: every chunk is verified against
+the manifest (BLAKE3) as it is read, and each file's SHA-256 is computed from the same bytes, so
+what is signed is exactly what the root names. Chunks are fetched on a thread pool while one
+thread feeds SHA-256, in file order.
+
+A bundle that binds a root (``predicate.concord.root``) holds for that root only. A bundle made
+by ``model_signing sign`` binds no root: it holds for a root whose files have exactly the SHA-256
+digests it lists (checked from the store's bytes when it is imported, and again, from the
+restored bytes, by a restore under a trust policy).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Iterable, Iterator, Mapping
+
+from concord.errors import SignatureError
+from concord.snapshots.manifest import Manifest
+from concord.snapshots.refs import load_manifest
+from concord.stores.base import Store
+from concord.trust import bundle as oms
+from concord.trust.keys import PublicKey, SigningKey
+
+PREFIX = "signatures"
+SUFFIX = ".sig"
+
+
+def signature_key(root: str, key_id: str) -> str:
+    """Store document key of the signature of ``root`` by the key ``key_id``."""
+    return f"{PREFIX}/{root}/{key_id}{SUFFIX}"
+
+
+def signature_ids(store: Store, root: str) -> list[str]:
+    """Key ids of the signature documents a store holds for ``root`` (sorted)."""
+    out = []
+    for key in store.list_documents(f"{PREFIX}/{root}"):
+        name = key.rsplit("/", 1)[-1]
+        kid = name[: -len(SUFFIX)] if name.endswith(SUFFIX) else ""
+        if len(kid) == 64 and all(c in "0123456789abcdef" for c in kid) and key == signature_key(root, kid):
+            out.append(kid)
+    return sorted(out)
+
+
+def read_signature(store: Store, root: str, key_id: str) -> bytes | None:
+    """The bundle bytes of ``root``'s signature by ``key_id``, or None."""
+    return store.get_document(signature_key(root, key_id))
+
+
+def signature_documents(store: Store, root: str) -> dict[str, bytes]:
+    """Every signature document of ``root``: key id → bundle bytes (as stored, not verified)."""
+    out = {}
+    for kid in signature_ids(store, root):
+        data = read_signature(store, root, kid)
+        if data is not None:
+            out[kid] = data
+    return out
+
+
+def signed_paths(manifest: Manifest, ignore_paths: Iterable[str] = oms.GIT_PATHS) -> list[str]:
+    """The manifest's file paths a signature lists (those OMS does not ignore)."""
+    ignore = tuple(ignore_paths)
+    return [f.path for f in manifest.files if not oms.is_ignored(f.path, ignore)]
+
+
+def file_digests(store: Store, manifest: Manifest, paths: Iterable[str] | None = None, *, progress=None) -> dict[str, str]:
+    """SHA-256 (hex) of each file of ``manifest`` (or of ``paths`` only), streamed from ``store``,
+    every chunk verified as it is read."""
+    wanted = set(paths) if paths is not None else None
+    files = [f for f in manifest.files if wanted is None or f.path in wanted]
+    jobs = [(i, cid, length) for i, f in enumerate(files) for p in f.parts for cid, _, length in p.chunk_spans(manifest.chunk_size)]
+    hashers = [hashlib.sha256() for _ in files]
+
+    def fetch(job) -> tuple[int, bytes]:
+        i, cid, length = job
+        data = store.get_chunk(cid, verify=True)
+        if len(data) != length:
+            from concord.errors import IntegrityError
+
+            raise IntegrityError(f"chunk {cid} in {store.uri}", f"{length} bytes", f"{len(data)} bytes")
+        return i, data
+
+    workers = max(2, store.parallelism)
+    with ThreadPoolExecutor(workers, thread_name_prefix="concord-sign") as pool:
+        for i, data in _in_order(pool, fetch, jobs, window=2 * workers):
+            hashers[i].update(data)
+            if progress is not None:
+                progress.advance(len(data))
+    return {f.path: h.hexdigest() for f, h in zip(files, hashers)}
+
+
+def _in_order(pool: ThreadPoolExecutor, fn, items: list, window: int) -> Iterator:
+    """``fn`` over ``items`` on ``pool``, results in order, at most ``window`` in flight."""
+    pending: deque = deque()
+    it = iter(items)
+    for item in it:
+        pending.append(pool.submit(fn, item))
+        if len(pending) >= window:
+            break
+    for item in it:
+        yield pending.popleft().result()
+        pending.append(pool.submit(fn, item))
+    while pending:
+        yield pending.popleft().result()
+
+
+@dataclass(frozen=True)
+class SignResult:
+    root: str
+    key_id: str
+    document: str
+    files: int
+    bytes: int
+    ref: str | None = None
+    model_name: str = ""
+
+    def to_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+def sign_root(
+    store: Store,
+    root: str,
+    key: SigningKey,
+    *,
+    ref: str | None = None,
+    model_name: str | None = None,
+    progress=None,
+) -> tuple[SignResult, bytes]:
+    """Sign ``root`` with ``key`` and keep the bundle in ``store``; (result, bundle bytes)."""
+    manifest = load_manifest(store, root)
+    paths = signed_paths(manifest)
+    if progress is not None:
+        progress.start(sum(f.size for f in manifest.files if f.path in set(paths)), "sign")
+    try:
+        digests = file_digests(store, manifest, paths, progress=progress)
+    finally:
+        if progress is not None:
+            progress.close()
+    name = model_name or (ref.rsplit("/", 1)[-1] if ref else root[:12])
+    payload = oms.statement_bytes(
+        name,
+        digests,
+        concord={"root": root, "manifest_format": "concord/manifest@1", **({"ref": ref} if ref else {})},
+    )
+    data = oms.bundle_bytes(payload, key.sign(oms.pae(payload)), key.id)
+    doc = signature_key(root, key.id)
+    store.put_document(doc, data, overwrite=True)
+    total = sum(f.size for f in manifest.files if f.path in digests)
+    return SignResult(root, key.id, doc, len(digests), total, ref, name), data
+
+
+# ----------------------------------------------------------------------------- checking
+
+
+@dataclass(frozen=True)
+class Checked:
+    """A signature that verifies with ``key``. ``root_bound``: it names the root it was checked
+    against; otherwise ``expected`` holds the SHA-256 the root's files must have."""
+
+    key_id: str
+    key_source: str
+    root_bound: bool
+    expected: Mapping[str, str] = field(default_factory=dict)
+
+
+def check_bundle(
+    parsed: oms.Bundle,
+    root: str,
+    manifest: Manifest,
+    keys: Iterable[PublicKey],
+    where: str,
+) -> Checked:
+    """Check a parsed bundle against ``root`` (its ``manifest``) and ``keys``; raise
+    :class:`SignatureError` if no key verifies it, it signs another root, or its files are not
+    the manifest's. A root-less (``model_signing``) bundle returns the digests still to check."""
+    keys = list(keys)
+    candidates = [k for k in keys if k.id == parsed.key_hint] if parsed.key_hint else keys
+    key = next((k for k in candidates if k.verify(parsed.signature, parsed.signed_message)), None)
+    if key is None and parsed.key_hint and not candidates:
+        raise SignatureError(
+            where,
+            f"it was made by key {parsed.key_hint[:16]}, which is not among the keys given "
+            f"({', '.join(k.id[:16] for k in keys) or 'none'})",
+            "Trust that key's public half if its signer is trusted",
+        )
+    if key is None:
+        tried = ", ".join(k.id[:16] for k in keys) or "(none)"
+        made_by = f"key {parsed.key_hint[:16]}" if parsed.key_hint else "an unnamed key"
+        raise SignatureError(
+            where,
+            f"it does not verify with any of the keys given ({tried}); it claims {made_by}",
+            "Check that the right public key is trusted, or that the signature was not altered",
+        )
+    st = parsed.statement
+    if st.root is not None and st.root != root:
+        raise SignatureError(where, f"it signs root {st.root}, not {root}", "A signature holds for the root it names only")
+    listed = set(signed_paths(manifest, st.ignore_paths))
+    named = set(st.resources)
+    if listed != named:
+        extra, missing = sorted(listed - named), sorted(named - listed)
+        what = (f"files not signed: {', '.join(extra[:3])}" if extra else "") + (
+            ("; " if extra else "") + f"signed files absent: {', '.join(missing[:3])}" if missing else ""
+        )
+        raise SignatureError(where, f"its files are not the snapshot's ({what})", "Sign this snapshot itself")
+    if st.root is not None:
+        return Checked(key.id, key.source, True)
+    return Checked(key.id, key.source, False, dict(st.resources))
+
+
+def compare_digests(expected: Mapping[str, str], actual: Mapping[str, str], where: str) -> None:
+    bad = sorted(p for p in expected if actual.get(p) != expected[p])
+    if bad:
+        raise SignatureError(
+            where,
+            f"{len(bad)} file(s) differ from what was signed ({', '.join(bad[:3])})",
+            "The signature is for other bytes: sign this snapshot itself",
+        )
+
+
+def verify_bundle(
+    store: Store,
+    root: str,
+    data: bytes,
+    keys: Iterable[PublicKey],
+    *,
+    where: str = "",
+    manifest: Manifest | None = None,
+) -> Checked:
+    """Parse and fully check ``data`` against ``root`` in ``store``: a root-less bundle's digests
+    are compared with the SHA-256 of the root's files, read from the store."""
+    where = where or f"for {root[:12]} in {store.uri}"
+    parsed = oms.parse_bundle(data, where)
+    manifest = manifest or load_manifest(store, root)
+    checked = check_bundle(parsed, root, manifest, keys, where)
+    if not checked.root_bound:
+        compare_digests(checked.expected, file_digests(store, manifest, checked.expected), where)
+    return checked
+
+
+def import_signature(store: Store, root: str, data: bytes, keys: Iterable[PublicKey], *, where: str = "") -> Checked:
+    """Keep an OMS bundle (e.g. from ``model_signing sign key``) as a signature of ``root`` after
+    it verifies with one of ``keys`` against the root's files; nothing is written otherwise."""
+    checked = verify_bundle(store, root, data, keys, where=where)
+    store.put_document(signature_key(root, checked.key_id), data, overwrite=True)
+    return checked
+
+
+def hash_folder_files(folder: str, paths: Iterable[str]) -> dict[str, str]:
+    """SHA-256 (hex) of each relative posix path under ``folder`` (for a restore's check)."""
+    out = {}
+    for rel in paths:
+        h = hashlib.sha256()
+        with open(os.path.join(folder, *rel.split("/")), "rb") as fh:
+            while chunk := fh.read(8 * 1024 * 1024):
+                h.update(chunk)
+        out[rel] = h.hexdigest()
+    return out
