@@ -9,12 +9,19 @@ server is away fails the run at once: the retry covers that.
 
 A failure that is the run's answer (bad parameters, copy-rule violations) would be the same on a
 second try, so the flow marks its run :func:`final` before raising it, and the server does not
-retry it. Python callers of the flows (tests, the demo) get the flows without retries.
+retry it. The deployed pipelines also mark final every error of :data:`FINAL_ERRORS` that escapes
+them: the input is wrong (a source or policy file that is not there, a malformed policy, a bad name
+or store address, a ref or snapshot that does not exist) and nothing was changed, so a second try
+30 s later could only fail the same way. Python callers of the flows (tests, the demo) get the
+flows without retries.
 """
 
 from __future__ import annotations
 
+import copy
+import functools
 import logging
+import types
 
 RETRIES = 1
 RETRY_DELAY_SECONDS = 30
@@ -22,9 +29,41 @@ RETRY_DELAY_SECONDS = 30
 log = logging.getLogger("concord.flows")
 
 
+def final_errors() -> tuple[type[BaseException], ...]:
+    """The errors that are a run's answer whatever the moment: the input is wrong and nothing was
+    changed (a store or server that does not answer is not among them)."""
+    from concord.errors import (
+        InvalidNameError,
+        InvalidStoreURIError,
+        ManifestError,
+        ManifestNotFoundError,
+        PolicyError,
+        RefNotFoundError,
+        SourceNotFoundError,
+        StoreNotFoundError,
+    )
+
+    return (SourceNotFoundError, PolicyError, InvalidNameError, InvalidStoreURIError, ManifestError,
+            ManifestNotFoundError, RefNotFoundError, StoreNotFoundError)
+
+
 def as_deployed(flow):
-    """``flow`` with the retry policy of deployed runs."""
-    return flow.with_options(retries=RETRIES, retry_delay_seconds=RETRY_DELAY_SECONDS)
+    """``flow`` with the retry policy of deployed runs: retried once on a passing fault, never on an
+    error of :func:`final_errors` (marked :func:`final` as it leaves the flow)."""
+
+    fn, answers, mark = flow.fn, final_errors(), final
+
+    def run(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except answers as exc:
+            raise mark(exc)
+
+    # the flow's module as globals, so that its annotations (strings) resolve as the flow's own do
+    run = functools.update_wrapper(types.FunctionType(run.__code__, fn.__globals__, fn.__name__, None, run.__closure__), fn)
+    answering = copy.copy(flow)
+    answering.fn = run
+    return answering.with_options(retries=RETRIES, retry_delay_seconds=RETRY_DELAY_SECONDS)
 
 
 def final(exc: BaseException) -> BaseException:

@@ -55,3 +55,32 @@ def test_the_deployed_pipelines_carry_the_policy_and_the_flows_do_not():
         assert (deployed.retries, deployed.retry_delay_seconds) == (RETRIES, RETRY_DELAY_SECONDS), name
     assert pipelines.snapshot_and_replicate.name == snapshot_and_replicate.name == "snapshot-and-replicate"
     assert not snapshot_and_replicate.retries
+
+
+def test_a_deployed_pipeline_given_a_missing_source_fails_once_and_is_not_retried(prefect_client, tmp_path):
+    """SourceNotFoundError says nothing was changed: the deployed pipeline's run is not retried."""
+    from deployments import pipelines
+
+    state = pipelines.snapshot_checkpoint(source=str(tmp_path / "no-such-checkpoint"), store=str(tmp_path / "store"),
+                                          return_state=True)
+    run = prefect_client.read_flow_run(state.state_details.flow_run_id)
+    assert state.is_failed() and "no such file or folder to snapshot" in state.message, state.message
+    assert run.run_count == 1 and run.empirical_policy.retries == 0
+
+
+def test_a_deployed_tier_run_given_no_policy_file_fails_once_and_is_not_retried(prefect_client, tmp_path):
+    from deployments import pipelines
+
+    state = pipelines.tier_checkpoints(policy=str(tmp_path / "policy.yaml"), return_state=True)
+    run = prefect_client.read_flow_run(state.state_details.flow_run_id)
+    assert state.is_failed() and "policy" in state.message, state.message
+    assert run.run_count == 1 and run.empirical_policy.retries == 0
+
+
+def test_the_deployed_pipelines_keep_their_run_forms():
+    """Wrapped to mark final errors, a deployed pipeline still shows the flow's own form."""
+    from deployments import pipelines
+    from flows.replicate import snapshot_and_replicate
+
+    assert pipelines.snapshot_and_replicate.parameters == snapshot_and_replicate.parameters
+    assert pipelines.snapshot_and_replicate.description == snapshot_and_replicate.description
