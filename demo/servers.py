@@ -216,3 +216,53 @@ def aws_environment(endpoint: str) -> AbstractContextManager[None]:
     """Point this process's S3 clients at ``endpoint`` with :data:`AWS_TEST_CREDENTIALS`, nothing
     of :data:`AWS_CLEARED` left; put the environment back as it was afterwards."""
     return patched_environ({**AWS_TEST_CREDENTIALS, "AWS_ENDPOINT_URL": endpoint}, AWS_CLEARED)
+
+
+#: Debian's package of CNCF distribution (``apt-get install docker-registry``; ``make test-prereqs``)
+REGISTRY_BIN = "/usr/bin/docker-registry"
+
+
+class RegistryServer(Server):
+    """An OCI registry on this machine: CNCF distribution (``docker-registry serve``) on 127.0.0.1
+    and a free port, its blobs in ``data_dir``, speaking plain HTTP. With ``users`` (name →
+    password) it asks for HTTP Basic credentials, checked against an htpasswd file of bcrypt
+    hashes (``htpasswd -B``). :meth:`wait` returns its ``host:port``."""
+
+    def __init__(
+        self, data_dir: Path, log_path: Path, *, users: dict[str, str] | None = None, fail: Callable[[str], NoReturn] | None = None
+    ) -> None:
+        self.port = free_port()
+        self.address = f"127.0.0.1:{self.port}"
+        data_dir = Path(data_dir)
+        data_dir.mkdir(parents=True, exist_ok=True)
+        auth = ""
+        if users:
+            htpasswd = data_dir / "htpasswd"
+            lines = []
+            for user, password in users.items():
+                out = subprocess.run(["htpasswd", "-Bbn", user, password], check=True, capture_output=True, text=True)
+                lines.append(out.stdout.strip())
+            htpasswd.write_text("\n".join(lines) + "\n")
+            auth = f"auth:\n  htpasswd:\n    realm: concord\n    path: {htpasswd}\n"
+        config = data_dir / "config.yml"
+        config.write_text(
+            "version: 0.1\nlog:\n  level: warn\n"
+            f"storage:\n  filesystem:\n    rootdirectory: {data_dir / 'storage'}\n  delete:\n    enabled: true\n"
+            f"http:\n  addr: {self.address}\n{auth}"
+        )
+        super().__init__(
+            "docker-registry",
+            [REGISTRY_BIN, "serve", str(config)],
+            f"http://{self.address}/v2/",
+            log_path,
+            missing="install CNCF distribution with `apt-get install -y docker-registry apache2-utils` (`make test-prereqs`)",
+            fail=fail,
+        )
+
+    def __enter__(self) -> "RegistryServer":
+        self.start()
+        return self
+
+    def wait(self, timeout: float = 60) -> str:
+        super().wait(timeout)
+        return self.address

@@ -5,7 +5,7 @@ exactly one JSON object on stdout. Failures exit non-zero with one line on stder
 standard library is imported up front, so ``concord --help`` answers at once.
 
 One module per noun registers its commands (:mod:`.snapshots`, :mod:`.lineage`, :mod:`.federate`,
-:mod:`.tier`, :mod:`.audit`, :mod:`.serving`); what they share is in :mod:`._common`. Each command is
+:mod:`.tier`, :mod:`.audit`, :mod:`.serving`, :mod:`.oci`); what they share is in :mod:`._common`. Each command is
 ``cmd_x(args, out) -> int``, called here with an :class:`~concord.cli._common.Output`.
 """
 
@@ -14,11 +14,11 @@ from __future__ import annotations
 import argparse
 import sys
 
-from concord.cli import audit, federate, lineage, serving, snapshots, tier
+from concord.cli import audit, federate, lineage, oci, serving, snapshots, tier
 from concord.cli._common import Output, Parser, fail, quiet_libraries
 
 #: the nouns, in the order ``concord --help`` lists their commands
-NOUNS = (snapshots, lineage, federate, tier, audit, serving)
+NOUNS = (snapshots, lineage, federate, tier, audit, serving, oci)
 
 
 def build_parser() -> argparse.ArgumentParser:

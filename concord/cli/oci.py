@@ -1,0 +1,90 @@
+"""``concord export oci`` and ``concord import oci``: a snapshot as a CNCF ModelPack artifact in
+an OCI registry, and back. Credentials come from ``CONCORD_REGISTRY_USERNAME`` /
+``CONCORD_REGISTRY_PASSWORD`` or the Docker config file, and are never printed."""
+
+from __future__ import annotations
+
+import argparse
+
+from concord.cli._common import STORE_HELP, human, readable_store, ref_arg, writable_store
+
+PLAIN_HTTP_HELP = "speak plain HTTP to the registry (HTTPS is the default)"
+REFERENCE_HELP = "REGISTRY/REPOSITORY:TAG, e.g. registry.example.com:5000/models/minilm:v1"
+
+
+def _reference(text: str):
+    from concord.errors.oci import OciReferenceError
+    from concord.oci.reference import parse_reference
+
+    try:
+        return parse_reference(text)
+    except OciReferenceError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def cmd_export_oci(args, out) -> int:
+    from concord.oci.export import export_oci
+    from concord.snapshots.refs import load_manifest, resolve_root
+
+    store = readable_store(args.store)
+    root = resolve_root(store, args.ref)
+    manifest = load_manifest(store, root)
+    name = args.name or args.ref.split("~")[0].rsplit("/", 1)[-1]
+    if len(name) == 64:  # a root names no model
+        name = None
+    r = export_oci(store, manifest, args.reference, name=name, plain_http=args.plain_http, progress=out.progress)
+    d = r.to_dict()
+    d["store"] = store.uri
+    lines = [
+        f"pushed {r.reference}",
+        f"  digest {r.digest}",
+        f"  snapshot {r.root}: {r.layers} layers, {human(r.bytes)}",
+        f"  uploaded {r.layers_uploaded} layer(s), {human(r.bytes_uploaded)} (the registry had the rest)",
+    ]
+    if r.signatures:
+        lines.append(f"  signatures attached: {', '.join(r.signatures)}")
+    out.emit(d, lines)
+    return 0
+
+
+def cmd_import_oci(args, out) -> int:
+    from concord.oci.importer import import_oci
+
+    store = writable_store(args.store)
+    r = import_oci(args.reference, store, store_ref=args.ref, plain_http=args.plain_http, progress=out.progress)
+    d = r.to_dict()
+    d["store"] = store.uri
+    lines = [
+        f"imported {r.reference}",
+        f"  digest {r.digest}",
+        f"  snapshot {r.root}: {r.files} files, {human(r.bytes)} ({human(r.new_bytes)} new in {store.uri})",
+    ]
+    if r.ref:
+        lines.append(f"  ref {r.ref} → {r.root[:12]} (was {(r.previous or '(new)')[:12]})")
+    if r.signatures:
+        lines.append(f"  signatures kept: {', '.join(r.signatures)}")
+    out.emit(d, lines)
+    return 0
+
+
+def register(sub, common: list) -> None:
+    ex = sub.add_parser("export", help="publish a snapshot elsewhere: oci (a ModelPack artifact in a registry)").add_subparsers(
+        dest="sub", metavar="FORMAT", required=True
+    )
+    s = ex.add_parser("oci", parents=common, help="push a snapshot to an OCI registry as a CNCF ModelPack artifact")
+    s.add_argument("store", metavar="STORE", help=STORE_HELP)
+    s.add_argument("--ref", required=True, type=ref_arg, help="the snapshot: a ref, REF~N, or a 64-hex root")
+    s.add_argument("reference", metavar="REGISTRY/REPO:TAG", type=_reference, help=REFERENCE_HELP)
+    s.add_argument("--name", help="model name in the artifact's config (default: the ref's last part)")
+    s.add_argument("--plain-http", action="store_true", help=PLAIN_HTTP_HELP)
+    s.set_defaults(func=cmd_export_oci)
+
+    im = sub.add_parser("import", help="bring a snapshot in from elsewhere: oci (a ModelPack artifact)").add_subparsers(
+        dest="sub", metavar="FORMAT", required=True
+    )
+    s = im.add_parser("oci", parents=common, help="pull a ModelPack artifact from an OCI registry into a snapshot")
+    s.add_argument("reference", metavar="REGISTRY/REPO:TAG", type=_reference, help=REFERENCE_HELP)
+    s.add_argument("--store", required=True, help=STORE_HELP)
+    s.add_argument("--ref", type=ref_arg, help="point this ref ([namespace/]name) at the imported snapshot")
+    s.add_argument("--plain-http", action="store_true", help=PLAIN_HTTP_HELP)
+    s.set_defaults(func=cmd_import_oci)

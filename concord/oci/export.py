@@ -1,0 +1,187 @@
+"""Publish a snapshot to an OCI registry as a CNCF ModelPack artifact.
+
+Each file of the snapshot becomes one unarchived layer, streamed from the store chunk by chunk
+(a few chunks in flight, never a whole file in memory). A layer's digest is SHA-256 over the
+file's bytes: it is taken from the tag's current manifest when that manifest lists the same
+Concord file hash (the file did not change), else computed in a first pass over the chunks.
+The registry is asked first (``HEAD``) and a blob it holds is not sent again, so a new version
+sends only the files that changed. The manifest is pushed last, after every blob it names;
+then the snapshot's signatures, each as a referrer whose ``subject`` is the model manifest.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Iterator
+
+from concord.errors.oci import OciError
+from concord.oci import modelpack as mp
+from concord.oci.reference import Reference
+from concord.oci.registry import Registry
+from concord.oci.signatures import push_signatures
+from concord.progress import Progress, ensure
+from concord.snapshots.manifest import FileEntry, Manifest
+from concord.stores.base import Store
+
+#: chunks read ahead of the one being sent: bounds memory to a few chunks per file
+READ_AHEAD = 4
+#: a config.json larger than this is not read for the model config
+MAX_CONFIG_JSON = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class ExportResult:
+    reference: str
+    digest: str
+    root: str
+    layers: int
+    bytes: int
+    bytes_uploaded: int
+    layers_uploaded: int
+    signatures: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+def file_blocks(store: Store, f: FileEntry, chunk_size: int, pool: ThreadPoolExecutor | None = None) -> Iterator[bytes]:
+    """A file's bytes in order, chunk by chunk, each chunk verified as it is read; with a pool,
+    ``READ_AHEAD`` chunks are fetched ahead (a network store answers while the last is sent)."""
+    spans = sorted((off, cid, n) for p in f.parts for cid, off, n in p.chunk_spans(chunk_size))
+    expected = 0
+    for off, _, n in spans:
+        if off != expected:
+            raise OciError(f"{f.path}: the manifest's parts do not cover the file contiguously (gap at byte {expected})")
+        expected += n
+    if expected != f.size:
+        raise OciError(f"{f.path}: the manifest's parts cover {expected} bytes of {f.size}")
+
+    def get(cid: str, n: int) -> bytes:
+        data = store.get_chunk(cid, verify=True)
+        if len(data) != n:
+            raise OciError(f"chunk {cid} of {f.path} holds {len(data)} bytes, the manifest says {n}")
+        return data
+
+    if pool is None:
+        for _, cid, n in spans:
+            yield get(cid, n)
+        return
+    pending: deque = deque()
+    it = iter(spans)
+    try:
+        for _, cid, n in it:
+            pending.append(pool.submit(get, cid, n))
+            if len(pending) > READ_AHEAD:
+                yield pending.popleft().result()
+        while pending:
+            yield pending.popleft().result()
+    finally:
+        for fut in pending:
+            fut.cancel()
+
+
+def file_digest(store: Store, f: FileEntry, chunk_size: int, pool: ThreadPoolExecutor | None = None) -> str:
+    h = hashlib.sha256()
+    for block in file_blocks(store, f, chunk_size, pool):
+        h.update(block)
+    return "sha256:" + h.hexdigest()
+
+
+def _known_digests(reg: Registry, tag: str | None) -> dict[str, tuple[str, int]]:
+    """Concord file hash → (digest, size) from the manifest the tag points at now, if any."""
+    if not tag:
+        return {}
+    from concord.errors.oci import OciNotFoundError
+
+    try:
+        data, _ = reg.get_manifest(tag)
+        doc = json.loads(data)
+    except (OciNotFoundError, ValueError):
+        return {}
+    out = {}
+    for layer in doc.get("layers") or [] if isinstance(doc, dict) else []:
+        ann = layer.get("annotations") if isinstance(layer, dict) else None
+        if isinstance(ann, dict) and isinstance(ann.get(mp.FILE_HASH), str) and isinstance(layer.get("digest"), str):
+            out[ann[mp.FILE_HASH]] = (layer["digest"], layer.get("size"))
+    return out
+
+
+def _config_json(store: Store, manifest: Manifest) -> dict | None:
+    f = manifest.by_path.get("config.json")
+    if f is None or f.size > MAX_CONFIG_JSON:
+        return None
+    try:
+        doc = json.loads(b"".join(file_blocks(store, f, manifest.chunk_size)))
+    except ValueError:
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
+def export_oci(
+    store: Store,
+    manifest: Manifest,
+    ref: Reference,
+    *,
+    name: str | None = None,
+    plain_http: bool = False,
+    progress: Progress | None = None,
+    signatures: bool = True,
+) -> ExportResult:
+    """Push snapshot ``manifest`` (whose chunks ``store`` holds) to ``ref`` as a ModelPack artifact."""
+    prog = ensure(progress)
+    uploaded = layers_uploaded = 0
+    with Registry(ref, plain_http=plain_http) as reg, ThreadPoolExecutor(READ_AHEAD + 1, thread_name_prefix="concord-oci") as pool:
+        known = _known_digests(reg, ref.tag)
+        descriptors: list[dict] = []
+        prog.start(manifest.total_bytes, "export")
+        try:
+            for f in manifest.files:
+                hit = known.get(f.hash)
+                digest = hit[0] if hit and hit[1] == f.size else file_digest(store, f, manifest.chunk_size, pool)
+                if not reg.has_blob(digest):
+                    reg.put_blob(digest, f.size, lambda f=f: _counted(file_blocks(store, f, manifest.chunk_size, pool), prog))
+                    uploaded += f.size
+                    layers_uploaded += 1
+                else:
+                    prog.advance(f.size)
+                descriptors.append(mp.layer_descriptor(f, digest))
+        finally:
+            prog.close()
+        config = mp.model_config(manifest, _config_json(store, manifest), name=name, layer_digests=[d["digest"] for d in descriptors])
+        config_bytes = json.dumps(config, sort_keys=True, separators=(",", ":")).encode()
+        config_digest = "sha256:" + hashlib.sha256(config_bytes).hexdigest()
+        if not reg.has_blob(config_digest):
+            reg.put_blob(config_digest, len(config_bytes), lambda: [config_bytes])
+            uploaded += len(config_bytes)
+        doc = {
+            "schemaVersion": 2,
+            "mediaType": mp.MANIFEST_TYPE,
+            "artifactType": mp.ARTIFACT_TYPE,
+            "config": {"mediaType": mp.CONFIG_TYPE, "digest": config_digest, "size": len(config_bytes)},
+            "layers": descriptors,
+            "annotations": {mp.ROOT: manifest.root, mp.CHUNK_SIZE: str(manifest.chunk_size)},
+        }
+        body = json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
+        digest = "sha256:" + hashlib.sha256(body).hexdigest()
+        reg.put_manifest(body, ref.target)
+        signed = push_signatures(reg, store, manifest.root, {"mediaType": mp.MANIFEST_TYPE, "digest": digest, "size": len(body)}) if signatures else []
+    return ExportResult(
+        reference=str(ref),
+        digest=digest,
+        root=manifest.root,
+        layers=len(descriptors),
+        bytes=manifest.total_bytes,
+        bytes_uploaded=uploaded,
+        layers_uploaded=layers_uploaded,
+        signatures=signed,
+    )
+
+
+def _counted(blocks: Iterator[bytes], prog: Progress) -> Iterator[bytes]:
+    for block in blocks:
+        yield block
+        prog.advance(len(block))
