@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed
 # pytest workers and per-test timeout can be tuned from the environment
 PYTEST_ARGS ?=
 
-.PHONY: install demo test test-unit test-integration e2e bench clean serve stop status
+.PHONY: install test-prereqs demo test test-unit test-integration e2e bench clean serve stop status
 
 install: $(STAMP)
 
@@ -20,14 +20,23 @@ $(STAMP): pyproject.toml
 demo: install
 	CONCORD_HOME=$${CONCORD_HOME:-$(CURDIR)/data/demo} PREFECT_SERVER_ANALYTICS_ENABLED=false $(PY) -m demo
 
-test: install
+# Real servers the tests start that pip cannot install: CNCF distribution (an OCI registry) and
+# htpasswd (bcrypt users for it). Installed with apt when root; otherwise a message, and the OCI tests fail.
+REGISTRY_BIN := /usr/bin/docker-registry
+test-prereqs:
+	@if [ -x $(REGISTRY_BIN) ] && command -v htpasswd >/dev/null 2>&1; then :; \
+	elif [ "$$(id -u)" = 0 ]; then \
+	  (apt-get install -y -q docker-registry apache2-utils || (apt-get update -q && apt-get install -y -q docker-registry apache2-utils)) >/dev/null; \
+	else echo "test-prereqs: $(REGISTRY_BIN) or htpasswd is missing and this is not root: run 'sudo apt-get install -y docker-registry apache2-utils' (the OCI tests fail without them)"; fi
+
+test: install test-prereqs
 	$(VENV)/bin/lint-imports
 	$(VENV)/bin/pytest -q $(PYTEST_ARGS)
 
 test-unit: install
 	$(VENV)/bin/pytest -q tests/unit $(PYTEST_ARGS)
 
-test-integration: install
+test-integration: install test-prereqs
 	$(VENV)/bin/pytest -q tests/integration $(PYTEST_ARGS)
 
 # End to end against a real Prefect server, worker and watcher (about a minute; also part of `make test`)
