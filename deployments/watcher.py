@@ -4,7 +4,8 @@
         [--state FILE] [--interval S] [--marker COMPLETE] [--settle S] [--model NAME] [--once]
 
 Every ``--interval`` seconds it scans the watched folders and S3 prefixes
-(:class:`concord.snapshots.watch.Watcher`) and emits one ``concord.checkpoint.created`` event per checkpoint
+(:class:`concord.snapshots.watch.Watcher`: checkpoints as ``<watched>/<model>/<step>/``, or
+``<watched>/<step>/`` for one model named after the watched folder) and emits one ``concord.checkpoint.created`` event per checkpoint
 that became complete, about the resource ``concord.checkpoint.<model>/<name>``, with the
 announcement as payload. The event id is derived from the checkpoint's path and fingerprint, so
 a duplicate emission (a state file lost, two watchers) carries the same id and is recognisable
@@ -111,7 +112,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--marker", default="COMPLETE",
                    help="completion marker file written last by the trainer; '' to rely on stable sizes (default COMPLETE)")
     p.add_argument("--settle", type=float, default=2.0, help="seconds files must stay unchanged without a marker (default 2)")
-    p.add_argument("--model", default=None, help="model name in the announcements (default: the watched folder's name)")
+    p.add_argument("--model", default=None, help="model name in the announcements (default: the folder each checkpoint sits in: "
+                        "<watched>/<model>/<step>/, or the watched folder for <watched>/<step>/)")
     p.add_argument("--endpoint-url", default=None, help="S3 endpoint (default: AWS_ENDPOINT_URL_S3 / AWS_ENDPOINT_URL, else AWS)")
     p.add_argument("--once", action="store_true", help="scan once and exit")
     return p

@@ -1,7 +1,15 @@
 """Watching folders and S3 prefixes for checkpoints that have finished being written.
 
-A *source* is a local folder or an ``s3://bucket/prefix`` whose immediate subfolders are
-checkpoints (``runs/llama/step-0100``). :meth:`Watcher.scan` returns the checkpoints that became
+A *source* is a local folder or an ``s3://bucket/prefix`` holding checkpoints in one of two
+layouts, told apart subfolder by subfolder:
+
+* ``<source>/<model>/<step>/``: a subfolder holding only folders is a model, and each of its
+  subfolders a checkpoint of that model (``data/checkpoints/minilm/step-0100``);
+* ``<source>/<step>/``: a subfolder holding files (its completion marker counts) is itself a
+  checkpoint, of the model named after the source (``runs/llama/step-0100``: model ``llama``).
+
+The model is thus always the name of the folder the checkpoint sits in (``model=`` overrides
+it). :meth:`Watcher.scan` returns the checkpoints that became
 complete since the last scan, as :class:`Announcement` records, and remembers them in a small
 JSON state file (written atomically), so a restarted watcher does not announce them again.
 
@@ -104,6 +112,7 @@ class _Candidate:
     name: str
     path: str
     entries: dict[str, tuple]  # relative name -> (size, ...more to detect change)
+    model: str = ""  # the folder the checkpoint sits in
 
 
 class Watcher:
@@ -168,9 +177,11 @@ class Watcher:
 
     # ------------------------------------------------------------------ shared
 
-    def _model_for(self, source: str) -> str:
+    def _model_for(self, source: str, c: _Candidate | None = None) -> str:
         if self.model:
             return self.model
+        if c is not None and c.model:
+            return c.model
         if source.startswith("s3://"):
             from concord.stores.address import StoreAddress
 
@@ -189,7 +200,7 @@ class Watcher:
             path=c.path,
             name=c.name,
             step=step_of(c.name),
-            model=self._model_for(source),
+            model=self._model_for(source, c),
             bytes=sum(size for _, size in content),
             files=len(content),
             fingerprint=fp,
@@ -204,15 +215,13 @@ class Watcher:
     # ------------------------------------------------------------------ local folders
 
     def _scan_local(self, source: str) -> list[Announcement]:
-
         try:
-            names = sorted(e.name for e in os.scandir(source) if e.is_dir() and not e.name.startswith("."))
+            found = _local_checkpoints(source)
         except FileNotFoundError:
             log.warning("watched folder %s does not exist (yet)", source)
             return []
         out = []
-        for name in names:
-            path = os.path.join(source, name)
+        for model, name, path in found:
             seen, _ = self._already(_Candidate(name, path, _list_local(path)))
             if seen:
                 continue
@@ -223,7 +232,7 @@ class Watcher:
                 continue
             except FileNotFoundError:
                 continue  # removed while we looked
-            c = _Candidate(name, path, {rel.replace(os.sep, "/"): v for rel, v in scan.items()})
+            c = _Candidate(name, path, {rel.replace(os.sep, "/"): v for rel, v in scan.items()}, model)
             seen, fp = self._already(c)
             if not seen:
                 out.append(self._announcement(source, "local", c, fp))
@@ -244,14 +253,27 @@ class Watcher:
     def _scan_s3(self, source: str) -> list[Announcement]:
         store = self._store(source)
         base = f"{store.prefix}/" if store.prefix else ""
-        with store._translate("list", base or "/"):
-            client = store._client()
-            pages = client.get_paginator("list_objects_v2").paginate(Bucket=store.bucket, Prefix=base, Delimiter="/")
-            subfolders = [p["Prefix"] for page in pages for p in page.get("CommonPrefixes", ())]
+        client = store._client()
+
+        def listed(prefix: str) -> tuple[list[str], bool]:
+            """The sub-prefixes of ``prefix``, and whether an object sits right under it."""
+            with store._translate("list", prefix or "/"):
+                pages = list(client.get_paginator("list_objects_v2").paginate(Bucket=store.bucket, Prefix=prefix, Delimiter="/"))
+            subs = [p["Prefix"] for page in pages for p in page.get("CommonPrefixes", ())]
+            return subs, any(not o["Key"].endswith("/") for page in pages for o in page.get("Contents", ()))
+
+        source_model = self._model_for(source)
+        checkpoints: list[tuple[str, str]] = []  # (model, sub-prefix)
+        for sub in sorted(listed(base)[0]):
+            inner, has_object = listed(sub)
+            if has_object:
+                checkpoints.append((source_model, sub))
+            else:
+                checkpoints.extend((sub[len(base):].rstrip("/"), step) for step in sorted(inner))
         out = []
         now = self._clock()
-        for sub in sorted(subfolders):
-            name = sub[len(base) :].rstrip("/")
+        for model, sub in checkpoints:
+            name = sub.rstrip("/").rsplit("/", 1)[-1]
             path = f"s3://{store.bucket}/{sub.rstrip('/')}"
             entries: dict[str, tuple] = {}
             with store._translate("list", sub):
@@ -260,7 +282,7 @@ class Watcher:
                         if not obj["Key"].endswith("/"):
                             rel = obj["Key"][len(sub) :]
                             entries[rel] = (int(obj.get("Size", 0)), obj.get("ETag"), obj["LastModified"].isoformat())
-            c = _Candidate(name, path, entries)
+            c = _Candidate(name, path, entries, model)
             seen, fp = self._already(c)
             if seen or not self._content(entries):
                 self._s3_seen.pop(path, None)
@@ -280,6 +302,37 @@ class Watcher:
             elif before is None or before[0] != listing:
                 self._s3_seen[path] = (listing, now)
         return out
+
+
+def _subfolders(path: str) -> tuple[list[str], bool]:
+    """The visible subfolders of ``path``, sorted, and whether it holds a file of its own."""
+    folders, has_file = [], False
+    for e in os.scandir(path):
+        if e.name.startswith("."):
+            continue
+        if e.is_dir():
+            folders.append(e.name)
+        else:
+            has_file = True
+    return sorted(folders), has_file
+
+
+def _local_checkpoints(source: str) -> list[tuple[str, str, str]]:
+    """``(model, name, path)`` of every checkpoint folder under ``source``, in either layout (see
+    the module's docstring)."""
+    out = []
+    source_model = os.path.basename(source.rstrip(os.sep)) or source
+    for name in _subfolders(source)[0]:
+        path = os.path.join(source, name)
+        try:
+            inner, has_file = _subfolders(path)
+        except (FileNotFoundError, NotADirectoryError):
+            continue  # removed while we looked
+        if has_file:
+            out.append((source_model, name, path))
+        else:
+            out.extend((name, step, os.path.join(path, step)) for step in inner)
+    return out
 
 
 def _list_local(path: str) -> dict[str, tuple]:

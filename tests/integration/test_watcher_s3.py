@@ -70,6 +70,17 @@ def test_a_checkpoint_is_announced_once_its_marker_is_uploaded(bucket, moto_serv
     restarted.close()
 
 
+def test_checkpoints_under_model_prefixes_are_named_after_their_model(bucket, moto_server, tmp_path):
+    client, name = bucket
+    upload_checkpoint(client, name, "ckpt/minilm/step-0100", marker=True)
+    upload_checkpoint(client, name, "ckpt/step-0005", marker=True)
+    w = Watcher([f"s3://{name}/ckpt"], state_path=str(tmp_path / "state.json"), endpoint_url=moto_server)
+    found = sorted((a.model, a.name, a.path) for a in w.scan())
+    assert found == [("ckpt", "step-0005", f"s3://{name}/ckpt/step-0005"),
+                     ("minilm", "step-0100", f"s3://{name}/ckpt/minilm/step-0100")]
+    w.close()
+
+
 def test_without_a_marker_a_checkpoint_is_announced_once_settled(bucket, moto_server, tmp_path):
     client, name = bucket
     clock = Clock()

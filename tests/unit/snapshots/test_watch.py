@@ -54,6 +54,28 @@ def test_announced_after_the_marker_exactly_once(tmp_path):
     assert w.scan() == []
 
 
+def test_checkpoints_in_model_folders_are_named_after_their_model(tmp_path):
+    """<watched>/<model>/<step>/: the model is the folder the checkpoint sits in; a checkpoint right
+    under the watched folder keeps the watched folder's name as its model."""
+    watched = tmp_path / "checkpoints"
+    for model, step in (("minilm", "step-0100"), ("minilm", "step-0200"), ("llama", "step-7")):
+        folder = make_checkpoint(watched / model / step, seed=len(model), layers=1, dim=16)
+        (folder / "COMPLETE").write_text("")
+    (make_checkpoint(watched / "step-9", seed=9, layers=1, dim=16) / "COMPLETE").write_text("")
+    (watched / "empty-model").mkdir()
+    w = Watcher([str(watched)], state_path=str(tmp_path / "state.json"), sleep=no_sleep)
+    found = sorted((a.model, a.name, a.step, a.path) for a in w.scan())
+    assert found == [
+        ("checkpoints", "step-9", 9, str(watched / "step-9")),
+        ("llama", "step-7", 7, str(watched / "llama" / "step-7")),
+        ("minilm", "step-0100", 100, str(watched / "minilm" / "step-0100")),
+        ("minilm", "step-0200", 200, str(watched / "minilm" / "step-0200")),
+    ]
+    assert w.scan() == []
+    named = Watcher([str(watched)], state_path=str(tmp_path / "other.json"), sleep=no_sleep, model="fixed")
+    assert {a.model for a in named.scan()} == {"fixed"}
+
+
 def test_a_restart_does_not_announce_again(tmp_path):
     checkpoint(tmp_path)
     [first] = watcher(tmp_path).scan()
