@@ -14,11 +14,11 @@ from __future__ import annotations
 import argparse
 import sys
 
-from concord.cli import audit, federate, lineage, oci, serving, snapshots, tier
+from concord.cli import audit, federate, lineage, oci, serving, snapshots, tier, trust
 from concord.cli._common import Output, Parser, fail, quiet_libraries
 
 #: the nouns, in the order ``concord --help`` lists their commands
-NOUNS = (snapshots, lineage, federate, tier, audit, serving, oci)
+NOUNS = (snapshots, trust, lineage, federate, tier, audit, serving, oci)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -12,6 +12,7 @@ import sys
 
 from concord.cli._common import (
     STORE_HELP,
+    TRUST_HELP,
     chunk_size,
     human,
     readable_store,
@@ -24,19 +25,33 @@ from concord.cli._common import (
 # ----------------------------------------------------------------------------- commands
 
 
+def _policy(args):
+    """The trust policy of a command: ``--trust``, else ``$CONCORD_TRUSTED_KEYS``, else None."""
+    from concord.trust import load_policy
+
+    return load_policy(getattr(args, "trust", None))
+
+
 def cmd_snapshot(args, out) -> int:
     from concord.snapshots.manifest import DEFAULT_CHUNK_SIZE
     from concord.snapshots.snapshot import snapshot
 
-    store = writable_store(args.store)
-    r = snapshot(
-        args.source,
-        store,
-        ref=args.ref,
-        chunk_size=args.chunk_size or DEFAULT_CHUNK_SIZE,
-        message=args.message or "",
-        progress=out.progress,
-    )
+    options = dict(ref=args.ref, chunk_size=args.chunk_size or DEFAULT_CHUNK_SIZE, message=args.message or "", progress=out.progress)
+    signed = None
+    if args.signature:
+        from concord.errors import TrustPolicyError
+        from concord.trust.signing import snapshot_signed
+
+        policy = _policy(args)
+        if policy is None:
+            raise TrustPolicyError("--signature", "a signature is kept only after it verifies: give its signer's public key with --trust PUB.pem")
+        with open(args.signature, "rb") as fh:
+            data = fh.read()
+        store = writable_store(args.store)
+        r, signed = snapshot_signed(args.source, store, data, policy.keys, where=args.signature, **options)
+    else:
+        store = writable_store(args.store)
+        r = snapshot(args.source, store, **options)
     d = r.to_dict()
     d["store"] = store.uri
     lines = [
@@ -46,6 +61,9 @@ def cmd_snapshot(args, out) -> int:
     ]
     if r.ref:
         lines.append(f"  ref {r.ref} → version {r.ref_version} (was {(r.previous or '(new)')[:12]})")
+    if signed is not None:
+        d["signed_by"] = [signed.key_id]
+        lines.append(f"  signature from {args.signature} kept: key {signed.key_id[:16]}")
     out.emit(d, lines)
     return 0
 
@@ -76,7 +94,9 @@ def cmd_sync(args, out) -> int:
 
     src = writable_store(args.source)
     targets = [writable_store(t) for t in args.targets]
-    results = replicate(src, targets, ref=args.ref, root=args.root, progress=out.progress)
+    policy = _policy(args)
+    check = policy.require if policy is not None else None
+    results = replicate(src, targets, ref=args.ref, root=args.root, progress=out.progress, check_root=check)
     lines = []
     for r in results:
         lines.append(
@@ -93,7 +113,9 @@ def cmd_restore(args, out) -> int:
 
     store = readable_store(args.store)
     root = resolve_root(store, args.ref or args.root)
-    r = restore(store, load_manifest(store, root), args.out_dir, progress=out.progress)
+    policy = _policy(args)
+    check = policy.restore_check if policy is not None else None
+    r = restore(store, load_manifest(store, root), args.out_dir, progress=out.progress, check_root=check)
     out.emit(r.to_dict(), [f"restored {r.root[:12]}: {r.files} files, {human(r.bytes)} into {r.path}"])
     return 0
 
@@ -108,10 +130,12 @@ def cmd_verify(args, out) -> int:
         f"{store.uri}: {r.chunks_checked} chunk(s) checked, {len(r.missing)} missing, "
         f"{len(r.corrupt)} corrupt, {len(r.repaired)} repaired"
     ]
+    payload = r.to_dict()
+    untrusted = _trust_lines(store, args, payload, lines)
     lines += [f"  missing {c}" for c in r.missing] + [f"  corrupt {c}" for c in r.corrupt]
     lines += [f"  damaged manifest {m}" for m in r.bad_manifests]
     lines += [f"  broken {b}" for b in r.broken_refs] + [f"  note: {g}" for g in r.history_gaps]
-    out.emit(r.to_dict(), lines)
+    out.emit(payload, lines)
     if not r.ok:
         if r.broken_refs:  # a ref that cannot be restored is the first thing to say: name it and the fix
             more = f" (and {len(r.broken_refs) - 1} more ref(s), listed above)" if len(r.broken_refs) > 1 else ""
@@ -126,7 +150,42 @@ def cmd_verify(args, out) -> int:
             file=sys.stderr,
         )
         return 1
+    if untrusted:
+        print(f"concord: error: {untrusted[0]}" + (f" (and {len(untrusted) - 1} more)" if len(untrusted) > 1 else ""), file=sys.stderr)
+        return 1
     return 0
+
+
+def _trust_lines(store, args, payload: dict, lines: list[str]) -> list[str]:
+    """Under a trust policy, add each checked root's ``signed_by`` and ``trusted`` to a verify's
+    answer (``payload['trust']``); the roots no trusted key signed, as one line each."""
+    from concord.snapshots.refs import resolve_root
+
+    policy = _policy(args)
+    if policy is None:
+        return []
+    if args.ref or args.root:
+        roots = {args.ref or args.root: resolve_root(store, args.ref or args.root)}
+    else:
+        roots = {}
+        for name in store.list_refs():
+            ref = store.read_ref(name)
+            if ref is not None and store.has_manifest(ref.root):
+                roots[name] = ref.root
+    report, untrusted = [], []
+    for name, root in roots.items():
+        v = policy.report(store, root)
+        report.append({"ref": name, **v.to_dict()})
+        lines.append(
+            f"  {name}: {root[:12]} signed by {', '.join(k[:16] for k in v.signed_by) or 'no key'}; "
+            f"trusted: {'yes (key ' + v.trusted_by[:16] + ')' if v.trusted else 'no'}"
+        )
+        if not v.trusted:
+            untrusted.append(f"{name} ({root}) in {store.uri} is not signed by a trusted key (keys tried: {', '.join(k[:16] for k in policy.key_ids)})")
+    payload["trust"] = report
+    if len(report) == 1:
+        payload["signed_by"], payload["trusted"] = report[0]["signed_by"], report[0]["trusted"]
+    return untrusted
 
 
 def cmd_rollback(args, out) -> int:
@@ -158,8 +217,17 @@ def cmd_log(args, out) -> int:
     ref = store.read_ref(args.ref)
     if ref is None:
         raise RefNotFoundError(store.uri, canonical_ref(args.ref))
-    hist = [e.__dict__ for e in reversed(ref.history)]
-    lines = [f"v{e['version']:<4} {e['root'][:12]}  {e['time']}  {e['message']}" for e in hist]
+    from concord.trust import signature_ids
+
+    hist = [dict(e.__dict__) for e in reversed(ref.history)]
+    signed: dict[str, list[str]] = {}
+    for e in hist:
+        e["signed_by"] = signed.setdefault(e["root"], signature_ids(store, e["root"]))
+    lines = [
+        f"v{e['version']:<4} {e['root'][:12]}  {e['time']}  {e['message']}"
+        + (f"  [signed: {', '.join(k[:12] for k in e['signed_by'])}]" if e["signed_by"] else "")
+        for e in hist
+    ]
     out.emit({"ref": ref.name, "history": hist}, lines)
     return 0
 
@@ -174,6 +242,8 @@ def register(sub, common: list) -> None:
     s.add_argument("--ref", type=ref_arg, help="point this ref ([namespace/]name) at the new snapshot")
     s.add_argument("--chunk-size", type=chunk_size, help="chunk size (default 4M; 64K to 64M)")
     s.add_argument("--message", help="note kept in the ref's history")
+    s.add_argument("--signature", metavar="FILE", help="an OpenSSF Model Signing bundle of the folder (model_signing sign key): kept once it verifies with a --trust key")
+    s.add_argument("--trust", metavar="PUB.pem[,...]", help=TRUST_HELP)
     s.set_defaults(func=cmd_snapshot)
 
     s = sub.add_parser("diff", parents=common, help="which files, tensors and chunks differ between two snapshots")
@@ -189,6 +259,7 @@ def register(sub, common: list) -> None:
     g = s.add_mutually_exclusive_group(required=True)
     g.add_argument("--ref", type=ref_arg, help="ref to replicate (moved on each target by compare-and-swap)")
     g.add_argument("--root", type=root_arg, help="64-hex root to replicate (no ref is moved)")
+    s.add_argument("--trust", metavar="PUB.pem[,...]", help=TRUST_HELP + "; an unsigned root is refused")
     s.set_defaults(func=cmd_sync)
 
     s = sub.add_parser("restore", parents=common, help="write a snapshot's files into a new folder")
@@ -197,6 +268,7 @@ def register(sub, common: list) -> None:
     g.add_argument("--ref", type=ref_arg)
     g.add_argument("--root", type=root_arg)
     s.add_argument("out_dir", metavar="OUT_DIR")
+    s.add_argument("--trust", metavar="PUB.pem[,...]", help=TRUST_HELP + "; an unsigned root is refused")
     s.set_defaults(func=cmd_restore)
 
     s = sub.add_parser("verify", parents=common, help="re-hash chunks; report (and repair) missing or corrupt ones")
@@ -205,6 +277,7 @@ def register(sub, common: list) -> None:
     g.add_argument("--ref", type=ref_arg, help="check only what this ref needs (default: the whole store)")
     g.add_argument("--root", type=root_arg)
     s.add_argument("--repair-from", metavar="STORE", help="fetch good copies of bad chunks from this store")
+    s.add_argument("--trust", metavar="PUB.pem[,...]", help=TRUST_HELP + "; reports signed_by and trusted")
     s.set_defaults(func=cmd_verify)
 
     s = sub.add_parser("rollback", parents=common, help="move a ref back to an earlier root of its history")

@@ -108,5 +108,5 @@ class UntrustedRootError(TrustError):
         super().__init__(
             f"root {root} in {store} is not signed by a trusted key{found}; keys tried: {keys}. "
             f"Refused: nothing written, no ref moved. Sign it with a trusted key "
-            f"(`concord sign {store} --root {root[:12]}... --key KEY.pem`) or trust its signer's key"
+            f"(`concord sign {store} --root {root} --key KEY.pem`) or trust its signer's key"
         )

@@ -19,7 +19,7 @@ import os
 import threading
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
-from typing import Iterable, Iterator
+from typing import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
 from concord.errors import ControlCharacterNameError, SourceChangedError, SourceNotFoundError
@@ -193,8 +193,11 @@ def snapshot(
     message: str = "",
     progress: Progress | None = None,
     workers: int | None = None,
+    before_ref: Callable[[Store, str], object] | None = None,
 ) -> SnapshotResult:
-    """Snapshot ``source`` into ``store``; with ``ref``, point that ref at the new root (compare-and-swap)."""
+    """Snapshot ``source`` into ``store``; with ``ref``, point that ref at the new root (compare-and-swap).
+    ``before_ref(store, root)`` runs once the manifest is written and before the ref moves (e.g. to
+    keep a signature after checking it against the stored bytes); if it raises, no ref moves."""
     check_chunk_size(chunk_size)
     ref = check_writable_ref(ref) if ref is not None else None  # "" is a mistake, not "no ref"
     files = collect_files(source)
@@ -215,6 +218,8 @@ def snapshot(
             prog.close()
         manifest = Manifest.build(chunk_size, entries)
         store.put_manifest(manifest.root, manifest.to_json())
+        if before_ref is not None:
+            before_ref(store, manifest.root)
         version = None
         if ref:
             version = store.cas_ref(ref, expected, manifest.root, message or f"snapshot of {name}").version

@@ -174,6 +174,40 @@ class Checked:
     expected: Mapping[str, str] = field(default_factory=dict)
 
 
+def verifying_key(parsed: oms.Bundle, keys: Iterable[PublicKey], where: str) -> PublicKey:
+    """The key among ``keys`` whose signature ``parsed`` carries; :class:`SignatureError` if none."""
+    keys = list(keys)
+    candidates = [k for k in keys if k.id == parsed.key_hint] if parsed.key_hint else keys
+    if parsed.key_hint and not candidates:
+        raise SignatureError(
+            where,
+            f"it was made by key {parsed.key_hint[:16]}, which is not among the keys given "
+            f"({', '.join(k.id[:16] for k in keys) or 'none'})",
+            "Trust that key's public half if its signer is trusted",
+        )
+    key = next((k for k in candidates if k.verify(parsed.signature, parsed.signed_message)), None)
+    if key is None:
+        tried = ", ".join(k.id[:16] for k in keys) or "(none)"
+        raise SignatureError(
+            where,
+            f"it does not verify with the key it names ({tried}): the bundle was altered or made by another key",
+            "Sign the snapshot again, or trust the key that made it",
+        )
+    return key
+
+
+def check_names(paths: Iterable[str], statement: oms.Statement, where: str) -> None:
+    """Refuse a statement whose files are not ``paths`` (less the paths it ignores)."""
+    listed = {p for p in paths if not oms.is_ignored(p, statement.ignore_paths)}
+    named = set(statement.resources)
+    if listed != named:
+        extra, missing = sorted(listed - named), sorted(named - listed)
+        what = "; ".join(
+            x for x in (f"files not signed: {', '.join(extra[:3])}" if extra else "", f"signed files absent: {', '.join(missing[:3])}" if missing else "") if x
+        )
+        raise SignatureError(where, f"its files are not the snapshot's ({what})", "Sign this snapshot itself")
+
+
 def check_bundle(
     parsed: oms.Bundle,
     root: str,
@@ -184,35 +218,11 @@ def check_bundle(
     """Check a parsed bundle against ``root`` (its ``manifest``) and ``keys``; raise
     :class:`SignatureError` if no key verifies it, it signs another root, or its files are not
     the manifest's. A root-less (``model_signing``) bundle returns the digests still to check."""
-    keys = list(keys)
-    candidates = [k for k in keys if k.id == parsed.key_hint] if parsed.key_hint else keys
-    key = next((k for k in candidates if k.verify(parsed.signature, parsed.signed_message)), None)
-    if key is None and parsed.key_hint and not candidates:
-        raise SignatureError(
-            where,
-            f"it was made by key {parsed.key_hint[:16]}, which is not among the keys given "
-            f"({', '.join(k.id[:16] for k in keys) or 'none'})",
-            "Trust that key's public half if its signer is trusted",
-        )
-    if key is None:
-        tried = ", ".join(k.id[:16] for k in keys) or "(none)"
-        made_by = f"key {parsed.key_hint[:16]}" if parsed.key_hint else "an unnamed key"
-        raise SignatureError(
-            where,
-            f"it does not verify with any of the keys given ({tried}); it claims {made_by}",
-            "Check that the right public key is trusted, or that the signature was not altered",
-        )
+    key = verifying_key(parsed, keys, where)
     st = parsed.statement
     if st.root is not None and st.root != root:
         raise SignatureError(where, f"it signs root {st.root}, not {root}", "A signature holds for the root it names only")
-    listed = set(signed_paths(manifest, st.ignore_paths))
-    named = set(st.resources)
-    if listed != named:
-        extra, missing = sorted(listed - named), sorted(named - listed)
-        what = (f"files not signed: {', '.join(extra[:3])}" if extra else "") + (
-            ("; " if extra else "") + f"signed files absent: {', '.join(missing[:3])}" if missing else ""
-        )
-        raise SignatureError(where, f"its files are not the snapshot's ({what})", "Sign this snapshot itself")
+    check_names((f.path for f in manifest.files), st, where)
     if st.root is not None:
         return Checked(key.id, key.source, True)
     return Checked(key.id, key.source, False, dict(st.resources))
@@ -266,3 +276,27 @@ def hash_folder_files(folder: str, paths: Iterable[str]) -> dict[str, str]:
                 h.update(chunk)
         out[rel] = h.hexdigest()
     return out
+
+
+def snapshot_signed(source: str | os.PathLike, store: Store, data: bytes, keys: Iterable[PublicKey], *, where: str = "", **options):
+    """Snapshot the folder ``source`` (as :func:`concord.snapshots.snapshot.snapshot`, same
+    ``options``) and keep ``data``, an OMS bundle made for that folder (``model_signing sign``),
+    as its signature; (snapshot result, :class:`Checked`).
+
+    The bundle is parsed, its signature checked with ``keys`` and its file list compared with the
+    folder's before a byte is written; its SHA-256 digests are compared with the stored bytes
+    before the ref moves. A bundle that does not hold moves no ref and keeps no signature."""
+    from concord.snapshots.snapshot import collect_files, snapshot
+
+    where = where or "given with --signature"
+    keys = list(keys)
+    parsed = oms.parse_bundle(data, where)
+    verifying_key(parsed, keys, where)
+    check_names((rel for rel, _ in collect_files(source)), parsed.statement, where)
+    kept: list[Checked] = []
+
+    def keep(st: Store, root: str) -> None:
+        kept.append(import_signature(st, root, data, keys, where=where))
+
+    result = snapshot(source, store, before_ref=keep, **options)
+    return result, kept[0]
