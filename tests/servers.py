@@ -27,3 +27,16 @@ def running_server(
 def running_moto_server(log_path: Path, *, timeout: float = 60) -> AbstractContextManager[str]:
     """Run a real ``moto_server`` process on 127.0.0.1; its endpoint URL once it answers; stop it on exit."""
     return _servers.moto_server(log_path, timeout=timeout, fail=pytest.fail)
+
+
+def running_registry(data_dir: Path, log_path: Path, *, users: dict[str, str] | None = None, timeout: float = 30):
+    """Run a real CNCF distribution registry (``docker-registry``) on 127.0.0.1, with HTTP Basic
+    users (bcrypt htpasswd) if given; the ``with`` block gets its ``host:port``."""
+    from contextlib import contextmanager
+
+    @contextmanager
+    def run():
+        with _servers.RegistryServer(data_dir, log_path, users=users, fail=pytest.fail) as server:
+            yield server.wait(timeout)
+
+    return run()

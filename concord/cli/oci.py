@@ -50,14 +50,19 @@ def cmd_export_oci(args, out) -> int:
 def cmd_import_oci(args, out) -> int:
     from concord.oci.importer import import_oci
 
-    store = writable_store(args.store)
+    opened = []
+
+    def store():  # opened (a folder created) only once the artifact passed every check
+        opened.append(writable_store(args.store))
+        return opened[0]
+
     r = import_oci(args.reference, store, store_ref=args.ref, plain_http=args.plain_http, progress=out.progress)
     d = r.to_dict()
-    d["store"] = store.uri
+    d["store"] = opened[0].uri
     lines = [
         f"imported {r.reference}",
         f"  digest {r.digest}",
-        f"  snapshot {r.root}: {r.files} files, {human(r.bytes)} ({human(r.new_bytes)} new in {store.uri})",
+        f"  snapshot {r.root}: {r.files} files, {human(r.bytes)} ({human(r.new_bytes)} new in {d['store']})",
     ]
     if r.ref:
         lines.append(f"  ref {r.ref} → {r.root[:12]} (was {(r.previous or '(new)')[:12]})")

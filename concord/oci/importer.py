@@ -17,6 +17,7 @@ import os
 import shutil
 import tempfile
 from dataclasses import dataclass, field
+from typing import Callable
 
 from concord.errors.oci import OciDigestMismatchError, OciError, OciNotAModelError
 from concord.oci import modelpack as mp
@@ -81,14 +82,17 @@ def _download(reg: Registry, layer: dict, dest: str, reference: str, path: str, 
 
 def import_oci(
     ref: Reference,
-    store: Store,
+    store: "Store | Callable[[], Store]",
     *,
     store_ref: str | None = None,
     plain_http: bool = False,
     progress: Progress | None = None,
     staging_dir: str | None = None,
 ) -> ImportResult:
-    """Pull the ModelPack artifact at ``ref`` into ``store`` as a snapshot (and point ``store_ref`` at it)."""
+    """Pull the ModelPack artifact at ``ref`` into ``store`` as a snapshot (and point ``store_ref`` at it).
+
+    ``store`` may be a function that opens it: it is called only once the manifest passed every
+    check, so a refused artifact creates no store."""
     store_ref = check_writable_ref(store_ref) if store_ref is not None else None
     reference = str(ref)
     prog = ensure(progress)
@@ -105,6 +109,8 @@ def import_oci(
         annotations = doc.get("annotations") if isinstance(doc.get("annotations"), dict) else {}
         chunk_size = _chunk_size(annotations, reference)
         expected_root = annotations.get(mp.ROOT)
+        if not isinstance(store, Store):
+            store = store()
         root_dir = staging_dir or os.environ.get(STAGING_DIR_ENV) or None
         if root_dir:
             os.makedirs(root_dir, exist_ok=True)

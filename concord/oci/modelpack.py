@@ -80,7 +80,11 @@ def model_config(manifest: Manifest, config_json: dict | None, *, name: str | No
     format and precision from the weight files, the parameter count from the tensors' shapes,
     the architecture and family from ``config.json`` when there is one."""
     weights = [f for f in manifest.files if layer_type(f.path) == WEIGHT]
-    formats = sorted({FORMATS[posixpath.splitext(f.path)[1].lower()] for f in weights if posixpath.splitext(f.path)[1].lower() in FORMATS})
+    by_format: dict[str, int] = {}
+    for f in weights:
+        fmt = FORMATS.get(posixpath.splitext(f.path)[1].lower())
+        if fmt and f.size:
+            by_format[fmt] = by_format.get(fmt, 0) + f.size
     by_dtype: dict[str, int] = {}
     params = 0
     for f in weights:
@@ -94,8 +98,8 @@ def model_config(manifest: Manifest, config_json: dict | None, *, name: str | No
     cfg: dict = {}
     if config_json and (config_json.get("architectures") or config_json.get("model_type")):
         cfg["architecture"] = "transformer"
-    if len(formats) == 1:
-        cfg["format"] = formats[0]
+    if by_format:  # the format holding most of the weights' bytes
+        cfg["format"] = max(sorted(by_format), key=by_format.__getitem__)
     if params:
         cfg["paramSize"] = param_size(params)
     precisions = [PRECISION.get(d, d.lower()) for d, _ in sorted(by_dtype.items(), key=lambda kv: (-kv[1], kv[0]))]

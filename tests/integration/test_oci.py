@@ -1,0 +1,239 @@
+"""OCI interop against a real CNCF distribution registry (``docker-registry``) on 127.0.0.1:
+``concord export oci`` publishes a snapshot as a ModelPack artifact, ``concord import oci`` brings
+it back with the same root; bad input gets one line and leaves nothing behind; credentials
+never show."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+import requests
+from servers import patched_environ, running_registry
+from toy_checkpoints import SMALL_CHUNK, make_checkpoint
+
+from concord.cli import main
+from concord.oci import modelpack as mp
+from concord.oci.reference import parse_reference
+from concord.oci.registry import Registry
+from concord.snapshots.refs import load_manifest
+from concord.snapshots.restore import restore
+from concord.snapshots.snapshot import snapshot
+from concord.stores.local import LocalDirStore
+
+pytestmark = pytest.mark.integration
+
+USER, PASSWORD = "alice", "pa55-w0rd-never-shown"
+CLEARED = ("CONCORD_REGISTRY_USERNAME", "CONCORD_REGISTRY_PASSWORD", "DOCKER_CONFIG")
+ACCEPT = {"Accept": "application/vnd.oci.image.manifest.v1+json"}
+
+
+@pytest.fixture(scope="module")
+def registry(tmp_path_factory):
+    """``host:port`` of a registry without authentication."""
+    d = tmp_path_factory.mktemp("registry")
+    with patched_environ({"DOCKER_CONFIG": str(d / "no-docker-config")}, CLEARED):
+        with running_registry(d / "data", d / "registry.log") as address:
+            yield address
+
+
+@pytest.fixture(scope="module")
+def auth_registry(tmp_path_factory):
+    """``host:port`` of a registry asking for HTTP Basic credentials (htpasswd, bcrypt)."""
+    d = tmp_path_factory.mktemp("auth-registry")
+    with running_registry(d / "data", d / "registry.log", users={USER: PASSWORD}) as address:
+        yield address
+
+
+@pytest.fixture(scope="module")
+def published(registry, tmp_path_factory):
+    """A toy checkpoint (with a README) snapshotted under ref ``m/toy`` and exported to ``:v1``."""
+    base = tmp_path_factory.mktemp("published")
+    ckpt = make_checkpoint(base / "ckpt")
+    (ckpt / "README.md").write_text("# toy model\n")
+    (ckpt / "config.json").write_text(json.dumps({"model_type": "llama", "architectures": ["LlamaForCausalLM"]}))
+    store = LocalDirStore(str(base / "store"))
+    snap = snapshot(ckpt, store, ref="m/toy", chunk_size=SMALL_CHUNK)
+    ref = f"{registry}/models/toy:v1"
+    return {"ckpt": ckpt, "store": store, "root": snap.root, "ref": ref, "base": base}
+
+
+def cli(capsys, *argv: str) -> tuple[int, dict | None, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, (json.loads(out) if code == 0 and "--json" in argv else None), out + err
+
+
+def get_manifest(address: str, repo: str, target: str) -> dict:
+    r = requests.get(f"http://{address}/v2/{repo}/manifests/{target}", headers=ACCEPT, timeout=10)
+    r.raise_for_status()
+    return r.json()
+
+
+def blob_path(data_dir: Path, digest: str) -> Path:
+    hexd = digest.split(":")[1]
+    return data_dir / "storage" / "docker" / "registry" / "v2" / "blobs" / "sha256" / hexd[:2] / hexd / "data"
+
+
+def test_export_is_a_modelpack_artifact_and_import_gives_the_same_root(published, registry, tmp_path, capsys):
+    code, r, _ = cli(capsys, "export", "oci", str(published["store"].root), "--ref", "m/toy", published["ref"], "--plain-http", "--json")
+    assert code == 0
+    assert set(r) >= {"reference", "digest", "layers", "bytes_uploaded"}
+    assert r["root"] == published["root"] and r["layers"] == 5
+
+    doc = get_manifest(registry, "models/toy", "v1")
+    assert doc["mediaType"] == "application/vnd.oci.image.manifest.v1+json" and doc["schemaVersion"] == 2
+    assert doc["artifactType"] == "application/vnd.cncf.model.manifest.v1+json"
+    assert doc["config"]["mediaType"] == "application/vnd.cncf.model.config.v1+json"
+    assert doc["annotations"][mp.ROOT] == published["root"]
+    types = {layer["annotations"]["org.cncf.model.filepath"]: layer["mediaType"] for layer in doc["layers"]}
+    assert types == {
+        "README.md": "application/vnd.cncf.model.doc.v1.raw",
+        "config.json": "application/vnd.cncf.model.weight.config.v1.raw",
+        "model.safetensors": "application/vnd.cncf.model.weight.v1.raw",
+        "sub/empty.bin": "application/vnd.cncf.model.weight.v1.raw",
+        "tokenizer.txt": "application/vnd.cncf.model.weight.config.v1.raw",
+    }
+    # every layer blob is the file, byte for byte
+    for layer in doc["layers"]:
+        blob = requests.get(f"http://{registry}/v2/models/toy/blobs/{layer['digest']}", timeout=10).content
+        path = published["ckpt"] / layer["annotations"]["org.cncf.model.filepath"]
+        assert blob == path.read_bytes()
+        assert layer["size"] == len(blob) and layer["digest"] == "sha256:" + hashlib.sha256(blob).hexdigest()
+    config = requests.get(f"http://{registry}/v2/models/toy/blobs/{doc['config']['digest']}", timeout=10).json()
+    assert config["modelfs"] == {"type": "layers", "diffIds": [layer["digest"] for layer in doc["layers"]]}
+    assert config["config"]["format"] == "safetensors" and config["config"]["architecture"] == "transformer"
+    assert set(config["config"]["precision"].split(",")) == {"float32", "bfloat16"}
+    assert config["descriptor"]["family"] == "llama" and config["descriptor"]["name"] == "toy"
+
+    target = tmp_path / "imported"
+    code, r, _ = cli(capsys, "import", "oci", published["ref"], "--store", str(target), "--ref", "m/toy", "--plain-http", "--json")
+    assert code == 0 and r["root"] == published["root"] and r["ref"] == "m/toy"
+    store = LocalDirStore(str(target))
+    assert store.read_ref("m/toy").root == published["root"]
+    restore(store, load_manifest(store, published["root"]), tmp_path / "files")
+    for f in published["ckpt"].rglob("*"):
+        if f.is_file():
+            assert (tmp_path / "files" / f.relative_to(published["ckpt"])).read_bytes() == f.read_bytes()
+
+
+def test_a_new_version_uploads_only_the_changed_file(published, registry, tmp_path, capsys):
+    store = published["store"]
+    ref = f"{registry}/models/toy:v2"
+    cli(capsys, "export", "oci", str(store.root), "--ref", "m/toy", ref, "--plain-http", "--json")
+    ckpt2 = tmp_path / "ckpt2"
+    shutil.copytree(published["ckpt"], ckpt2)
+    (ckpt2 / "README.md").write_text("# toy model, second version\n")
+    snapshot(ckpt2, store, ref="m/toy", chunk_size=SMALL_CHUNK)
+    code, r, _ = cli(capsys, "export", "oci", str(store.root), "--ref", "m/toy", ref, "--plain-http", "--json")
+    assert code == 0
+    assert r["layers_uploaded"] == 1
+    config_size = get_manifest(registry, "models/toy", "v2")["config"]["size"]
+    assert r["bytes_uploaded"] == (ckpt2 / "README.md").stat().st_size + config_size
+    # the same snapshot again sends nothing
+    code, r, _ = cli(capsys, "export", "oci", str(store.root), "--ref", "m/toy", ref, "--plain-http", "--json")
+    assert r["bytes_uploaded"] == 0
+
+
+def test_signatures_travel_as_referrers(published, registry, tmp_path, capsys):
+    store, root = published["store"], published["root"]
+    bundle = json.dumps({"mediaType": "application/vnd.dev.sigstore.bundle.v0.3+json", "k": "test"}).encode()
+    store.put_document(f"signatures/{root}/ci-key.sig", bundle, overwrite=True)
+    try:
+        ref = f"{registry}/models/signed:v1"
+        code, r, _ = cli(capsys, "export", "oci", str(store.root), "--ref", root, ref, "--plain-http", "--json")
+        assert code == 0 and r["signatures"] == ["ci-key"]
+        index = requests.get(
+            f"http://{registry}/v2/models/signed/manifests/{r['digest'].replace(':', '-')}",
+            headers={"Accept": "application/vnd.oci.image.index.v1+json"}, timeout=10).json()
+        sig = get_manifest(registry, "models/signed", index["manifests"][0]["digest"])
+        assert sig["subject"]["digest"] == r["digest"]
+        target = LocalDirStore(str(tmp_path / "imported"))
+        code, r2, _ = cli(capsys, "import", "oci", ref, "--store", str(target.root), "--plain-http", "--json")
+        assert code == 0 and r2["signatures"] == ["ci-key"]
+        assert target.get_document(f"signatures/{root}/ci-key.sig") == bundle
+    finally:
+        store.delete_document(f"signatures/{root}/ci-key.sig")
+
+
+def test_credentials_from_the_environment_or_docker_config_never_shown(published, auth_registry, tmp_path, capsys):
+    src = str(published["store"].root)
+    ref = f"{auth_registry}/models/toy:v1"
+    with patched_environ({"DOCKER_CONFIG": str(tmp_path / "none")}, CLEARED):
+        code, _, text = cli(capsys, "export", "oci", src, "--ref", "m/toy", ref, "--plain-http", "--json")
+        assert code == 1 and "asks for credentials" in text and "CONCORD_REGISTRY_USERNAME" in text
+    with patched_environ({"CONCORD_REGISTRY_USERNAME": USER, "CONCORD_REGISTRY_PASSWORD": "wrong-" + PASSWORD, "DOCKER_CONFIG": str(tmp_path / "none")}):
+        code, _, text = cli(capsys, "export", "oci", src, "--ref", "m/toy", ref, "--plain-http", "--json")
+        assert code == 1 and "refused the credentials of user 'alice'" in text and PASSWORD not in text
+    with patched_environ({"CONCORD_REGISTRY_USERNAME": USER, "CONCORD_REGISTRY_PASSWORD": PASSWORD}):
+        code, pushed, text = cli(capsys, "export", "oci", src, "--ref", "m/toy", ref, "--plain-http", "--json")
+        assert code == 0 and pushed["layers"] == 5 and PASSWORD not in text
+    docker = tmp_path / "docker"
+    docker.mkdir()
+    token = __import__("base64").b64encode(f"{USER}:{PASSWORD}".encode()).decode()
+    (docker / "config.json").write_text(json.dumps({"auths": {auth_registry: {"auth": token}}}))
+    with patched_environ({"DOCKER_CONFIG": str(docker)}, CLEARED):
+        code, r, text = cli(capsys, "import", "oci", ref, "--store", str(tmp_path / "in"), "--plain-http", "--json")
+        assert code == 0 and r["root"] == pushed["root"]
+        assert PASSWORD not in text and token not in text
+
+
+def test_bad_input_gets_one_line_and_leaves_nothing(published, registry, tmp_path, capsys):
+    src = str(published["store"].root)
+    target = tmp_path / "target"
+
+    def refused(*argv: str) -> str:
+        code, _, text = cli(capsys, *argv)
+        assert code == 1 and text.startswith("concord: error: ") and text.count("\n") == 1, text
+        assert not (target / "refs").exists() or not list((target / "refs").rglob("*"))
+        return text
+
+    assert "does not answer" in refused("import", "oci", "127.0.0.1:9/models/toy:v1", "--store", str(target), "--plain-http")
+    assert "--plain-http" in refused("export", "oci", src, "--ref", "m/toy", f"{registry}/models/toy:v1")
+    assert "no such manifest" in refused("import", "oci", f"{registry}/models/toy:missing", "--store", str(target), "--plain-http")
+
+    reg = Registry(parse_reference(f"{registry}/models/other:v1"), plain_http=True)
+    empty = b"{}"
+    reg.put_blob("sha256:" + hashlib.sha256(empty).hexdigest(), 2, lambda: [empty])
+    layer = b"not a model"
+    layer_digest = "sha256:" + hashlib.sha256(layer).hexdigest()
+    reg.put_blob(layer_digest, len(layer), lambda: [layer])
+
+    def push(tag: str, artifact_type: str, config_type: str, path: str) -> None:
+        doc = {
+            "schemaVersion": 2, "mediaType": mp.MANIFEST_TYPE, "artifactType": artifact_type,
+            "config": {"mediaType": config_type, "digest": "sha256:" + hashlib.sha256(empty).hexdigest(), "size": 2},
+            "layers": [{"mediaType": mp.WEIGHT, "digest": layer_digest, "size": len(layer), "annotations": {mp.FILEPATH: path}}],
+        }
+        reg.put_manifest(json.dumps(doc).encode(), tag)
+
+    push("image", "application/vnd.example.thing", "application/vnd.oci.empty.v1+json", "x.bin")
+    assert "not a ModelPack model artifact" in refused("import", "oci", f"{registry}/models/other:image", "--store", str(target), "--plain-http")
+    for i, evil in enumerate(("../escape.bin", "/etc/passwd", "a/../../b.bin", "ok/\x1b[31m.bin")):
+        push(f"evil{i}", mp.ARTIFACT_TYPE, mp.CONFIG_TYPE, evil)
+        assert "refusing layer file path" in refused("import", "oci", f"{registry}/models/other:evil{i}", "--store", str(target), "--plain-http")
+    assert not (tmp_path / "escape.bin").exists() and not target.exists()
+    reg.close()
+
+
+def test_a_layer_whose_bytes_do_not_match_its_digest_is_refused(published, tmp_path, tmp_path_factory, capsys):
+    d = tmp_path_factory.mktemp("corrupt-registry")
+    with patched_environ({"DOCKER_CONFIG": str(d / "none")}, CLEARED), running_registry(d / "data", d / "registry.log") as address:
+        ref = f"{address}/models/toy:v1"
+        code, r, _ = cli(capsys, "export", "oci", str(published["store"].root), "--ref", "m/toy", ref, "--plain-http", "--json")
+        assert code == 0
+        doc = get_manifest(address, "models/toy", "v1")
+        layer = next(x for x in doc["layers"] if x["annotations"][mp.FILEPATH] == "tokenizer.txt")
+        data = blob_path(d / "data", layer["digest"])
+        damaged = bytearray(data.read_bytes())
+        damaged[100] ^= 0xFF
+        data.write_bytes(bytes(damaged))
+        target = tmp_path / "target"
+        code, _, text = cli(capsys, "import", "oci", ref, "--store", str(target), "--ref", "m/toy", "--plain-http")
+        assert code == 1 and "hashes to" in text and "tokenizer.txt" in text
+        assert not (target / "refs").exists() or not list((target / "refs").rglob("*"))
+        assert not (target / "manifests").exists() or not list((target / "manifests").iterdir())
