@@ -4,7 +4,7 @@ Every command prints a readable summary (with progress bars on a terminal), or w
 exactly one JSON object on stdout. Failures exit non-zero with one line on stderr. Only the
 standard library is imported up front, so ``concord --help`` answers at once.
 
-One module per noun registers its commands (:mod:`.snapshots`, :mod:`.lineage`, :mod:`.federate`,
+One module per noun registers its commands (:mod:`.stores`, :mod:`.snapshots`, :mod:`.lineage`, :mod:`.federate`,
 :mod:`.tier`, :mod:`.audit`, :mod:`.serving`, :mod:`.oci`); what they share is in :mod:`._common`. Each command is
 ``cmd_x(args, out) -> int``, called here with an :class:`~concord.cli._common.Output`.
 """
@@ -12,18 +12,22 @@ One module per noun registers its commands (:mod:`.snapshots`, :mod:`.lineage`, 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
-from concord.cli import audit, federate, lineage, oci, serving, snapshots, tier, trust
+from concord.cli import audit, federate, lineage, oci, serving, snapshots, stores, tier, trust
 from concord.cli._common import Output, Parser, fail, quiet_libraries
 
 #: the nouns, in the order ``concord --help`` lists their commands
-NOUNS = (snapshots, trust, lineage, federate, tier, audit, serving, oci)
+NOUNS = (stores, snapshots, trust, lineage, federate, tier, audit, serving, oci)
 
 
 def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    common.add_argument(
+        "--key-file", metavar="FILE", help="the key of an encrypted store (default: $CONCORD_KEY_FILE); never printed"
+    )
     p = Parser(
         prog="concord",
         description=(
@@ -42,6 +46,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     from concord.errors import ConcordError
 
+    if getattr(args, "key_file", None) and args.command != "init":
+        os.environ["CONCORD_KEY_FILE"] = args.key_file  # every store the command opens reads it there
     try:
         with quiet_libraries():
             return args.func(args, Output(args.json))

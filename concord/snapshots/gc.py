@@ -575,14 +575,17 @@ def _chunks_of_unreferenced(store: Store, roots: list[str]) -> set[str]:
 
 
 def _union(store: Store, load, roots: list[str]) -> set[str]:
-    """The union of the chunk ids of the manifests ``load`` returns, loaded in parallel."""
+    """The union of the chunk object names (the ids, or in an encrypted store their keyed names,
+    as :meth:`Store.iter_chunk_stats` lists them) of the manifests ``load`` returns, loaded in parallel."""
     chunks: set[str] = set()
     if not roots:
         return chunks
+    encoding = store.encoding()
     with ThreadPoolExecutor(max(1, min(store.parallelism, len(roots))), thread_name_prefix="concord-gc") as pool:
         for manifest in pool.map(load, roots):
             if manifest is not None:
-                chunks.update(manifest.chunk_lengths())
+                ids = manifest.chunk_lengths()
+                chunks.update(map(encoding.chunk_name, ids) if encoding.encrypted else ids)
     return chunks
 
 
@@ -608,7 +611,7 @@ class _Sweep:
                 if self._lost():
                     return
                 batch = chunks[i : i + SWEEP_BATCH]
-                self.chunks += self._delete(self.store.delete_chunk, [c for c, _ in batch])
+                self.chunks += self._delete(self.store.delete_chunk_object, [c for c, _ in batch])
                 self.bytes += sum(size for _, size in batch)
                 self.progress.advance(sum(size for _, size in batch))
         finally:

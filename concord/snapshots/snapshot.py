@@ -133,16 +133,16 @@ class _Snapshotter:
     def _parts(self, mm: mmap.mmap, fd: int, layout, pool: ThreadPoolExecutor, written: list[str]) -> list:
         cs = self.chunk_size
         spans = (
-            (i, start, min(cs, off + length - start))
-            for i, (_, _, off, length, _, _) in enumerate(layout)
+            (i, start, min(cs, off + length - start), dtype)
+            for i, (_, _, off, length, dtype, _) in enumerate(layout)
             for start in range(off, off + length, cs)
         )
         ids_per_part: list[list[str]] = [[] for _ in layout]
-        for i, cid in _bounded_map(pool, lambda s: (s[0], self._chunk(mm, fd, s[1], s[2], written)), spans, WINDOW):
+        for i, cid in _bounded_map(pool, lambda s: (s[0], self._chunk(mm, fd, s[1], s[2], written, s[3])), spans, WINDOW):
             ids_per_part[i].append(cid)
         return [make_part(*_part_args(lay, ids_per_part[i])) for i, lay in enumerate(layout)]
 
-    def _chunk(self, mm: mmap.mmap, fd: int, start: int, length: int, written: list[str]) -> str:
+    def _chunk(self, mm: mmap.mmap, fd: int, start: int, length: int, written: list[str], dtype: str | None = None) -> str:
         with memoryview(mm) as mv:
             view = mv[start : start + length]
             try:
@@ -151,7 +151,8 @@ class _Snapshotter:
                     mine = cid not in self._claimed
                     self._claimed.add(cid)
                 # put_chunk writes nothing (and sends nothing) when the store already has the chunk
-                if mine and self.store.put_chunk_from_file(cid, fd, start, length, view):
+                # dtype lets a compressed store choose its codec (byte planes for floating tensors)
+                if mine and self.store.put_chunk_from_file(cid, fd, start, length, view, dtype=dtype):
                     with self._lock:
                         self.new_chunks += 1
                         self.new_bytes += length

@@ -3,7 +3,9 @@
 For every target, in parallel: read its ref (the compare-and-swap's expected value), ask in
 batches which chunks it already holds, copy the rest (each chunk re-hashed as it is read from the
 source, its size checked on arrival), write the manifest after every chunk it names, and move the
-ref last. A run killed at any point leaves the target consistent; re-running sends only what is
+ref last. Between stores of one encoding (:attr:`~concord.stores.config.Encoding.identity`) a
+chunk moves as it is stored (compressed, encrypted), decoded and hashed on arrival; between
+stores of different encodings it is decoded, checked and encoded again. A run killed at any point leaves the target consistent; re-running sends only what is
 still missing. A ref moved by someone else meanwhile is reported, never overwritten. Each target is
 written under a garbage-collection lease, from its plan to its ref: the chunks the plan finds
 present must still be there when the ref moves.
@@ -36,6 +38,8 @@ class TargetResult:
     ref: str | None = None
     ref_version: int | None = None
     previous: str | None = None
+    #: raw bytes the chunks sent stand for (``bytes_sent`` is what crossed, as the target stores it)
+    raw_bytes_sent: int = 0
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)
@@ -60,23 +64,55 @@ def missing_chunks(target: Store, ids: list[str]) -> list[str]:
     return out
 
 
-def copy_chunks(source: Store, target: Store, ids: list[str], progress: Progress, *, overwrite: bool = False) -> tuple[int, int]:
-    """Copy ``ids`` from ``source`` to ``target``, each verified on the way; (chunks, bytes) written."""
+def copy_chunks(
+    source: Store,
+    target: Store,
+    ids: list[str],
+    progress: Progress,
+    *,
+    overwrite: bool = False,
+    dtypes: dict[str, str] | None = None,
+) -> tuple[int, int, int]:
+    """Copy ``ids`` from ``source`` to ``target``, each verified on the way; (chunks, bytes as
+    stored in the target, raw bytes) written. ``dtypes`` (chunk id → the dtype of its tensor) let
+    a compressed target choose its codec."""
+    same = bool(ids) and source.encoding().framed and source.encoding().identity == target.encoding().identity
+    dtypes = dtypes or {}
+    framed = bool(ids) and target.encoding().framed
 
-    def one(cid: str) -> int:
-        data = source.get_chunk(cid, verify=True)
-        wrote = target.put_chunk(cid, data, verify=False, overwrite=overwrite)
-        progress.advance(len(data))
-        return len(data) if wrote else -1
+    def one(cid: str) -> tuple[int, int]:
+        if same:  # as stored: decoded and hashed on arrival by put_chunk_stored
+            blob = source.read_chunk_stored(cid)
+            if blob is None:
+                from concord.errors import ChunkNotFoundError
 
-    sent = nbytes = 0
+                raise ChunkNotFoundError(source.uri, cid)
+            raw = target.put_chunk_stored(cid, blob, overwrite=overwrite) or 0
+            stored = len(blob) if raw else None
+        else:
+            data = source.get_chunk(cid, verify=True)
+            raw = len(data)
+            if framed:
+                stored = target.put_chunk_sized(cid, data, verify=False, overwrite=overwrite, dtype=dtypes.get(cid))
+            else:  # stored as it is
+                stored = raw if target.put_chunk(cid, data, verify=False, overwrite=overwrite) else None
+        progress.advance(raw)
+        return (stored, raw) if stored is not None else (-1, 0)
+
+    sent = nbytes = raw_bytes = 0
     workers = max(1, min(source.parallelism, target.parallelism) if ids else 1)
     with ThreadPoolExecutor(workers, thread_name_prefix="concord-copy") as pool:
-        for n in pool.map(one, ids):
+        for n, raw in pool.map(one, ids):
             if n >= 0:
                 sent += 1
                 nbytes += n
-    return sent, nbytes
+                raw_bytes += raw
+    return sent, nbytes, raw_bytes
+
+
+def chunk_dtypes(manifest: Manifest) -> dict[str, str]:
+    """Chunk id → the dtype of the tensor it belongs to (tensor chunks only)."""
+    return {cid: p.dtype for f in manifest.files for p in f.parts if p.dtype for cid in p.chunk_ids()}
 
 
 def copy_signatures(source: Store, target: Store, root: str) -> int:
@@ -115,6 +151,7 @@ def replicate(
     manifest = Manifest.from_json(manifest_bytes, expected_root=root, verify=True)
     lengths = manifest.chunk_lengths()
     ids = list(lengths)
+    dtypes = chunk_dtypes(manifest)
 
     what = f"sync of {root[:12]} from {source.uri}" + (f" to ref {ref}" if ref else "")
 
@@ -133,13 +170,13 @@ def replicate(
 
     def run(p: _Plan) -> TargetResult:
         with p.lease:
-            sent, nbytes = copy_chunks(source, p.target, p.missing, prog)
+            sent, nbytes, raw = copy_chunks(source, p.target, p.missing, prog, dtypes=dtypes)
             p.target.put_manifest(root, manifest_bytes)
             copy_signatures(source, p.target, root)
             version = None
             if ref:
                 version = p.target.cas_ref(ref, p.expected, root, f"sync from {source.uri}").version
-        return TargetResult(p.target.uri, root, sent, nbytes, p.present, ref, version, p.expected)
+        return TargetResult(p.target.uri, root, sent, nbytes, p.present, ref, version, p.expected, raw)
 
     try:
         prog.start(sum(lengths[c] for p in plans for c in p.missing), "sync")

@@ -20,6 +20,7 @@ from concord.errors import (
     ManifestError,
     ManifestNotFoundError,
     NotRegularFileError,
+    UnknownEncodingError,
 )
 from concord.hashing import chunk_id
 from concord.snapshots.manifest import DEFAULT_CHUNK_SIZE, Manifest
@@ -119,14 +120,14 @@ class Checked:
 def _load(store: Store, root: str, repair_from: Store | None, repaired: list[str], bad: list[str]) -> Manifest | None:
     try:
         return Manifest.from_json(store.get_manifest_bytes(root), expected_root=root, verify=True)
-    except (ManifestError, ManifestNotFoundError, NotRegularFileError):
+    except (ManifestError, ManifestNotFoundError, NotRegularFileError, UnknownEncodingError):
         bad.append(root)
         if repair_from is None:
             return None
         try:
             data = repair_from.get_manifest_bytes(root)
             manifest = Manifest.from_json(data, expected_root=root, verify=True)
-        except (ManifestError, ManifestNotFoundError, NotRegularFileError):
+        except (ManifestError, ManifestNotFoundError, NotRegularFileError, UnknownEncodingError):
             return None  # the donor has no good copy either: reported as still broken
         store.put_manifest(root, data, overwrite=True)  # replaces the damaged copy
         repaired.append(root)
@@ -212,6 +213,8 @@ def check(store: Store, lengths: Mapping[str, int], *, progress: Progress | None
             data = store.read_chunk_raw(cid)
         except NotRegularFileError:
             return "corrupt", 0  # a FIFO or folder where the chunk should be: a repair replaces it
+        except UnknownEncodingError:
+            return "corrupt", 0  # stored bytes that do not decode (compressed or encrypted): same
         if data is None:
             return "missing", 0
         prog.advance(len(data))

@@ -73,4 +73,6 @@ def open_store_to_read(spec: "str | os.PathLike | StoreAddress | Store") -> Stor
 
 def holds_a_store(store: Store) -> bool:
     """Whether anything sits under ``refs/``, ``manifests/`` or ``chunks/`` of ``store``."""
-    return any(next(iter(store._list_keys(prefix)), None) is not None for prefix in ("refs/", "manifests/", "chunks/"))
+    return any(next(iter(store._list_keys(prefix)), None) is not None for prefix in ("refs/", "manifests/", "chunks/")) or (
+        store._exists_many(["config"])[0]
+    )

@@ -6,6 +6,11 @@ Layout (identical on disk and on S3)::
     manifests/<64 hex>.json        immutable snapshot manifest, named by its Merkle root
     refs/<namespace>/<name>        small mutable pointer to a root, with its history
     ledger/<tenant>/<round>.json   federation rounds
+    config                         the store's format, compression and encryption (absent: plain, raw)
+
+How the store keeps bytes at rest (compressed, encrypted) is its configuration's business
+(:mod:`concord.stores.config`): the methods here encode on the way in and decode on the way out,
+so everything above the store sees raw bytes, and chunk ids and roots never change with it.
 
 Subclasses provide a handful of raw primitives (``_put_object``, ``_get_object``...). Everything
 about names, hashing, verification and compare-and-swap lives here, once.
@@ -214,6 +219,9 @@ class Store(ABC):
     uri: str
     #: how many transfers this store likes in flight at once
     parallelism: int = 4
+    #: the key of an encrypted store (:meth:`unlock`); None: ``CONCORD_KEY_FILE`` when one is needed
+    key: bytes | None = None
+    _store_encoding = None
 
     def __str__(self) -> str:
         return self.uri
@@ -264,41 +272,105 @@ class Store(ABC):
     def close(self) -> None:
         """Release clients and connections (no-op by default)."""
 
+    # A store travels between processes as its settings: the derived keys are derived again.
+    def __getstate__(self) -> dict:
+        state = self.__dict__.copy()
+        state.pop("_store_encoding", None)
+        return state
+
+    # ------------------------------------------------------------------ configuration
+
+    def encoding(self):
+        """How this store keeps its objects (:class:`~concord.stores.config.Encoding`), read from
+        its ``config`` object once. An encrypted store needs its key here: none, or the wrong
+        one, raises :class:`~concord.errors.StoreKeyError` before anything is read or written."""
+        enc = self._store_encoding
+        if enc is None:
+            from concord.stores.config import load_encoding
+
+            enc = self._store_encoding = load_encoding(self)
+        return enc
+
+    def unlock(self, key: bytes) -> None:
+        """Give this store its key (32 bytes); checked against the store's key check on first use."""
+        self.key = bytes(key)
+        self.forget_encoding()
+
+    def forget_encoding(self) -> None:
+        """Read the configuration again on next use (after ``init`` wrote it)."""
+        self._store_encoding = None
+
+    def chunk_object_name(self, cid: str) -> str:
+        """The name chunk ``cid`` is stored under: its id, or in an encrypted store a keyed hash of it."""
+        return self.encoding().chunk_name(_check_digest(cid, "chunk id"))
+
+    def _chunk_key(self, cid: str) -> str:
+        return chunk_key(self.chunk_object_name(cid))
+
     # ------------------------------------------------------------------ chunks
 
     def has_chunks(self, ids: Iterable[str]) -> set[str]:
         """The subset of ``ids`` this store holds."""
         ids = list(dict.fromkeys(ids))
-        present = self._exists_many([chunk_key(c) for c in ids])
+        present = self._exists_many([self._chunk_key(c) for c in ids])
         return {c for c, p in zip(ids, present) if p}
 
     def put_chunk(
-        self, cid: str, data: bytes | memoryview, *, overwrite: bool = False, verify: bool = True
+        self,
+        cid: str,
+        data: bytes | memoryview,
+        *,
+        overwrite: bool = False,
+        verify: bool = True,
+        dtype: str | None = None,
     ) -> bool:
         """Store ``data`` under its id. True if bytes were written, False if the chunk was there.
 
         With ``verify`` (the default) the bytes are hashed first and must match ``cid``; callers
         that have just hashed these very bytes pass ``verify=False`` to avoid hashing twice.
+        ``dtype`` (the safetensors dtype of the tensor the chunk is part of) lets a compressed
+        store choose its codec.
         """
+        return self.put_chunk_sized(cid, data, overwrite=overwrite, verify=verify, dtype=dtype) is not None
+
+    def put_chunk_sized(
+        self,
+        cid: str,
+        data: bytes | memoryview,
+        *,
+        overwrite: bool = False,
+        verify: bool = True,
+        dtype: str | None = None,
+    ) -> int | None:
+        """:meth:`put_chunk`, returning the bytes stored (after encoding), or None if the chunk was there."""
         _check_digest(cid, "chunk id")
         if verify:
             actual = chunk_id(data)
             if actual != cid:
                 raise IntegrityError(f"chunk sent to {self.uri}", cid, actual)
-        return self._put_object(chunk_key(cid), data, overwrite=overwrite)
+        enc = self.encoding()
+        key = chunk_key(enc.chunk_name(cid))
+        if enc.framed and not overwrite and self._exists_many([key])[0]:
+            return None  # present: not worth encoding
+        stored = enc.encode_chunk(cid, data, dtype)
+        return len(stored) if self._put_object(key, stored, overwrite=overwrite) else None
 
-    def put_chunk_from_file(self, cid: str, fd: int, offset: int, length: int, data: memoryview) -> bool:
+    def put_chunk_from_file(
+        self, cid: str, fd: int, offset: int, length: int, data: memoryview, *, dtype: str | None = None
+    ) -> bool:
         """Store the chunk ``cid`` whose bytes are ``length`` bytes of open file ``fd`` at ``offset``
         (already hashed by the caller, and also given as ``data``). Stores that can copy between
         files in the kernel override this; the default writes ``data``."""
-        return self.put_chunk(cid, data, verify=False)
+        return self.put_chunk(cid, data, verify=False, dtype=dtype)
 
     def get_chunk(self, cid: str, *, verify: bool = True) -> bytes:
-        """The chunk's bytes; with ``verify`` they are re-hashed and must match ``cid``."""
+        """The chunk's raw bytes (decoded); with ``verify`` they are re-hashed and must match ``cid``."""
         _check_digest(cid, "chunk id")
-        data = self._get_object(chunk_key(cid))
-        if data is None:
+        enc = self.encoding()
+        blob = self._get_object(chunk_key(enc.chunk_name(cid)))
+        if blob is None:
             raise ChunkNotFoundError(self.uri, cid)
+        data = enc.decode_chunk(cid, blob)
         if verify:
             actual = chunk_id(data)
             if actual != cid:
@@ -306,20 +378,48 @@ class Store(ABC):
         return data
 
     def read_chunk_raw(self, cid: str) -> bytes | None:
-        """The stored bytes as they are (no hash check), or None if absent: for verification."""
-        return self._get_object(chunk_key(_check_digest(cid, "chunk id")))
+        """The chunk's raw bytes, decoded but not hash-checked, or None if absent: for
+        verification. Stored bytes that do not decode raise :class:`~concord.errors.UnknownEncodingError`."""
+        enc = self.encoding()
+        blob = self._get_object(chunk_key(enc.chunk_name(_check_digest(cid, "chunk id"))))
+        return None if blob is None else enc.decode_chunk(cid, blob)
+
+    def read_chunk_stored(self, cid: str) -> bytes | None:
+        """The chunk as this store keeps it (encoded), or None if absent: for a copy between stores
+        of one encoding (:attr:`~concord.stores.config.Encoding.identity`)."""
+        return self._get_object(self._chunk_key(cid))
+
+    def put_chunk_stored(self, cid: str, blob: bytes, *, overwrite: bool = False) -> int | None:
+        """Store ``blob``, a chunk encoded as this store encodes (read from a store of the same
+        encoding), after decoding it and checking it hashes to ``cid``. The raw bytes it stands
+        for, or None if the chunk was there."""
+        enc = self.encoding()
+        data = enc.decode_chunk(cid, blob)
+        actual = chunk_id(data)
+        if actual != cid:
+            raise IntegrityError(f"chunk sent to {self.uri}", cid, actual)
+        return len(data) if self._put_object(chunk_key(enc.chunk_name(cid)), blob, overwrite=overwrite) else None
 
     def delete_chunk(self, cid: str) -> None:
-        self._delete_object(chunk_key(_check_digest(cid, "chunk id")))
+        self._delete_object(self._chunk_key(cid))
+
+    def delete_chunk_object(self, name: str) -> None:
+        """Remove the chunk stored under ``name`` (as :meth:`iter_chunk_stats` lists it)."""
+        self._delete_object(chunk_key(_check_digest(name, "chunk object name")))
 
     def iter_chunks(self) -> Iterator[str]:
+        """The id of every chunk held. An encrypted store's names do not reveal ids: it lists
+        none (its chunks are reached through the manifests that name them)."""
+        if self.encoding().encrypted:
+            return
         for key in self._list_keys("chunks/"):
             name = chunk_name(key)
             if name is not None:
                 yield name
 
     def iter_chunk_stats(self) -> Iterator[tuple[str, int, float]]:
-        """``(chunk id, size in bytes, modification time in POSIX seconds)`` of every chunk."""
+        """``(object name, size in bytes as stored, modification time in POSIX seconds)`` of every
+        chunk; the name is the chunk id, or in an encrypted store :meth:`chunk_object_name` of it."""
         for key, size, mtime in self._list_stats("chunks/"):
             name = chunk_name(key)
             if name is not None:
@@ -367,13 +467,15 @@ class Store(ABC):
 
     def put_manifest(self, root: str, data: bytes, *, overwrite: bool = False) -> bool:
         """Write a manifest (immutable: ``overwrite`` is only for replacing a damaged copy)."""
-        return self._put_object(manifest_key(_check_digest(root, "root")), data, overwrite=overwrite)
+        key = manifest_key(_check_digest(root, "root"))
+        return self._put_object(key, self.encoding().seal(key, data), overwrite=overwrite)
 
     def get_manifest_bytes(self, root: str) -> bytes:
-        data = self._get_object(manifest_key(_check_digest(root, "root")))
+        key = manifest_key(_check_digest(root, "root"))
+        data = self._get_object(key)
         if data is None:
             raise ManifestNotFoundError(self.uri, root)
-        return data
+        return self.encoding().open(key, data)
 
     def has_manifest(self, root: str) -> bool:
         return self._exists_many([manifest_key(_check_digest(root, "root"))])[0]
@@ -406,8 +508,9 @@ class Store(ABC):
 
     def read_ref(self, name: str) -> Ref | None:
         name = canonical_ref(name)
-        data, _ = self._read_with_token(ref_key(name))
-        return None if data is None else Ref.from_json(name, data, self.uri)
+        key = ref_key(name)
+        data, _ = self._read_with_token(key)
+        return None if data is None else Ref.from_json(name, self.encoding().open(key, data), self.uri)
 
     def cas_ref(self, name: str, expected: str | None, new: str, message: str = "") -> Ref:
         """Move ``name`` from ``expected`` (None: must not exist) to ``new``, atomically.
@@ -418,15 +521,16 @@ class Store(ABC):
         name = canonical_ref(name)
         _check_digest(new, "new root")
         key = ref_key(name)
+        enc = self.encoding()
         data, token = self._read_with_token(key)
-        current = Ref.from_json(name, data, self.uri) if data is not None else Ref(name)
+        current = Ref.from_json(name, enc.open(key, data), self.uri) if data is not None else Ref(name)
         current_root = current.root if current.history else None
         if current_root == new:
             return current
         if current_root != expected:
             raise RefConflictError(self.uri, name, expected, current_root)
         updated = current.advanced(new, message)
-        if not self._write_if(key, updated.to_json(), token):
+        if not self._write_if(key, enc.seal(key, updated.to_json()), token):
             after = self.read_ref(name)
             after_root = after.root if after else None
             if after_root == new and after is not None:
@@ -448,7 +552,7 @@ class Store(ABC):
             data, token = self._read_with_token(key)
             if data is None or token is None:
                 return False
-            current = Ref.from_json(name, data, self.uri).root
+            current = Ref.from_json(name, self.encoding().open(key, data), self.uri).root
             if current != expected:
                 raise RefConflictError(self.uri, name, expected, current)
             if self._delete_if(key, token):
@@ -471,10 +575,14 @@ class Store(ABC):
     # ------------------------------------------------------------------ small documents (ledger, ...)
 
     def put_document(self, key: str, data: bytes, *, overwrite: bool = False) -> bool:
-        return self._put_object(_check_document_key(key), data, overwrite=overwrite)
+        """Write a small document; in an encrypted store it is sealed, except signatures and
+        garbage collection's leases and locks, which stay readable."""
+        key = _check_document_key(key)
+        return self._put_object(key, self.encoding().seal(key, data), overwrite=overwrite)
 
     def get_document(self, key: str) -> bytes | None:
-        return self._get_object(_check_document_key(key))
+        key = _check_document_key(key)
+        return self.encoding().open(key, self._get_object(key))
 
     def list_documents(self, prefix: str) -> list[str]:
         return sorted(self._list_keys(_check_document_key(prefix.rstrip("/")) + "/"))
@@ -486,6 +594,6 @@ class Store(ABC):
 
 def _check_document_key(key: str) -> str:
     parts = key.split("/")
-    if parts[0] in ("chunks", "manifests", "refs") or not all(_SEGMENT.fullmatch(p) for p in parts):
+    if parts[0] in ("chunks", "manifests", "refs", "config") or not all(_SEGMENT.fullmatch(p) for p in parts):
         raise InvalidNameError(key, "document key")
     return key

@@ -117,7 +117,9 @@ class LocalDirStore(Store):
             if not os.path.isdir(self.root):
                 what = "nothing is there" if not os.path.lexists(self.root) else "the path is not a folder"
                 raise StoreNotFoundError(self.root, what)
-            if not any(os.path.isdir(os.path.join(self.root, d)) for d in STORE_FOLDERS):
+            if not any(os.path.isdir(os.path.join(self.root, d)) for d in STORE_FOLDERS) and not os.path.isfile(
+                os.path.join(self.root, "config")
+            ):
                 raise StoreNotFoundError(self.root)
             create = False
         if os.path.exists(self.root) and not os.path.isdir(self.root):
@@ -140,7 +142,11 @@ class LocalDirStore(Store):
         except OSError as exc:
             raise StoreAccessError(self.uri, f"cannot write {key} ({exc.strerror})") from exc
 
-    def put_chunk_from_file(self, cid: str, fd: int, offset: int, length: int, data: memoryview) -> bool:
+    def put_chunk_from_file(
+        self, cid: str, fd: int, offset: int, length: int, data: memoryview, *, dtype: str | None = None
+    ) -> bool:
+        if self.encoding().framed:  # the bytes are encoded first: no kernel copy
+            return self.put_chunk(cid, data, verify=False, dtype=dtype)
         path = self._path(chunk_key(cid))
         if not self._copy_file_range or os.path.exists(path):
             return self.put_chunk(cid, data, verify=False)

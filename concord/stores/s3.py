@@ -40,7 +40,6 @@ from concord.stores.base import (
     Store,
     _check_digest,
     check_restore_request,
-    chunk_key,
 )
 from concord.redact import redact, scrub_exception
 
@@ -178,7 +177,7 @@ class S3ObjectStore(Store):
 
     # A store travels between processes (task runners) as its settings, never as a live client.
     def __getstate__(self) -> dict:
-        state = self.__dict__.copy()
+        state = super().__getstate__()
         state["_lock"] = None
         state["_cached_client"] = None
         return state
@@ -468,7 +467,7 @@ class S3ObjectStore(Store):
         ids = [_check_digest(c, "chunk id") for c in dict.fromkeys(ids)]
 
         def state(cid: str) -> str:
-            key = chunk_key(cid)
+            key = self._chunk_key(cid)
             with self._translate("check", key):
                 return archive_state(self._head(key))
 
@@ -488,7 +487,7 @@ class S3ObjectStore(Store):
         def restore(cid: str) -> bool:
             from botocore.exceptions import ClientError
 
-            key = chunk_key(cid)
+            key = self._chunk_key(cid)
             with self._translate("restore", key):
                 try:
                     self._client().restore_object(Bucket=self.bucket, Key=self._key(key), RestoreRequest=request)

@@ -164,8 +164,8 @@ class _WriterRacingStore(LocalDirStore):
 
     target: str = ""
 
-    def put_chunk_from_file(self, cid, fd, offset, length, data):
-        wrote = super().put_chunk_from_file(cid, fd, offset, length, data)
+    def put_chunk_from_file(self, cid, fd, offset, length, data, **kw):
+        wrote = super().put_chunk_from_file(cid, fd, offset, length, data, **kw)
         if self.target:
             with open(self.target, "ab") as f:
                 f.write(b"more bytes from a writer that has not finished")

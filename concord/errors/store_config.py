@@ -1,0 +1,50 @@
+"""Errors of a store's configuration: its format, how it compresses and how it encrypts."""
+
+from __future__ import annotations
+
+from concord.errors.stores import StoreError
+
+__all__ = [
+    "StoreConfigError",
+    "StoreKeyError",
+    "UnknownEncodingError",
+]
+
+
+class StoreConfigError(StoreError, ValueError):
+    """A store's ``config`` object cannot be used: written by a newer Concord, damaged, or an
+    ``init`` that would change a store already configured."""
+
+    def __init__(self, store: str, problem: str, fix: str = "") -> None:
+        self.store = store
+        self.problem = problem
+        super().__init__(f"store {store}: {problem}. {fix}".rstrip())
+
+
+class StoreKeyError(StoreError, PermissionError):
+    """An encrypted store was opened with no key, or with a key that is not its own."""
+
+    def __init__(self, store: str, problem: str) -> None:
+        self.store = store
+        self.problem = problem
+        super().__init__(
+            f"store {store} is encrypted: {problem}. Give its key file with --key-file FILE or "
+            "CONCORD_KEY_FILE (nothing was read or written)."
+        )
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+class UnknownEncodingError(StoreError, ValueError):
+    """A stored object starts with an encoding byte this Concord does not know, or its encoded
+    bytes do not decode (a corrupt compressed or encrypted chunk)."""
+
+    def __init__(self, store: str, what: str, problem: str) -> None:
+        self.store = store
+        self.what = what
+        self.problem = problem
+        super().__init__(
+            f"{what} in {store}: {problem}. Upgrade Concord if a newer one wrote it, else repair it with "
+            "`concord verify STORE --repair-from OTHER_STORE`."
+        )

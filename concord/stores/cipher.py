@@ -1,0 +1,118 @@
+"""Encryption at rest: AES-256-GCM over every object of an encrypted store, and keyed names.
+
+A store key is 32 random bytes (a key file holds them raw, or as 64 hex characters). Three keys
+are derived from it with HKDF-SHA256 and the store's random salt: one encrypts objects, one names
+chunks, one makes the key check that tells a wrong key from a damaged store. Each object is sealed
+with a fresh random 96-bit nonce (never a deterministic one), and with associated data that binds
+it to its place (``chunk:<id>``, ``object:<key>``), so an object moved to another name does not
+open. A chunk's object name is the HMAC-SHA256 of its id under the naming key: identical chunks
+still land on one name (and are stored once), yet the name does not reveal the plaintext hash.
+
+``cryptography`` is imported on first use.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+import secrets
+
+#: the first byte of a sealed object
+SEALED = 0x80
+NONCE_BYTES = 12
+KEY_BYTES = 32
+SALT_BYTES = 16
+ALGORITHM = "AES-256-GCM"
+KDF = "HKDF-SHA256"
+_CHECK_TEXT = b"concord store key check"
+
+
+class SealError(ValueError):
+    """A sealed object that does not open: damaged, moved, or sealed under another key."""
+
+
+def new_key() -> bytes:
+    return secrets.token_bytes(KEY_BYTES)
+
+
+def new_salt() -> bytes:
+    return secrets.token_bytes(SALT_BYTES)
+
+
+def parse_key(data: bytes, where: str) -> bytes:
+    """The 32-byte key a key file holds (raw, or 64 hex characters with optional whitespace);
+    ``ValueError`` naming ``where`` for anything else."""
+    if len(data) == KEY_BYTES:
+        return bytes(data)
+    text = data.strip()
+    if len(text) == 2 * KEY_BYTES:
+        try:
+            return bytes.fromhex(text.decode("ascii"))
+        except (UnicodeDecodeError, ValueError):
+            pass
+    raise ValueError(
+        f"key file {where} holds {len(data)} bytes: a store key is 32 random bytes, raw or as 64 hex "
+        "characters (`concord init STORE --encrypt --key-file NEW_FILE` writes one)"
+    )
+
+
+def read_key_file(path: str) -> bytes:
+    try:
+        with open(path, "rb") as f:
+            data = f.read(4 * KEY_BYTES + 1)
+    except OSError as exc:
+        raise ValueError(f"cannot read key file {path} ({exc.strerror})") from None
+    return parse_key(data, path)
+
+
+def write_key_file(path: str, key: bytes) -> None:
+    """Write ``key`` as hex to a new file only its owner can read (an existing file is refused)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(key.hex() + "\n")
+
+
+def _hkdf(key: bytes, salt: bytes, info: bytes) -> bytes:
+    from cryptography.hazmat.primitives import hashes
+    from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+
+    return HKDF(algorithm=hashes.SHA256(), length=KEY_BYTES, salt=salt, info=info).derive(key)
+
+
+class Cipher:
+    """The keys of one encrypted store (derived once), sealing and opening its objects."""
+
+    def __init__(self, key: bytes, salt: bytes) -> None:
+        from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+        if len(key) != KEY_BYTES:
+            raise ValueError("a store key is 32 bytes")
+        self._aead = AESGCM(_hkdf(key, salt, b"concord/objects"))
+        self._names = _hkdf(key, salt, b"concord/names")
+        check = _hkdf(key, salt, b"concord/key-check")
+        self.key_check = hmac.new(check, _CHECK_TEXT, hashlib.sha256).hexdigest()
+        #: a short public id of the key (a hash of the key check): tells keys apart in messages
+        self.key_id = hashlib.sha256(self.key_check.encode()).hexdigest()[:16]
+
+    def __reduce__(self):  # never pickled: a store travels with its key and derives again
+        raise TypeError("a Cipher is not pickled; the store derives it again from its key")
+
+    def name(self, cid: str) -> str:
+        """The object name of chunk ``cid``: a keyed hash, 64 hex characters like an id."""
+        return hmac.new(self._names, cid.encode("ascii"), hashlib.sha256).hexdigest()
+
+    def seal(self, data, aad: bytes) -> bytes:
+        nonce = secrets.token_bytes(NONCE_BYTES)
+        return bytes((SEALED,)) + nonce + self._aead.encrypt(nonce, bytes(data), aad)
+
+    def open(self, blob, aad: bytes) -> bytes:
+        from cryptography.exceptions import InvalidTag
+
+        view = memoryview(blob)
+        if len(view) < 1 + NONCE_BYTES + 16 or view[0] != SEALED:
+            raise SealError("not a sealed object" if len(view) and view[0] != SEALED else "sealed object cut short")
+        try:
+            return self._aead.decrypt(bytes(view[1 : 1 + NONCE_BYTES]), bytes(view[1 + NONCE_BYTES :]), aad)
+        except InvalidTag:
+            raise SealError("it does not decrypt (damaged, or moved from another name)") from None

@@ -1,0 +1,234 @@
+"""How a chunk's bytes are compressed at rest: a one-byte frame, then the payload.
+
+Frames (the first byte of a stored chunk in a compressed store)::
+
+    0x00  raw                      the chunk's bytes as they are
+    0x01  zstd                     one zstd frame of the chunk's bytes
+    0x02  byte planes              width w (1 byte), then w planes, each: mode (1 byte: 0 raw,
+                                   1 zstd), length (4 bytes, little-endian), bytes; then the
+                                   tail (the last len % w bytes) raw
+
+Byte planes are for tensors of floating dtypes: each element (2 bytes for bf16 and fp16, 4 for
+fp32, 8 for fp64) is first rotated left by one bit, so the sign bit leaves the top byte and the top
+byte holds the exponent (all 8 bits of it in bf16 and fp32); byte ``i`` of every element then goes
+to plane ``i``. The exponent plane of trained weights is highly skewed and shrinks several times
+under zstd; the mantissa planes are close to random and are kept raw when zstd cannot shrink them,
+which also makes decoding them a copy. A chunk whose encoding is not smaller than the chunk is
+stored raw (frame 0x00).
+
+Chunk ids are always the hash of the raw bytes: a frame is how a store keeps a chunk, never what
+the chunk is. Pure functions over bytes (``numpy`` and ``zstandard``, imported on first use).
+"""
+
+from __future__ import annotations
+
+import struct
+import threading
+
+#: the store encodings a person chooses between
+COMPRESS_NONE, COMPRESS_ZSTD, COMPRESS_AUTO = "none", "zstd", "auto"
+COMPRESS_MODES = (COMPRESS_NONE, COMPRESS_ZSTD, COMPRESS_AUTO)
+
+RAW, ZSTD, PLANES = 0x00, 0x01, 0x02
+FRAMES = {RAW: "raw", ZSTD: "zstd", PLANES: "byte planes"}
+ZSTD_LEVEL = 3
+
+#: element width of the safetensors dtypes whose chunks are split into byte planes
+PLANE_WIDTH = {"BF16": 2, "F16": 2, "F32": 4, "F64": 8}
+_UINT = {2: "<u2", 4: "<u4", 8: "<u8"}
+_PLANE_HEAD = struct.Struct("<BI")
+
+_local = threading.local()
+
+
+class FrameError(ValueError):
+    """Encoded bytes that do not decode; the store turns it into an error naming the chunk."""
+
+
+def _zstd():
+    import zstandard
+
+    return zstandard
+
+
+def _compressor():
+    c = getattr(_local, "cctx", None)
+    if c is None:
+        c = _local.cctx = _zstd().ZstdCompressor(level=ZSTD_LEVEL)
+    return c
+
+
+def _decompressor():
+    d = getattr(_local, "dctx", None)
+    if d is None:
+        d = _local.dctx = _zstd().ZstdDecompressor()
+    return d
+
+
+def _zstd_compress(data) -> bytes:
+    return _compressor().compress(data)
+
+
+def _zstd_decompress(data, size: int) -> bytes:
+    try:
+        out = _decompressor().decompress(data, max_output_size=size)
+    except _zstd().ZstdError as exc:
+        raise FrameError(f"zstd payload does not decode ({exc})") from None
+    if len(out) != size:
+        raise FrameError(f"zstd payload decodes to {len(out)} bytes, {size} expected")
+    return out
+
+
+def _rotate(arr, width: int, left: bool):
+    """Rotate every element of the unsigned array ``arr`` by one bit (in place)."""
+    import numpy as np
+
+    bits = width * 8
+    if left:
+        top = arr >> np.array(bits - 1, dtype=arr.dtype)
+        arr <<= np.array(1, dtype=arr.dtype)
+        arr |= top
+    else:
+        low = arr & np.array(1, dtype=arr.dtype)
+        arr >>= np.array(1, dtype=arr.dtype)
+        arr |= low << np.array(bits - 1, dtype=arr.dtype)
+    return arr
+
+
+def encode_planes(data, width: int) -> bytes:
+    """The byte-plane frame of ``data`` (elements of ``width`` bytes; see the module)."""
+    import numpy as np
+
+    view = memoryview(data).cast("B")
+    n = len(view) // width
+    body = np.frombuffer(view, dtype=_UINT[width], count=n).copy()
+    _rotate(body, width, left=True)
+    planes = body.view(np.uint8).reshape(n, width).T
+    out = [bytes((PLANES, width))]
+    for i in range(width):
+        plane = np.ascontiguousarray(planes[i]).data
+        packed = _zstd_compress(plane)
+        if len(packed) < len(plane):
+            out += [_PLANE_HEAD.pack(1, len(packed)), packed]
+        else:
+            out += [_PLANE_HEAD.pack(0, len(plane)), bytes(plane)]
+    out.append(bytes(view[n * width :]))
+    return b"".join(out)
+
+
+def decode_planes(frame, size: int) -> bytes:
+    """The ``size`` raw bytes of a byte-plane frame."""
+    import numpy as np
+
+    view = memoryview(frame)
+    if len(view) < 2 or view[1] not in _UINT:
+        raise FrameError("byte-plane frame with an unknown element width")
+    width = view[1]
+    n = size // width
+    grid = np.empty((n, width), dtype=np.uint8)
+    pos = 2
+    for i in range(width):
+        if pos + _PLANE_HEAD.size > len(view):
+            raise FrameError("byte-plane frame cut short")
+        mode, length = _PLANE_HEAD.unpack_from(view, pos)
+        pos += _PLANE_HEAD.size
+        payload = view[pos : pos + length]
+        if len(payload) != length:
+            raise FrameError("byte-plane frame cut short")
+        pos += length
+        if mode == 1:
+            plane = _zstd_decompress(payload, n)
+        elif mode == 0 and length == n:
+            plane = payload
+        else:
+            raise FrameError(f"byte plane {i} has mode {mode} and {length} bytes for {n} elements")
+        grid[:, i] = np.frombuffer(plane, dtype=np.uint8)
+    tail = view[pos:]
+    if n * width + len(tail) != size:
+        raise FrameError(f"byte-plane frame holds {n * width + len(tail)} bytes, {size} expected")
+    body = grid.reshape(-1).view(_UINT[width])
+    _rotate(body, width, left=False)
+    return body.tobytes() + bytes(tail)
+
+
+def encode(data, mode: str, dtype: str | None = None) -> bytes:
+    """The frame that stores ``data`` under compress ``mode`` (``dtype``: the safetensors dtype
+    of the tensor the chunk belongs to, if it is part of one). Never larger than ``data`` + 1."""
+    view = memoryview(data).cast("B")
+    if mode == COMPRESS_NONE or len(view) == 0:
+        return bytes((RAW,)) + bytes(view)
+    width = PLANE_WIDTH.get(dtype or "") if mode == COMPRESS_AUTO else None
+    if width and len(view) >= 4 * width:
+        frame = encode_planes(view, width)
+    else:
+        frame = bytes((ZSTD,)) + _zstd_compress(view)
+    if len(frame) >= len(view) + 1:
+        return bytes((RAW,)) + bytes(view)
+    return frame
+
+
+def frame_kind(frame) -> int:
+    """The encoding byte a frame starts with (:class:`FrameError` if empty)."""
+    if len(frame) == 0:
+        raise FrameError("empty object: no encoding byte")
+    return frame[0]
+
+
+def decode(frame, size: int | None = None) -> bytes:
+    """The raw bytes of ``frame``. ``size`` (when known) bounds what zstd may produce; without it
+    a zstd frame must state its content size. :class:`FrameError` for anything else."""
+    kind = frame_kind(frame)
+    view = memoryview(frame)
+    if kind == RAW:
+        return bytes(view[1:])
+    if kind == ZSTD:
+        if size is None:
+            try:
+                size = _zstd().frame_content_size(view[1:])
+            except _zstd().ZstdError as exc:
+                raise FrameError(f"zstd payload does not decode ({exc})") from None
+            if size < 0:
+                raise FrameError("zstd frame does not state its size")
+        return _zstd_decompress(view[1:], size)
+    if kind == PLANES:
+        if size is None:
+            size = planes_size(view)
+        return decode_planes(view, size)
+    raise FrameError(f"unknown encoding byte 0x{kind:02x}")
+
+
+def planes_size(frame) -> int:
+    """The raw size a byte-plane frame stands for (read from its planes' headers)."""
+    view = memoryview(frame)
+    if len(view) < 2 or view[1] not in _UINT:
+        raise FrameError("byte-plane frame with an unknown element width")
+    width, pos, n = view[1], 2, None
+    for i in range(width):
+        if pos + _PLANE_HEAD.size > len(view):
+            raise FrameError("byte-plane frame cut short")
+        mode, length = _PLANE_HEAD.unpack_from(view, pos)
+        pos += _PLANE_HEAD.size
+        if mode == 0:
+            n = length
+        elif n is None:
+            try:
+                n = _zstd().frame_content_size(view[pos : pos + length])
+            except _zstd().ZstdError as exc:
+                raise FrameError(f"zstd payload does not decode ({exc})") from None
+        pos += length
+    if n is None or n < 0:
+        raise FrameError("byte-plane frame does not state its size")
+    return n * width + (len(view) - pos)
+
+
+__all__ = [
+    "COMPRESS_AUTO",
+    "COMPRESS_MODES",
+    "COMPRESS_NONE",
+    "COMPRESS_ZSTD",
+    "FRAMES",
+    "FrameError",
+    "PLANE_WIDTH",
+    "decode",
+    "encode",
+]
