@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import argparse
 
-from concord.cli._common import STORE_HELP, human, positive_float, positive_int, readable_store, ref_arg, root_arg
+from concord.cli._common import STORE_HELP, TRUST_HELP, human, positive_float, positive_int, readable_store, ref_arg, root_arg
 
 
 def _health(args):
@@ -22,11 +22,6 @@ def _health(args):
         cmd=args.health_cmd, url=args.health_url, timeout=args.health_timeout,
         attempts=args.health_attempts, interval=args.health_interval,
     )
-
-
-def _admit(args, store):
-    """The trust policy's check of a root, run before any byte is written (None: no policy)."""
-    return None
 
 
 def cmd_checkout(args, out) -> int:
@@ -67,11 +62,12 @@ def cmd_checkout(args, out) -> int:
 
         cache = open_store(args.cache)
     root = resolve_root(store, args.ref or args.root)
-    admit = _admit(args, store)
-    if admit is not None:
-        admit(root)  # before the manifest is even read
+    from concord.trust import check_root, load_policy
+
+    policy = load_policy(args.trust)  # --trust, else $CONCORD_TRUSTED_KEYS, else none
+    check_root(store, root, policy)  # an untrusted root: refused before its manifest is even read
     r = checkout(
-        store, load_manifest(store, root), args.dest, cache=cache, keep=args.keep, health=health,
+        store, load_manifest(store, root), args.dest, cache=cache, keep=args.keep, health=health, trust=policy,
         wait=args.wait, fsync=not args.no_fsync, progress=out.progress,
     )
     if r.switched:
@@ -144,7 +140,7 @@ def register(sub, common: list[argparse.ArgumentParser]) -> None:
                    help="after the flip, keep N versions (never removing the current one or the one before)")
     s.add_argument("--cache", metavar="STORE", help="a local store several nodes of a host share: chunks are read "
                    "from it when there, and kept in it when fetched")
-    s.add_argument("--trust", metavar="POLICY", help="trust policy: an untrusted root is never written to the node")
+    s.add_argument("--trust", metavar="PUB.pem[,...]", help=TRUST_HELP + "; a root no trusted key signed is never written to the node")
     hc = s.add_mutually_exclusive_group()
     hc.add_argument("--health-cmd", metavar="CMD", help="shell command run after the flip; non-zero exit flips back")
     hc.add_argument("--health-url", metavar="URL", help="GET after the flip; anything but 2xx flips back")

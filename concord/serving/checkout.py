@@ -25,7 +25,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Callable
+from typing import TYPE_CHECKING
 
 from concord.errors import CheckoutDiskFullError, HealthCheckFailedError, IntegrityError, UnsafePathError
 from concord.files import atomic_write
@@ -36,6 +36,9 @@ from concord.serving.versions import DEFAULT_WAIT, Layout, prune
 from concord.snapshots.manifest import Manifest, safe_relpath
 from concord.stores.base import Store
 from concord.text import control_char
+
+if TYPE_CHECKING:
+    from concord.trust import TrustPolicy
 
 #: errors that mean the disk (or a quota, or a file size limit) is full
 DISK_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
@@ -258,15 +261,15 @@ def checkout(
     cache: Store | None = None,
     keep: int | None = None,
     health: HealthCheck | None = None,
-    admit: Callable[[str], None] | None = None,
+    trust: "TrustPolicy | None" = None,
     wait: float = DEFAULT_WAIT,
     fsync: bool = True,
     progress: Progress | None = None,
 ) -> CheckoutResult:
     """Make ``dest`` (a symlink) name ``manifest``'s snapshot, written whole and verified beside it.
 
-    ``admit(root)`` runs before any byte is written and raises to refuse the root (a trust
-    policy). The same root as the current one does nothing (but ``keep`` still prunes). With
+    With a ``trust`` policy, a root no trusted key signed is refused
+    (:class:`~concord.errors.UntrustedRootError`) before any byte is written. The same root as the current one does nothing (but ``keep`` still prunes). With
     ``health``, the gate runs after the flip; when it fails the link flips back and
     :class:`HealthCheckFailedError` is raised. ``keep`` prunes to that many versions after a
     healthy flip (never the current one or the one before)."""
@@ -274,8 +277,10 @@ def checkout(
     layout = Layout.of(dest)
     root = manifest.root
     layout.current()  # a real folder at dest is refused before anything is made beside it
-    if admit is not None:
-        admit(root)
+    if trust is not None:
+        from concord.trust import check_root
+
+        check_root(store, root, trust)
     os.makedirs(os.path.dirname(layout.link), exist_ok=True)
     with layout.locked(wait):
         current = layout.current()

@@ -243,3 +243,22 @@ def test_a_missing_ref_changes_nothing(versions, tmp_path):
 
     with pytest.raises(RefNotFoundError):
         resolve_root(store, "models/absent")
+
+
+def test_under_a_trust_policy_an_unsigned_root_is_never_written(versions, tmp_path, capsys):
+    from concord.errors import UntrustedRootError
+    from concord.trust import TrustPolicy, generate_key, sign_root
+
+    store, (d1, m1), (d2, m2) = versions
+    key = generate_key(tmp_path / "keys" / "release.pem")
+    sign_root(store, m1.root, key)
+    policy = TrustPolicy.from_paths([tmp_path / "keys" / "release.pub.pem"])
+    dest = tmp_path / "current"
+    assert checkout(store, m1, dest, trust=policy).switched
+    with pytest.raises(UntrustedRootError):
+        checkout(store, m2, dest, trust=policy)
+    layout = Layout.of(dest)
+    assert layout.versions() == [m1.root] and not os.path.exists(layout.partial_dir(m2.root))
+    assert main(["checkout", store.uri, "--root", m2.root, str(dest), "--trust", str(tmp_path / "keys" / "release.pub.pem")]) == 1
+    assert m2.root in capsys.readouterr().err
+    assert files_equal(dest, d1)
