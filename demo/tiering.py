@@ -36,8 +36,15 @@ def tiering_folders(home: Path) -> tuple[Path, ...]:
 
 
 def write_policy(folder: Path) -> Path:
-    """The chapter's tier policy, as a YAML file the reader can open."""
+    """The chapter's tier policy, as a YAML file the reader can open; its first line says the
+    demo wrote it (:data:`~concord.tiering.policy.DEMO_POLICY_MARK`), so an error about its S3
+    tiers, once the demo's moto_server is gone, says whose they were."""
+    from concord.tiering.policy import DEMO_POLICY_MARK
+
     text = f"""\
+{DEMO_POLICY_MARK} for its tiering chapter. Warm and cold are buckets on the demo's own S3,
+# a moto_server on 127.0.0.1 that stops when the demo ends: `concord tier` commands on this file
+# work only while the demo runs. Copy it and point warm and cold at an S3 you run to keep one.
 # The demo's tier policy: the checkpoints of its LoRA run kept hot, warm and cold (docs/tiering.md).
 namespace: {NAMESPACE}
 hot:                                # local disk: the newest {HOT_KEEP}, restored in seconds

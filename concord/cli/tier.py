@@ -58,26 +58,66 @@ def _seconds(value) -> str:
 # ----------------------------------------------------------------------------- status table
 
 
-def _cell(tier: dict) -> str:
+#: the width ``tier status`` keeps to unless ``--wide``
+STATUS_WIDTH = 100
+
+
+def _cell(tier: dict, wide: bool = True) -> str:
     if tier["present"]:
-        return f"✓ {_when(tier['verified'])}".rstrip() + (f" ({tier['verified_how']})" if tier["verified_how"] else "")
+        when = _when(tier["verified"])
+        if not wide:  # the month, day and time: the year is the CREATED column's, in --wide
+            return f"✓ {when[5:]}".rstrip()
+        return f"✓ {when}".rstrip() + (f" ({tier['verified_how']})" if tier["verified_how"] else "")
     return "✗ missing" if tier["wanted"] else "–"
 
 
-def status_lines(status: dict) -> list[str]:
-    """A checkpoint × tier table: ✓ and when the copy was last verified, – where there is none."""
-    lines = [f"namespace {status['namespace']}: " + ", ".join(f"{t} {status['stores'][t]}" for t in TIERS)]
-    rows = [("CHECKPOINT", "STEP", "CREATED", "SIZE", *(t.upper() for t in TIERS))]
+def _fit(text: str, width: int) -> str:
+    """``text`` cut in its middle to ``width`` characters (the end of a checkpoint's name, its
+    step, and of a store's address, its last folder, are what tell them apart)."""
+    if len(text) <= width:
+        return text
+    head = (width - 1) // 2
+    return text[:head] + "…" + text[len(text) - (width - 1 - head):]
+
+
+def status_lines(status: dict, wide: bool = False) -> list[str]:
+    """A checkpoint × tier table: ✓ and when the copy was last verified, – where there is none.
+
+    By default it fits :data:`STATUS_WIDTH` columns: each tier's store on its own line, no CREATED
+    column, verification as month, day and time, long names and addresses cut in the middle
+    (``…``), problems wrapped. ``wide``: every column in full (CREATED, how each copy was verified)."""
+    import textwrap
+
+    limit = None if wide else STATUS_WIDTH
+    if wide:
+        lines = [f"namespace {status['namespace']}: " + ", ".join(f"{t} {status['stores'][t]}" for t in TIERS)]
+    else:
+        lines = [f"namespace {status['namespace']}"]
+        lines += [f"  {t:<4}  " + _fit(str(status["stores"][t]), STATUS_WIDTH - 8) for t in TIERS]
+    head = ("CHECKPOINT", "STEP", *(("CREATED",) if wide else ()), "SIZE", *(t.upper() for t in TIERS))
+    rows = []
     for c in status["checkpoints"]:
         name = c["name"] + (" (pinned)" if c["pinned"] else "")
         step = "" if c["step"] is None else str(c["step"])
-        rows.append((name, step, _when(c["created"]), _human(c["bytes"]), *(_cell(c["tiers"][t]) for t in TIERS)))
-    if len(rows) == 1:
+        created = (_when(c["created"]),) if wide else ()
+        rows.append([name, step, *created, _human(c["bytes"]), *(_cell(c["tiers"][t], wide) for t in TIERS)])
+    if not rows:
         lines.append("(no checkpoints tiered yet)")
     else:
-        widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-        lines += ["  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip() for r in rows]
-    lines += [f"✗ {v}" for v in status["violations"]]
+        table = [list(head), *rows]
+        widths = [max(len(r[i]) for r in table) for i in range(len(head))]
+        if limit is not None:
+            over = sum(widths) + 2 * (len(widths) - 1) - limit
+            if over > 0:  # the names give way: everything else is short already
+                widths[0] = max(len(head[0]), widths[0] - over)
+                for r in rows:
+                    r[0] = _fit(r[0], widths[0])
+        lines += ["  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip() for r in table]
+    for v in status["violations"]:
+        if limit is None:
+            lines.append(f"✗ {v}")
+        else:
+            lines += textwrap.wrap(v, limit, initial_indent="✗ ", subsequent_indent="  ", break_on_hyphens=False)
     return lines
 
 
@@ -156,13 +196,21 @@ def cmd_sweep(args, out) -> int:
 
 
 def cmd_status(args, out) -> int:
+    from concord.errors import StoreAccessError, StoreUnreachableError
     from concord.tiering.engine import tier_status
+    from concord.tiering.policy import unavailable_store
 
     policy = _policy(args)
     # status only reads: a tier's folder that is not there yet holds nothing, and is not created
     stores = {t: peek_store(policy.tier(t).store) for t in TIERS}
-    status = tier_status(policy, stores=stores)
-    out.emit(status, status_lines(status))
+    try:
+        status = tier_status(policy, stores=stores)
+    except (StoreUnreachableError, StoreAccessError) as exc:  # named with the policy file, tier and endpoint
+        named = unavailable_store(policy, stores, exc)
+        if named is exc:
+            raise
+        raise named from exc
+    out.emit(status, status_lines(status, wide=args.wide))
     return 0
 
 
@@ -286,6 +334,10 @@ def register(sub, common: list) -> None:
     s.set_defaults(func=cmd_sweep)
 
     s = tier.add_parser("status", parents=[*common, pol], help="each checkpoint × tier: present, verified when, bytes")
+    s.add_argument(
+        "--wide", action="store_true",
+        help=f"every column in full (created, how each copy was verified); default: fit {STATUS_WIDTH} columns",
+    )
     s.set_defaults(func=cmd_status)
 
     s = tier.add_parser("restore", parents=[*common, pol], help="restore a checkpoint from the nearest (or a given) tier")

@@ -72,6 +72,7 @@ from concord.errors.tiering import (
     CopyRuleError,
     PolicyError,
     RestoreTimeoutError,
+    TierStoreUnavailableError,
 )
 from concord.errors.serving import (
     CheckoutBusyError,
@@ -162,6 +163,7 @@ __all__ = [
     "CheckpointNotFoundError",
     "CopyRuleError",
     "RestoreTimeoutError",
+    "TierStoreUnavailableError",
     "DriftConfigError",
     "ReplicaConfigError",
     "ModelCardNotFoundError",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from concord.errors.base import ConcordError
+from concord.errors.stores import StoreError
 
 __all__ = [
     "CheckpointConflictError",
@@ -11,6 +12,7 @@ __all__ = [
     "CopyRuleError",
     "PolicyError",
     "RestoreTimeoutError",
+    "TierStoreUnavailableError",
 ]
 
 
@@ -93,4 +95,35 @@ class RestoreTimeoutError(ConcordError, TimeoutError):
             "objects still restoring. The restore requests stay in place; run the same command again "
             "later (it waits for what is left), or raise the timeout (restore.timeout in the policy, "
             "--timeout on the command line)."
+        )
+
+
+class TierStoreUnavailableError(StoreError, ConnectionError):
+    """A store a tier policy names does not answer, or refuses the request: the policy file, the
+    tier, the store and its endpoint are named, and whether the policy is the demo's (``demo``),
+    whose S3 lived only while the demo ran; ``refused``: it answered, and said no (credentials,
+    permissions, a missing bucket)."""
+
+    def __init__(self, source: str, tier: str, store: str, endpoint: str, cause: str, *, demo: bool = False, refused: bool = False) -> None:
+        self.source = source
+        self.tier = tier
+        self.store = store
+        self.endpoint = endpoint
+        self.cause = cause
+        self.demo = demo
+        if demo:
+            fix = (
+                "This policy was written by `make demo` for the demo's own S3 (a moto_server on 127.0.0.1), "
+                "which stopped when the demo ended: run `make demo` again, or point the policy's S3 tiers "
+                "at an S3 you run (docs/tiering.md)"
+            )
+        else:
+            fix = (
+                "Check the endpoint (AWS_ENDPOINT_URL, or the block's endpoint_url), the credentials "
+                "and that the service is running"
+            )
+        super().__init__(
+            f"tier policy {source}: the {tier} store {store} at {endpoint} "
+            f"{'refused the request' if refused else 'did not answer'} ({cause}). "
+            f"{fix}; nothing was changed."
         )

@@ -490,6 +490,45 @@ _POLICY_SOURCES: dict[str, Any] = {}
 #: largest policy file read (a policy is a few hundred bytes)
 MAX_POLICY_BYTES = 64 * 1024
 
+#: the first words of the comment ``make demo`` heads its policy file with: its S3 tiers lived on
+#: the demo's moto_server, so an error about them says so
+DEMO_POLICY_MARK = "# Written by `make demo`"
+
+
+def written_by_demo(source: str) -> bool:
+    """Whether the policy file ``source`` is one ``make demo`` wrote (its first lines carry
+    :data:`DEMO_POLICY_MARK`); False for a block or a file that cannot be read."""
+    try:
+        with open(source, "rb") as f:
+            head = f.read(2048).decode("utf-8", "replace")
+    except OSError:
+        return False
+    return any(line.startswith(DEMO_POLICY_MARK) for line in head.splitlines()[:5])
+
+
+def unavailable_store(policy: "TierPolicy", stores: dict, exc: BaseException) -> BaseException:
+    """``exc`` (a :class:`~concord.errors.StoreUnreachableError` or
+    :class:`~concord.errors.StoreAccessError` from one of the opened ``stores``, tier → store) as a
+    :class:`~concord.errors.TierStoreUnavailableError` naming the policy file, the tier, the store
+    and its endpoint (and that the policy is the demo's, when it is); ``exc`` itself when it is
+    about none of them."""
+    from concord.errors import StoreAccessError, TierStoreUnavailableError
+    from concord.redact import redact
+
+    where = getattr(exc, "store", None)
+    for tier, store in stores.items():
+        if store is not None and where in (store.uri, policy.tier(tier).store):
+            break
+    else:
+        return exc
+    endpoint = getattr(store, "endpoint_url", None)
+    shown = redact(endpoint) if endpoint else "AWS (no AWS_ENDPOINT_URL set)"
+    cause = redact(" ".join(str(exc.__cause__ or exc).split()))
+    return TierStoreUnavailableError(
+        policy.source, tier, store.uri, shown, cause,
+        demo=written_by_demo(policy.source), refused=isinstance(exc, StoreAccessError),
+    )
+
 
 def load_policy(spec: "str | os.PathLike | TierPolicy") -> TierPolicy:
     """A validated policy from a YAML file, or ``block:NAME`` (a Prefect ``TierPolicyBlock``).

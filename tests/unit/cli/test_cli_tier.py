@@ -259,13 +259,82 @@ def test_human_output_is_a_table_and_summary_lines(capsys, policy, tiered):
     assert main(["tier", "status", "--policy", str(policy)]) == 0
     out = capsys.readouterr().out
     lines = out.splitlines()
-    assert lines[0].startswith("namespace llama-lora: hot ")
-    header = lines[1].split()
-    assert header[:4] == ["CHECKPOINT", "STEP", "CREATED", "SIZE"] and header[-3:] == ["HOT", "WARM", "COLD"]
-    row = {line.split()[0]: line for line in lines[2:]}
+    assert lines[0] == "namespace llama-lora" and [line.split()[0] for line in lines[1:4]] == list(TIERS)
+    header = lines[4].split()
+    assert header[:3] == ["CHECKPOINT", "STEP", "SIZE"] and header[-3:] == ["HOT", "WARM", "COLD"]
+    row = {line.split()[0]: line for line in lines[5:]}
     assert row["step-400"].count("✓") == 3
     assert row["step-100"].count("✓") == 1 and row["step-100"].count("–") == 2
     assert main(["tier", "sweep", "--policy", str(policy)]) == 0
     assert capsys.readouterr().out.startswith("sweep of llama-lora: 0 copies made, 0 demoted")
     assert main(["tier", "drill", "--policy", str(policy)]) == 0
     assert "restore drill of llama-lora" in capsys.readouterr().out
+
+
+# ----------------------------------------------------------------------------- status: width, unreachable S3
+
+
+def test_status_fits_100_columns_and_wide_shows_every_column(capsys, tmp_path, ckpts):
+    long = "minilm-lora-rank-16-alpha-32-lr-2e-4-cosine-warmup-step-"
+    policy = write_policy(tmp_path / "policy.yaml", tmp_path / ("tiers-" + "x" * 90), pin=[f"{long}100"])
+    roots = {}
+    for c, step in zip(ckpts[:2], (100, 200)):
+        code, r, err = run(capsys, "tier", "add", "--policy", policy, c, "--name", f"{long}{step}")
+        assert code == 0, err
+        roots[step] = r["root"]
+    # a copy-rule violation, long enough to wrap: the newest checkpoint's warm copy is gone
+    warm = LocalDirStore(tmp_path / ("tiers-" + "x" * 90) / "warm")
+    assert warm.delete_ref(f"llama-lora/{long}200", roots[200])
+
+    assert main(["tier", "status", "--policy", str(policy)]) == 0
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    assert max(len(line) for line in lines) <= 100, out
+    assert "CREATED" not in out and "…" in out  # long names and folders cut in the middle
+    rows = [line for line in lines if line.startswith(long[:10])]
+    assert len(rows) == 2 and any(r.split("…")[1].split()[0].endswith("200") for r in rows)
+    first = next(i for i, line in enumerate(lines) if line.startswith("✗ "))  # the violation, wrapped whole
+    assert " ".join(line[2:] for line in lines[first:]).endswith(f"{long}200: among the newest, needs 3-2-1 but has no warm copy")
+
+    assert main(["tier", "status", "--policy", str(policy), "--wide"]) == 0
+    wide = capsys.readouterr().out
+    assert max(len(line) for line in wide.splitlines()) > 100
+    assert "CREATED" in wide and f"{long}100 (pinned)" in wide and "(on-write)" in wide
+
+
+def _closed_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def dead_s3(monkeypatch) -> str:
+    """An S3 endpoint on 127.0.0.1 where nothing listens, as the demo's is once it ended."""
+    endpoint = f"http://127.0.0.1:{_closed_port()}"
+    monkeypatch.setenv("AWS_ENDPOINT_URL", endpoint)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    monkeypatch.delenv("AWS_ENDPOINT_URL_S3", raising=False)
+    return endpoint
+
+
+def test_status_on_the_demos_policy_after_the_demo_says_whose_s3_it_was(capsys, tmp_path, dead_s3):
+    from demo.tiering import write_policy as write_demo_policy
+
+    policy = write_demo_policy(tmp_path)
+    code, out, err = run(capsys, "tier", "status", "--policy", policy)
+    assert code == 1 and out is None and err.startswith("concord: error: ") and err.count("\n") == 1
+    for needle in (f"tier policy {policy}", "warm store s3://concord-warm/ckpt", f"at {dead_s3} did not answer", "make demo", "stopped"):
+        assert needle in err, err
+
+
+def test_status_on_an_s3_policy_whose_endpoint_is_down_names_file_tier_and_endpoint(capsys, tmp_path, dead_s3):
+    policy = write_policy(tmp_path / "mine.yaml", tmp_path / "tiers", warm={"store": "s3://my-warm/ckpt"})
+    code, out, err = run(capsys, "tier", "status", "--policy", policy)
+    assert code == 1 and out is None and err.count("\n") == 1
+    assert f"tier policy {policy}: the warm store s3://my-warm/ckpt at {dead_s3} did not answer" in err
+    assert "AWS_ENDPOINT_URL" in err and "make demo" not in err
