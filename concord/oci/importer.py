@@ -23,7 +23,7 @@ from concord.errors.oci import OciDigestMismatchError, OciError, OciNotAModelErr
 from concord.oci import modelpack as mp
 from concord.oci.reference import Reference
 from concord.oci.registry import READ_SIZE, Registry
-from concord.oci.signatures import pull_signatures
+from concord.oci.signatures import keep_signatures, pull_signatures
 from concord.progress import Progress, ensure
 from concord.snapshots.manifest import DEFAULT_CHUNK_SIZE, check_chunk_size
 from concord.snapshots.snapshot import snapshot
@@ -137,8 +137,7 @@ def import_oci(
                 "the ref was not moved. The artifact was changed after it was published: push it again"
             )
         sigs = pull_signatures(reg, digest)
-        for key_id, bundle in sigs:
-            store.put_document(f"signatures/{snap.root}/{key_id}.sig", bundle, overwrite=True)
+        keep_signatures(store, snap.root, sigs)
     if store_ref:
         store.cas_ref(store_ref, previous, snap.root, f"import of {reference} ({digest[:19]})")
     return ImportResult(

@@ -11,24 +11,18 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 
 from concord.errors.oci import OciNotFoundError
 from concord.oci.registry import INDEX_TYPE, MANIFEST_TYPE, Registry, fallback_tag
-from concord.stores.base import NAME_SEGMENT, Store
+from concord.stores.base import Store
+from concord.trust import signature_documents, signature_key
 
 SIGNATURE_TYPE = "application/vnd.dev.sigstore.bundle.v0.3+json"
 EMPTY_TYPE = "application/vnd.oci.empty.v1+json"
 EMPTY = b"{}"
 KEY_ID = "dev.concord.key-id"
-_KEY_FILE = re.compile(NAME_SEGMENT)
 #: a signature bundle larger than this is not a signature
 MAX_SIGNATURE = 1024 * 1024
-
-
-def signature_keys(store: Store, root: str) -> list[str]:
-    """The store's signature documents of ``root``: ``signatures/<root>/<key id>.sig``."""
-    return [k for k in store.list_documents(f"signatures/{root}") if k.endswith(".sig")]
 
 
 def _digest(data: bytes) -> str:
@@ -37,18 +31,14 @@ def _digest(data: bytes) -> str:
 
 def push_signatures(reg: Registry, store: Store, root: str, subject: dict) -> list[str]:
     """Push each signature of ``root`` as a referrer of ``subject``; the key ids pushed."""
-    keys = signature_keys(store, root)
-    if not keys:
+    documents = signature_documents(store, root)
+    if not documents:
         return []
     empty = _digest(EMPTY)
     if not reg.has_blob(empty):
         reg.put_blob(empty, len(EMPTY), lambda: [EMPTY])
     pushed: list[tuple[str, dict]] = []
-    for key in keys:
-        bundle = store.get_document(key)
-        if bundle is None:
-            continue
-        key_id = key.rsplit("/", 1)[-1][: -len(".sig")]
+    for key_id, bundle in sorted(documents.items()):
         digest = _digest(bundle)
         if not reg.has_blob(digest):
             reg.put_blob(digest, len(bundle), lambda b=bundle: [b])
@@ -101,10 +91,22 @@ def pull_signatures(reg: Registry, subject_digest: str) -> list[tuple[str, bytes
             continue
         for layer in doc.get("layers") or []:
             key_id = (layer.get("annotations") or {}).get(KEY_ID) or (doc.get("annotations") or {}).get(KEY_ID)
-            if layer.get("mediaType") != SIGNATURE_TYPE or not isinstance(key_id, str) or not _KEY_FILE.fullmatch(key_id + ".sig"):
+            if layer.get("mediaType") != SIGNATURE_TYPE or not _is_key_id(key_id):
                 continue
             bundle = reg.read_blob(layer["digest"], MAX_SIGNATURE)
             if _digest(bundle) != layer["digest"]:
                 raise OciDigestMismatchError(str(reg.ref), f"signature {key_id}", layer["digest"], _digest(bundle))
             out.append((key_id, bundle))
     return out
+
+
+def _is_key_id(value: object) -> bool:
+    """A key id as the trust wing writes one: the SHA-256 (64 lowercase hex) of a public key."""
+    return isinstance(value, str) and len(value) == 64 and all(c in "0123456789abcdef" for c in value)
+
+
+def keep_signatures(store: Store, root: str, signatures: list[tuple[str, bytes]]) -> None:
+    """Keep imported bundles as the trust wing keeps them (``signatures/<root>/<key id>.sig``),
+    as they came: a trust policy checks them where a root is restored, synced or checked out."""
+    for key_id, bundle in signatures:
+        store.put_document(signature_key(root, key_id), bundle, overwrite=True)

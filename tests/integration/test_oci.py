@@ -140,24 +140,26 @@ def test_a_new_version_uploads_only_the_changed_file(published, registry, tmp_pa
 
 
 def test_signatures_travel_as_referrers(published, registry, tmp_path, capsys):
+    from concord.trust import generate_key, load_policy, sign_root
+
     store, root = published["store"], published["root"]
-    bundle = json.dumps({"mediaType": "application/vnd.dev.sigstore.bundle.v0.3+json", "k": "test"}).encode()
-    store.put_document(f"signatures/{root}/ci-key.sig", bundle, overwrite=True)
-    try:
-        ref = f"{registry}/models/signed:v1"
-        code, r, _ = cli(capsys, "export", "oci", str(store.root), "--ref", root, ref, "--plain-http", "--json")
-        assert code == 0 and r["signatures"] == ["ci-key"]
-        index = requests.get(
-            f"http://{registry}/v2/models/signed/manifests/{r['digest'].replace(':', '-')}",
-            headers={"Accept": "application/vnd.oci.image.index.v1+json"}, timeout=10).json()
-        sig = get_manifest(registry, "models/signed", index["manifests"][0]["digest"])
-        assert sig["subject"]["digest"] == r["digest"]
-        target = LocalDirStore(str(tmp_path / "imported"))
-        code, r2, _ = cli(capsys, "import", "oci", ref, "--store", str(target.root), "--plain-http", "--json")
-        assert code == 0 and r2["signatures"] == ["ci-key"]
-        assert target.get_document(f"signatures/{root}/ci-key.sig") == bundle
-    finally:
-        store.delete_document(f"signatures/{root}/ci-key.sig")
+    key = generate_key(tmp_path / "key.pem")
+    sign_root(store, root, key, ref="m/toy")
+    ref = f"{registry}/models/signed:v1"
+    code, r, _ = cli(capsys, "export", "oci", str(store.root), "--ref", root, ref, "--plain-http", "--json")
+    assert code == 0 and r["signatures"] == [key.id]
+    index = requests.get(
+        f"http://{registry}/v2/models/signed/manifests/{r['digest'].replace(':', '-')}",
+        headers={"Accept": "application/vnd.oci.image.index.v1+json"}, timeout=10,
+    ).json()
+    sig = get_manifest(registry, "models/signed", index["manifests"][0]["digest"])
+    assert sig["subject"]["digest"] == r["digest"] and sig["artifactType"] == "application/vnd.dev.sigstore.bundle.v0.3+json"
+    target = LocalDirStore(str(tmp_path / "imported"))
+    code, r2, _ = cli(capsys, "import", "oci", ref, "--store", str(target.root), "--plain-http", "--json")
+    assert code == 0 and r2["signatures"] == [key.id]
+    # the imported root is trusted by the signer's key, as the original is
+    policy = load_policy(str(tmp_path / "key.pub.pem"))
+    assert policy.report(target, root).trusted and policy.report(target, root).signed_by == (key.id,)
 
 
 def test_credentials_from_the_environment_or_docker_config_never_shown(published, auth_registry, tmp_path, capsys):
