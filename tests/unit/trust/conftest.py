@@ -1,0 +1,64 @@
+"""Fixtures of the trust tests: key pairs (made once per session), a small model folder, a store
+holding its snapshot, and the real ``model_signing`` package for interop.
+
+``model_signing`` 1.1.1 imports ``OpenSSL`` (pyOpenSSL) at import time for its certificate
+signer only; pyOpenSSL is not installed here, so a stand-in module is registered before the
+import. The key signer and verifier used by these tests never touch it: every signature and
+every check below is the real package's code.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import pytest
+
+from concord.stores import LocalDirStore
+from concord.trust import generate_key
+
+
+def import_model_signing():
+    try:
+        import OpenSSL  # noqa: F401
+    except ImportError:
+        sys.modules.setdefault("OpenSSL", types.ModuleType("OpenSSL"))
+        sys.modules["OpenSSL"].crypto = None
+    import model_signing
+
+    return model_signing
+
+
+@pytest.fixture(scope="session")
+def keydir(tmp_path_factory) -> Path:
+    d = tmp_path_factory.mktemp("keys")
+    generate_key(d / "alice.pem")
+    generate_key(d / "mallory.pem")
+    # made by openssl itself, the way the docs tell people to
+    subprocess.run(["openssl", "ecparam", "-name", "prime256v1", "-genkey", "-noout", "-out", str(d / "ossl.pem")], check=True)
+    subprocess.run(["openssl", "ec", "-in", str(d / "ossl.pem"), "-pubout", "-out", str(d / "ossl.pub.pem")], check=True, capture_output=True)
+    return d
+
+
+@pytest.fixture
+def model(tmp_path: Path) -> Path:
+    m = tmp_path / "model"
+    (m / "sub").mkdir(parents=True)
+    (m / "weights.bin").write_bytes(os.urandom(300_000))
+    (m / "config.json").write_text('{"hidden": 8}')
+    (m / "sub" / "tok.txt").write_text("a b c")
+    (m / ".gitattributes").write_text("*.bin filter=lfs")
+    return m
+
+
+@pytest.fixture
+def snap(tmp_path: Path, model: Path):
+    """(store, root) of ``model`` snapshotted under ref ``models/m``."""
+    from concord.snapshots.snapshot import snapshot
+
+    store = LocalDirStore(tmp_path / "c1")
+    r = snapshot(model, store, ref="models/m", chunk_size=64 * 1024)
+    return store, r.root
