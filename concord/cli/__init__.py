@@ -46,8 +46,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     from concord.errors import ConcordError
 
-    if getattr(args, "key_file", None) and args.command != "init":
-        os.environ["CONCORD_KEY_FILE"] = args.key_file  # every store the command opens reads it there
+    # every store the command opens reads an encrypted store's key from there (for this command only)
+    key_file = getattr(args, "key_file", None) if args.command != "init" else None
+    before = os.environ.get("CONCORD_KEY_FILE")
+    if key_file:
+        os.environ["CONCORD_KEY_FILE"] = key_file
     try:
         with quiet_libraries():
             return args.func(args, Output(args.json))
@@ -56,6 +59,12 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except (ConcordError, OSError, ValueError, ArithmeticError) as exc:
         return fail(exc)
+    finally:
+        if key_file:
+            if before is None:
+                os.environ.pop("CONCORD_KEY_FILE", None)
+            else:
+                os.environ["CONCORD_KEY_FILE"] = before
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -509,8 +509,9 @@ class Store(ABC):
     def read_ref(self, name: str) -> Ref | None:
         name = canonical_ref(name)
         key = ref_key(name)
+        enc = self.encoding()  # a store this Concord cannot read says so, even for a ref it lacks
         data, _ = self._read_with_token(key)
-        return None if data is None else Ref.from_json(name, self.encoding().open(key, data), self.uri)
+        return None if data is None else Ref.from_json(name, enc.open(key, data), self.uri)
 
     def cas_ref(self, name: str, expected: str | None, new: str, message: str = "") -> Ref:
         """Move ``name`` from ``expected`` (None: must not exist) to ``new``, atomically.
@@ -562,6 +563,7 @@ class Store(ABC):
         raise RefConflictError(self.uri, name, expected, after.root if after else None)
 
     def list_refs(self) -> list[str]:
+        self.encoding()  # a store this Concord cannot read (or without its key) says so first
         out = []
         for key in self._list_keys("refs/"):
             parts = key.split("/")

@@ -1,0 +1,229 @@
+"""A store's configuration: compressed and encrypted stores hold the same snapshots as plain ones."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from toy_checkpoints import SMALL_CHUNK, files_equal, fine_tune, make_checkpoint
+
+from concord.cli import main
+from concord.errors import IntegrityError, StoreConfigError, StoreKeyError, UnknownEncodingError
+from concord.hashing import chunk_id
+from concord.snapshots.gc import collect_garbage
+from concord.snapshots.refs import load_manifest
+from concord.snapshots.restore import restore
+from concord.snapshots.snapshot import snapshot
+from concord.snapshots.sync import replicate
+from concord.snapshots.verify import verify
+from concord.stores import LocalDirStore, codec
+from concord.stores.base import chunk_key
+from concord.stores.cipher import new_key
+from concord.stores.config import CONFIG_KEY, KEY_FILE_ENV, configure, read_config
+
+KEY = bytes(range(32))
+
+
+def _store(path: Path, compress: str = "none", encrypt: bool = False) -> LocalDirStore:
+    s = LocalDirStore(path)
+    if encrypt:
+        s.unlock(KEY)
+    if compress != "none" or encrypt:
+        configure(s, compress=compress, encrypt=encrypt)
+    return s
+
+
+@pytest.fixture
+def kinds(tmp_path):
+    """A plain, a compressed (auto), a zstd and an encrypted (auto) store."""
+    return {
+        "plain": _store(tmp_path / "plain"),
+        "auto": _store(tmp_path / "auto", "auto"),
+        "zstd": _store(tmp_path / "zstd", "zstd"),
+        "sealed": _store(tmp_path / "sealed", "auto", encrypt=True),
+    }
+
+
+# ---------------------------------------------------------------------------- the codec
+
+
+@pytest.mark.parametrize("dtype,np_type", [("BF16", np.uint16), ("F16", np.float16), ("F32", np.float32), ("F64", np.float64)])
+def test_byte_planes_round_trip_every_width_with_a_tail(dtype, np_type):
+    rng = np.random.default_rng(1)
+    values = (rng.standard_normal(5000) * 0.02).astype(np.float32)
+    raw = (values.view(np.uint32) >> 16).astype(np.uint16).tobytes() if dtype == "BF16" else values.astype(np_type).tobytes()
+    for data in (raw, raw + b"\x01\x02\x03"):  # a chunk cut mid-element keeps its tail
+        frame = codec.encode(data, "auto", dtype)
+        assert frame[0] == codec.PLANES and len(frame) < len(data)
+        assert codec.decode(frame, len(data)) == data
+        assert codec.decode(frame) == data  # the frame states its own size too
+
+
+def test_incompressible_bytes_and_empty_chunks_are_stored_raw():
+    noise = os.urandom(50_000)
+    for mode, dtype in (("zstd", None), ("auto", "BF16"), ("auto", None)):
+        frame = codec.encode(noise, mode, dtype)
+        assert frame[0] == codec.RAW and frame[1:] == noise
+        assert codec.decode(frame) == noise
+    assert codec.decode(codec.encode(b"", "auto", "F32")) == b""
+
+
+def test_a_frame_that_does_not_decode_is_a_frame_error():
+    frame = codec.encode(b"\x00" * 10_000, "zstd")
+    with pytest.raises(codec.FrameError):
+        codec.decode(frame[:-4], 10_000)
+    with pytest.raises(codec.FrameError, match="unknown encoding byte 0x7f"):
+        codec.decode(b"\x7fabc")
+
+
+# ---------------------------------------------------------------------------- roots and restores
+
+
+def test_every_store_kind_holds_the_same_root_and_restores_identically(kinds, ckpt, tmp_path):
+    roots = {name: snapshot(ckpt, s, chunk_size=SMALL_CHUNK, ref="m").root for name, s in kinds.items()}
+    assert len(set(roots.values())) == 1
+    for name, s in kinds.items():
+        out = tmp_path / f"out-{name}"
+        restore(s, load_manifest(s, roots[name]), out)
+        assert files_equal(ckpt, out), name
+        assert verify(s).ok, name
+    size = {name: sum(n for _, n, _ in s.iter_chunk_stats()) for name, s in kinds.items()}
+    assert size["auto"] < size["zstd"] < size["plain"]  # byte planes beat plain zstd on weights
+
+
+def test_sync_both_ways_between_plain_compressed_and_encrypted(kinds, ckpt, tmp_path):
+    names = list(kinds)
+    for i, a in enumerate(names):  # each kind snapshots, then syncs to the next (around the ring)
+        src, dst = kinds[a], kinds[names[(i + 1) % len(names)]]
+        ft = fine_tune(ckpt, tmp_path / f"ft-{a}", ["layers.0.attn.q.weight"], delta=0.01 * (i + 1))
+        root = snapshot(ft, src, chunk_size=SMALL_CHUNK, ref=f"from-{a}").root
+        (r,) = replicate(src, [dst], ref=f"from-{a}")
+        assert r.root == root and r.chunks_sent > 0 and r.raw_bytes_sent > 0
+        out = tmp_path / f"back-{a}"
+        restore(dst, load_manifest(dst, root), out)
+        assert files_equal(ft, out)
+    for s in kinds.values():
+        assert verify(s).ok
+
+
+def test_same_encoding_moves_encoded_bytes_and_reports_both_sizes(tmp_path, ckpt):
+    a, b = _store(tmp_path / "a", "auto"), _store(tmp_path / "b", "auto")
+    snapshot(ckpt, a, chunk_size=SMALL_CHUNK, ref="m")
+    (r,) = replicate(a, [b], ref="m")
+    assert r.bytes_sent < r.raw_bytes_sent  # what crossed is compressed
+    assert r.bytes_sent == sum(n for _, n, _ in b.iter_chunk_stats())
+    assert sorted(a.iter_chunk_stats()) != [] and {c for c, _, _ in a.iter_chunk_stats()} == set(b.iter_chunks())
+
+
+# ---------------------------------------------------------------------------- encryption at rest
+
+
+def test_an_encrypted_store_holds_no_weight_bytes_tensor_names_or_chunk_ids(tmp_path, ckpt):
+    s = _store(tmp_path / "sealed", "none", encrypt=True)
+    root = snapshot(ckpt, s, chunk_size=SMALL_CHUNK, ref="m").root
+    ids = set(load_manifest(s, root).chunk_lengths())
+    weights = (ckpt / "model.safetensors").read_bytes()
+    probes = [weights[-4096:-3072], (ckpt / "tokenizer.txt").read_bytes()[:512], b"layers.0.attn.q.weight", b"hidden_size"]
+    blobs = [p.read_bytes() for p in (tmp_path / "sealed").rglob("*") if p.is_file()]
+    names = {p.name for p in (tmp_path / "sealed").rglob("*")}
+    assert not any(probe in blob for probe in probes for blob in blobs)
+    assert not ids & names  # object names are keyed hashes, not the chunk ids
+    assert len(list(s.iter_chunk_stats())) == len(ids)  # yet identical chunks are stored once
+
+
+def test_no_key_or_a_wrong_key_is_refused_and_writes_nothing(tmp_path, ckpt, monkeypatch):
+    monkeypatch.delenv(KEY_FILE_ENV, raising=False)
+    _store(tmp_path / "sealed", encrypt=True)
+    before = sorted(str(p) for p in (tmp_path / "sealed").rglob("*"))
+    for key in (None, new_key()):
+        s = LocalDirStore(tmp_path / "sealed")
+        if key is not None:
+            s.unlock(key)
+        with pytest.raises(StoreKeyError, match="no key was given" if key is None else "is not this store's key"):
+            snapshot(ckpt, s, chunk_size=SMALL_CHUNK, ref="m")
+    assert sorted(str(p) for p in (tmp_path / "sealed").rglob("*")) == before
+
+
+def test_gc_in_an_encrypted_store_maps_live_chunks_to_their_keyed_names(tmp_path, ckpt):
+    s = _store(tmp_path / "sealed", "auto", encrypt=True)
+    keep = snapshot(ckpt, s, chunk_size=SMALL_CHUNK, ref="keep").root
+    stray = os.urandom(5000)
+    s.put_chunk(chunk_id(stray), stray)
+    r = collect_garbage(s, grace_seconds=0, now=time.time() + 60)
+    assert r.deleted_chunks == 1 and not s.has_chunks([chunk_id(stray)])
+    out = tmp_path / "out"
+    restore(s, load_manifest(s, keep), out)
+    assert files_equal(ckpt, out)
+
+
+# ---------------------------------------------------------------------------- bad input
+
+
+def test_a_corrupt_encoded_chunk_is_found_by_verify_and_repaired_from_a_replica(tmp_path, ckpt):
+    a, b = _store(tmp_path / "a", "auto"), _store(tmp_path / "b", "auto")
+    root = snapshot(ckpt, a, chunk_size=SMALL_CHUNK, ref="m").root
+    replicate(a, [b], ref="m")
+    cid = load_manifest(a, root).files[0].parts[0].chunk_ids()[0]
+    path = tmp_path / "a" / chunk_key(a.chunk_object_name(cid))
+    blob = bytearray(path.read_bytes())
+    blob[len(blob) // 2] ^= 0xFF
+    path.write_bytes(bytes(blob))
+    with pytest.raises((UnknownEncodingError, IntegrityError)):
+        a.get_chunk(cid)
+    found = verify(a)
+    assert cid in found.corrupt and not found.ok
+    assert verify(a, repair_from=b).repaired and verify(a).ok
+
+
+def test_an_unknown_encoding_byte_names_the_chunk(tmp_path):
+    s = _store(tmp_path / "a", "zstd")
+    data = b"weights" * 1000
+    cid = chunk_id(data)
+    s.put_chunk(cid, data)
+    path = tmp_path / "a" / chunk_key(cid)
+    path.write_bytes(b"\x7f" + path.read_bytes()[1:])
+    with pytest.raises(UnknownEncodingError, match=rf"chunk {cid} in .*unknown encoding byte 0x7f"):
+        s.get_chunk(cid)
+
+
+def test_a_configuration_from_a_newer_concord_is_refused_with_its_version(tmp_path):
+    s = _store(tmp_path / "a", "auto")
+    doc = json.loads((tmp_path / "a" / CONFIG_KEY).read_text())
+    (tmp_path / "a" / CONFIG_KEY).write_text(json.dumps({**doc, "version": 7}))
+    with pytest.raises(StoreConfigError, match="version 7, written by a newer Concord"):
+        LocalDirStore(tmp_path / "a").list_refs()
+    with pytest.raises(StoreConfigError, match="version 7"):
+        s.forget_encoding() or s.get_chunk("0" * 64)
+
+
+def test_init_refuses_to_change_a_store_that_holds_snapshots(tmp_path, ckpt):
+    plain = LocalDirStore(tmp_path / "plain")
+    snapshot(ckpt, plain, chunk_size=SMALL_CHUNK, ref="m")
+    with pytest.raises(StoreConfigError, match="already holds snapshots"):
+        configure(plain, compress="auto")
+    assert read_config(plain) is None
+    s = _store(tmp_path / "auto", "auto")
+    assert configure(s, compress="auto").compress == "auto"  # asking again changes nothing
+    with pytest.raises(StoreConfigError, match="already configured"):
+        configure(s, compress="zstd")
+
+
+def test_cli_init_writes_a_key_once_and_commands_take_it(tmp_path, ckpt, capsys, monkeypatch):
+    monkeypatch.delenv(KEY_FILE_ENV, raising=False)
+    store, key = tmp_path / "s", tmp_path / "store.key"
+    assert main(["init", str(store), "--compress", "auto", "--encrypt", "--key-file", str(key), "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["compress"] == "auto" and info["encryption"]["algorithm"] == "AES-256-GCM" and info["key_file_created"]
+    assert oct(key.stat().st_mode & 0o777) == "0o600"
+    assert main(["snapshot", str(ckpt), "--store", str(store), "--ref", "m", "--key-file", str(key), "--json"]) == 0
+    capsys.readouterr()
+    assert main(["refs", str(store)]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("concord: error: store") and "is encrypted: no key was given" in err and "\n" not in err
+    assert key.read_text().strip() not in err
+    assert main(["restore", str(store), str(tmp_path / "out"), "--ref", "m", "--key-file", str(key)]) == 0
+    assert files_equal(ckpt, tmp_path / "out")
