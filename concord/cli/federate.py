@@ -13,6 +13,7 @@ import argparse
 from concord.cli._common import (
     STORE_HELP,
     TRACKING_URI_HELP,
+    TRUST_HELP,
     fail,
     open_lineage,
     positive_float,
@@ -87,9 +88,22 @@ def cmd_aggregate(args, out) -> int:
     return 0
 
 
+def _signing_key(args):
+    """The cluster's signing key of ``--key`` (its password from ``--key-password-env`` or
+    ``$CONCORD_KEY_PASSWORD``), or None: rounds are then appended unsigned."""
+    if not args.key:
+        return None
+    import os
+
+    from concord.trust import load_signing_key
+
+    return load_signing_key(args.key, os.environ.get(args.key_password_env or "CONCORD_KEY_PASSWORD") or None)
+
+
 def cmd_run(args, out) -> int:
     from concord.federation.rounds import run_round
 
+    key = _signing_key(args)  # a bad key fails before any store is opened
     clusters = [writable_store(c) for c in args.cluster]
     lineage = open_lineage(args.tracking_uri) if args.track else None
     r = run_round(
@@ -105,6 +119,7 @@ def cmd_run(args, out) -> int:
         ledger_store=writable_store(args.ledger) if args.ledger else None,
         lineage=lineage,
         progress=out.progress,
+        key=key,
     )
     lines = [
         f"round {r['round']} of {r['tenant']}: {r['method']} over {len(r['clients'])} adapter(s) → {r['ref']} {r['root'][:12]} (rank {r['rank']})",
@@ -124,7 +139,9 @@ def cmd_verify(args, out) -> int:
 
     validate_tenant(args.tenant)
     store = readable_store(args.store)
-    report = verify_ledger(store, args.tenant)
+    from concord.trust import load_policy
+
+    report = verify_ledger(store, args.tenant, trust=load_policy(args.trust))
     head = report.head[:12] if report.head else "(none)"
     lines = [f"ledger of {report.tenant} in {report.store}: {report.rounds} round(s), head {head}: {'ok' if report.ok else 'TAMPERED'}"]
     lines += [f"  ✗ {p}" for p in report.problems]
@@ -187,11 +204,14 @@ def register(sub, common: list) -> None:
     s.add_argument("--ledger", metavar="STORE", help="store of the ledger (default: the first cluster)")
     s.add_argument("--track", action="store_true", help="register the result as an MLflow model version TENANT-OUT_NAME")
     s.add_argument("--tracking-uri", help=TRACKING_URI_HELP)
+    s.add_argument("--key", metavar="KEY.pem", help="sign the round with this cluster's ECDSA private key (checked by verify --trust)")
+    s.add_argument("--key-password-env", metavar="NAME", help="environment variable holding the key's password (default: CONCORD_KEY_PASSWORD)")
     s.set_defaults(func=cmd_run)
 
     s = fed.add_parser("verify", parents=common, help="check a tenant's ledger: hashes, chain, head (exit 1 when tampered)")
     s.add_argument("tenant", metavar="TENANT")
     s.add_argument("--store", required=True, help=STORE_HELP)
+    s.add_argument("--trust", metavar="PUB.pem[,...]", help=TRUST_HELP + "; every round must be signed by one of them")
     s.set_defaults(func=cmd_verify)
 
     s = fed.add_parser("log", parents=common, help="list a tenant's rounds, newest first")

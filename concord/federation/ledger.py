@@ -11,7 +11,10 @@ Layout, in any store::
 ``hash`` is BLAKE3 of the canonical JSON of every other field, so editing any field of a round,
 removing or reordering rounds, or copying a round in from another tenant's ledger breaks either a
 round's own hash, the ``prev`` chain, the numbering or the head, and :func:`verify_ledger` names
-which. The ledger makes tampering evident; it does not stop someone who can write the store.
+which. Unkeyed, the ledger makes tampering evident but does not stop someone who can write the
+store from rewriting it consistently; keyed (each round signed over its hash by the key of the
+cluster that appends it, ``record_round(..., key=)``), ``verify_ledger(..., trust=policy)``
+also names any round no trusted key signed.
 
 Appending is safe under concurrency: the round's document is written only if no document holds
 that number yet (two rounds racing for one number: one wins, the other gets
@@ -33,16 +36,20 @@ import json
 import re
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
+from typing import TYPE_CHECKING
 
 from concord.errors import InvalidNameError, LedgerConflictError, LedgerError, RefConflictError
 from concord.hashing import canonical_json
 from concord.stores.base import LEDGER_HEAD, Store, validate_segment
 
+if TYPE_CHECKING:
+    from concord.trust import SigningKey, TrustPolicy
+
 LEDGER_FORMAT = "concord/ledger-round@1"
 #: the ref (in the tenant's namespace) holding the hash of the newest round
 HEAD_NAME = LEDGER_HEAD
 #: fields every round has, set by :func:`append_round` (a record may not carry them)
-RESERVED = ("format", "round", "tenant", "time", "prev", "hash")
+RESERVED = ("format", "round", "tenant", "time", "prev", "hash", "signature")
 
 _ROUND_FILE = re.compile(r"^(\d{6})\.json$")
 _ADOPT_ATTEMPTS = 50  # each failed attempt means another writer made progress meanwhile
@@ -76,10 +83,11 @@ def head_ref(tenant: str) -> str:
 
 
 def round_hash(doc: dict) -> str:
-    """BLAKE3 of the canonical JSON of every field of ``doc`` but ``hash``."""
+    """BLAKE3 of the canonical JSON of every field of ``doc`` but ``hash`` and ``signature``
+    (which signs the hash)."""
     from blake3 import blake3
 
-    return blake3(canonical_json({k: v for k, v in doc.items() if k != "hash"})).hexdigest()
+    return blake3(canonical_json({k: v for k, v in doc.items() if k not in ("hash", "signature")})).hexdigest()
 
 
 def content_hash(doc: dict) -> str:
@@ -233,11 +241,15 @@ def _holding(rounds: list[dict], content: str) -> dict | None:
     return next((r for r in rounds if content_hash(r) == content), None)
 
 
-def record_round(store: Store, tenant: str, record: dict) -> RoundOutcome:
+def record_round(store: Store, tenant: str, record: dict, *, key: "SigningKey | None" = None) -> RoundOutcome:
     """Append a round with the caller's fields ``record`` to ``tenant``'s ledger in ``store``,
     unless a round with the same content is already there, and say what became of it
     (:class:`RoundOutcome`). Safe to retry after any failure: a record is never in the ledger
     twice.
+
+    With ``key`` (the appending cluster's signing key) the round carries ``signature``, that
+    key's signature over its hash (:mod:`concord.trust.records`), which ``verify_ledger(...,
+    trust=policy)`` requires from a trusted key.
 
     Raises :class:`~concord.errors.LedgerConflictError` when a different round took this round's
     number first (nothing of this one is kept: run it again to record it as a later round; the
@@ -262,10 +274,14 @@ def record_round(store: Store, tenant: str, record: dict) -> RoundOutcome:
         **fields,
     }
     doc["hash"] = round_hash(doc)
-    key = round_key(tenant, doc["round"])
-    if not store.put_document(key, json.dumps(doc, indent=1, sort_keys=True).encode() + b"\n", overwrite=False):
+    if key is not None:
+        from concord.trust.records import ROUND_TYPE, sign_record
+
+        doc["signature"] = sign_record(key, ROUND_TYPE, doc["hash"])
+    where = round_key(tenant, doc["round"])
+    if not store.put_document(where, json.dumps(doc, indent=1, sort_keys=True).encode() + b"\n", overwrite=False):
         # another writer took this number first: with this content (then it is recorded) or another
-        winner = _load(store, key)
+        winner = _load(store, where)
         if content_hash(winner) == mine:
             _tip(store, tenant)  # anchor it if its writer has not moved the head yet
             return RoundOutcome(ALREADY, winner, store.uri)
@@ -324,10 +340,12 @@ class LedgerReport:
         }
 
 
-def verify_ledger(store: Store, tenant: str) -> LedgerReport:
+def verify_ledger(store: Store, tenant: str, *, trust: "TrustPolicy | None" = None) -> LedgerReport:
     """Check ``tenant``'s ledger in ``store``: every round's own hash, its tenant and number, the
     ``prev`` chain from the first round to the last, and the head (and its history) against the
-    rounds. Every problem found is listed; nothing is changed."""
+    rounds. With ``trust``, every round must also carry a signature over its hash by one of the
+    policy's keys: a round forged (or re-chained) by someone who can write the store but holds no
+    trusted key is named. Every problem found is listed; nothing is changed."""
     validate_tenant(tenant)
     problems: list[str] = []
     prefix = ledger_prefix(tenant)
@@ -361,6 +379,12 @@ def verify_ledger(store: Store, tenant: str) -> LedgerReport:
             problems.append(f"round {n}: its document says round {doc.get('round')!r} (rounds moved or reordered)")
         if doc.get("hash") != actual:
             problems.append(f"round {n}: edited (its content hashes to {actual[:12]}, it records {str(doc.get('hash'))[:12]})")
+        if trust is not None:
+            from concord.trust.records import ROUND_TYPE, check_record
+
+            _, problem = check_record(doc.get("signature"), ROUND_TYPE, actual, trust.keys)
+            if problem:
+                problems.append(f"round {n}: {problem} (no trusted key vouches for it)")
 
     previous: str | None = None  # the real hash of the round before
     for i, n in enumerate(numbers):

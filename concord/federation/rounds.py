@@ -30,6 +30,7 @@ from concord.stores.base import Store, split_ref, validate_segment
 
 if TYPE_CHECKING:  # pragma: no cover
     from concord.lineage import Lineage
+    from concord.trust import SigningKey
 
 METHODS = ("exact", "stack", "fedavg")
 ROBUST = ("none", "krum", "trimmed")
@@ -137,6 +138,7 @@ def run_round(
     ledger_store: Store | None = None,
     lineage: "Lineage | None" = None,
     progress: Progress | None = None,
+    key: "SigningKey | None" = None,
 ) -> dict:
     """Run one federation round of ``tenant`` over ``adapters`` (ref names ``tenant/NAME`` or
     ``NAME``) held by ``clusters``; see the module's docstring for the steps.
@@ -214,7 +216,7 @@ def run_round(
         },
         "replicas": [r["store"] for r in replicas],
     }
-    outcome = record_round(ledger_store, tenant, record)
+    outcome = record_round(ledger_store, tenant, record, key=key)  # key: the round is signed by this cluster
     entry = outcome.doc
     out = {
         "tenant": tenant,
