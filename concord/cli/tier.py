@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import argparse
 
-from concord.cli._common import fail, human, open_lineage, peek_store, positive_int, track_parent, tracking_parent, whole_number
+from concord.cli._common import TRUST_HELP, fail, human, open_lineage, peek_store, positive_int, track_parent, tracking_parent, whole_number
 
 TIERS = ("hot", "warm", "cold")
 
@@ -217,7 +217,18 @@ def cmd_status(args, out) -> int:
 def cmd_restore(args, out) -> int:
     from concord.tiering.restore import restore_checkpoint
 
-    r = restore_checkpoint(_policy(args), args.name, args.out_dir, tier=args.tier, timeout=args.timeout, progress=out.progress).to_dict()
+    from concord.trust import load_policy
+
+    trust = load_policy(args.trust)
+    r = restore_checkpoint(
+        _policy(args),
+        args.name,
+        args.out_dir,
+        tier=args.tier,
+        timeout=args.timeout,
+        progress=out.progress,
+        check_root=trust.restore_check if trust is not None else None,
+    ).to_dict()
     waited = f", {_seconds(r['wait_seconds'])} of it waiting on the archive" if r.get("wait_seconds") else ""
     lines = [
         f"restored {r['name']} ({r['root'][:12]}) from {r['tier']} ({r['store']}) into {r['path']}",
@@ -345,6 +356,7 @@ def register(sub, common: list) -> None:
     s.add_argument("out_dir", metavar="OUT_DIR")
     s.add_argument("--tier", choices=TIERS, help="restore from this tier (default: the nearest that holds it)")
     s.add_argument("--timeout", type=_duration, metavar="SECONDS", help="wait this long for an archive restore (default: the policy's)")
+    s.add_argument("--trust", metavar="PUB.pem[,...]", help=TRUST_HELP + "; an unsigned root is refused")
     s.set_defaults(func=cmd_restore)
 
     trk = track_parent("drill", "the restore-drill flow")

@@ -21,6 +21,7 @@ import shutil
 import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
+from typing import Callable, Mapping
 
 from concord.errors import ChunkNotFoundError, CheckpointNotFoundError, ConcordError, IntegrityError, RestoreTargetError, RestoreTimeoutError
 from concord.snapshots.manifest import Manifest
@@ -267,13 +268,16 @@ def restore_checkpoint(
     progress: Progress | None = None,
     stores: dict[str, Store] | None = None,
     record: bool = True,
+    check_root: Callable[[Store, str], Mapping[str, str] | None] | None = None,
 ) -> TierRestoreResult:
     """Restore checkpoint ``name`` into ``out_dir`` (which must not exist, or be empty).
 
     From ``tier`` when given, else from the nearest tier holding it (hot, then warm, then cold).
     From an archive tier, waits for the archive restore first (``timeout`` / ``poll`` default to
     the policy's ``restore.timeout`` / ``restore.poll``). The result is re-read and re-hashed;
-    ``out_dir`` is left only when it holds the whole checkpoint, byte for byte.
+    ``out_dir`` is left only when it holds the whole checkpoint, byte for byte. ``check_root`` (a
+    trust policy's ``restore_check``) may refuse the copy's root before anything is asked of an
+    archive or written.
     """
     from concord.snapshots.refs import load_manifest
     from concord.snapshots.restore import restore
@@ -296,12 +300,13 @@ def restore_checkpoint(
     chosen, root = find_copy(policy, name, tiers, tier)
     store = tiers[chosen]
     manifest = load_manifest(store, root, verify=True)
+    expected = check_root(store, root) if check_root is not None else None  # refuses before any wait or write
     requests, waited = 0, 0.0
     if getattr(store, "archive", False):
         requests, waited = wait_for_archive(
             store, list(manifest.chunk_lengths()), policy, timeout=timeout, poll=poll, progress=progress
         )
-    done = restore(store, manifest, out, progress=progress)
+    done = restore(store, manifest, out, progress=progress, check_root=(lambda _s, _r: expected) if expected else None)
     try:
         check_restored(manifest, done.path, progress=progress)
     except BaseException:
