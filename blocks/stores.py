@@ -18,6 +18,7 @@ from urllib.parse import urlparse
 
 import httpx
 from prefect.blocks.core import Block
+from prefect.blocks.system import Secret
 from prefect.exceptions import ObjectNotFound
 from pydantic import ConfigDict, Field, PrivateAttr, SecretStr, field_validator, model_validator
 
@@ -46,6 +47,11 @@ S3StorageClass = Literal[
 ]
 
 _DOCUMENTATION_URL = "https://docs.prefect.io/v3/concepts/blocks"
+_STORE_KEY_HELP = (
+    "A Secret block holding the key of an encrypted store (64 hex characters, as "
+    "`concord init STORE --encrypt --key-file FILE` writes it); if unset, CONCORD_KEY_FILE of the "
+    "process that uses the block. Plain stores need none."
+)
 
 
 class StoreBlockMixin:
@@ -70,6 +76,11 @@ class StoreBlockMixin:
         store = self._store
         if store is None or self._store_key != key:
             store = self._build_store()
+            secret = getattr(self, "store_key", None)
+            if secret is not None:  # an encrypted store's key, from its Secret block (never logged)
+                from concord.stores.cipher import parse_key
+
+                store.unlock(parse_key(str(secret.get()).encode(), "of the store_key Secret block"))
             self._store, self._store_key = store, key
         return store
 
@@ -195,6 +206,7 @@ class LocalStore(StoreBlockMixin, Block):
             "power loss, not only process crashes."
         ),
     )
+    store_key: Optional[Secret] = Field(default=None, description=_STORE_KEY_HELP)
 
     _store: Optional[Store] = PrivateAttr(default=None)
     _store_key: Optional[tuple] = PrivateAttr(default=None)
@@ -315,6 +327,20 @@ class S3Store(StoreBlockMixin, Block):
         default=False,
         description="Create the bucket on first use if it does not exist.",
     )
+    server_side_encryption: Optional[Literal["AES256", "aws:kms"]] = Field(
+        default=None,
+        title="Server-side encryption",
+        description=(
+            "S3 server-side encryption applied to every object written: AES256 (SSE-S3) or "
+            "aws:kms (SSE-KMS); if unset, the bucket's default."
+        ),
+    )
+    sse_kms_key_id: Optional[str] = Field(
+        default=None,
+        title="SSE-KMS key id",
+        description="The KMS key (id, ARN or alias) for aws:kms; if unset, the account's default KMS key.",
+    )
+    store_key: Optional[Secret] = Field(default=None, description=_STORE_KEY_HELP)
 
     _store: Optional[Store] = PrivateAttr(default=None)
     _store_key: Optional[tuple] = PrivateAttr(default=None)
@@ -376,6 +402,12 @@ class S3Store(StoreBlockMixin, Block):
         return value
 
     @model_validator(mode="after")
+    def _check_sse(self) -> "S3Store":
+        if self.sse_kms_key_id and self.server_side_encryption != "aws:kms":
+            raise ValueError("sse_kms_key_id goes with server_side_encryption='aws:kms' (SSE-KMS); set both, or neither")
+        return self
+
+    @model_validator(mode="after")
     def _check_credentials_pair(self) -> "S3Store":
         if (self.aws_access_key_id is None) != (self.aws_secret_access_key is None):
             raise ValueError(
@@ -398,6 +430,8 @@ class S3Store(StoreBlockMixin, Block):
             aws_secret_access_key=_reveal(self.aws_secret_access_key),
             storage_class=self.storage_class,
             create_bucket=self.create_bucket,
+            sse=self.server_side_encryption,
+            sse_kms_key_id=self.sse_kms_key_id,
         )
 
 

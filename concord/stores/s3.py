@@ -66,6 +66,9 @@ _CONDITION_FAILED_CODES = frozenset({"PreconditionFailed", "412", "ConditionalRe
 #: what a server that does not do conditional deletes answers to ``If-Match`` on DeleteObject
 _UNSUPPORTED_CODES = frozenset({"NotImplemented", "501"})
 
+#: server-side encryption S3 applies to every object written (SSE-S3, SSE-KMS)
+SSE_MODES = ("AES256", "aws:kms")
+
 #: storage classes whose objects must be restored before they can be read
 ARCHIVE_CLASSES = frozenset({"GLACIER", "DEEP_ARCHIVE"})
 
@@ -124,6 +127,11 @@ class S3ObjectStore(Store):
     refs, reading a manifest or comparing snapshots never waits for an archive restore. With an
     archive class (GLACIER, DEEP_ARCHIVE) the store is an archive (:attr:`archive`): chunks must be
     restored (:meth:`request_restore`) before they can be read.
+
+    ``sse`` (``AES256`` for SSE-S3, ``aws:kms`` for SSE-KMS, with ``sse_kms_key_id`` naming the KMS
+    key, else the account's default) is sent with every object written: chunks, manifests, refs,
+    documents and the configuration. It is S3's encryption at rest; a store's own encryption
+    (``concord init --encrypt``) is independent of it and may be combined with it.
     """
 
     parallelism = 16
@@ -142,6 +150,8 @@ class S3ObjectStore(Store):
         create_bucket: bool = False,
         connect_timeout: float = 5.0,
         max_attempts: int = 3,
+        sse: str | None = None,
+        sse_kms_key_id: str | None = None,
     ) -> None:
         self.bucket = validate_bucket_name(bucket)
         self.prefix = validate_prefix(bucket, prefix)
@@ -152,6 +162,12 @@ class S3ObjectStore(Store):
         self.region_name = region_name
         self.storage_class = storage_class
         self.create_bucket = create_bucket
+        if sse is not None and sse not in SSE_MODES:
+            raise ValueError(f"sse must be one of {', '.join(SSE_MODES)} (SSE-S3, SSE-KMS) or unset, got {sse!r}")
+        if sse_kms_key_id and sse != "aws:kms":
+            raise ValueError("sse_kms_key_id goes with sse='aws:kms' (SSE-KMS); set both, or neither")
+        self.sse = sse
+        self.sse_kms_key_id = sse_kms_key_id or None
         if connect_timeout <= 0:
             raise ValueError(f"connect_timeout must be positive, got {connect_timeout!r}")
         if max_attempts < 1:
@@ -310,7 +326,7 @@ class S3ObjectStore(Store):
         from botocore.exceptions import ClientError
 
         body = data if isinstance(data, bytes) else bytes(data)
-        args: dict[str, Any] = {"Bucket": self.bucket, "Key": self._key(key), "Body": body}
+        args: dict[str, Any] = {"Bucket": self.bucket, "Key": self._key(key), "Body": body, **self._sse_args()}
         if self.storage_class and key.startswith("chunks/"):
             args["StorageClass"] = self.storage_class
         with self._translate("write", key):
@@ -326,6 +342,15 @@ class S3ObjectStore(Store):
                 raise
             self._check_arrival(key, len(body), response.get("ETag"))
         return True
+
+    def _sse_args(self) -> dict[str, str]:
+        """The server-side encryption headers of every PutObject."""
+        if self.sse is None:
+            return {}
+        args = {"ServerSideEncryption": self.sse}
+        if self.sse_kms_key_id:
+            args["SSEKMSKeyId"] = self.sse_kms_key_id
+        return args
 
     def _check_arrival(self, key: str, size: int, etag: str | None) -> None:
         """After a put, make sure the object the store holds has the length that was sent."""
@@ -412,7 +437,7 @@ class S3ObjectStore(Store):
     def _write_if(self, key: str, data: bytes, token: str | None) -> bool:
         from botocore.exceptions import ClientError
 
-        args: dict[str, Any] = {"Bucket": self.bucket, "Key": self._key(key), "Body": bytes(data)}
+        args: dict[str, Any] = {"Bucket": self.bucket, "Key": self._key(key), "Body": bytes(data), **self._sse_args()}
         if token is None:
             args["IfNoneMatch"] = "*"
         else:

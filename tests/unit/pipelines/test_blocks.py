@@ -160,9 +160,10 @@ def test_the_cached_store_is_not_serialized(tmp_path: Path) -> None:
     assert block.model_dump() == {
         "path": str(tmp_path / "s"),
         "fsync": False,
+        "store_key": None,
         "block_type_slug": "concord-local-store",
     }
-    assert set(json.loads(block.model_dump_json())) == {"path", "fsync", "block_type_slug"}
+    assert set(json.loads(block.model_dump_json())) == {"path", "fsync", "store_key", "block_type_slug"}
 
 
 @pytest.mark.parametrize("dumps", [pickle.dumps, cloudpickle.dumps])
