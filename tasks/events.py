@@ -25,10 +25,13 @@ Events and their resources::
     concord.contract.validated    concord.contract.<name@version>
     concord.contract.failed       concord.contract.<name@version>
     concord.model.registered      concord.model.<name>/<version>
-    concord.model.promoted        concord.model.<name>/<version>
+    concord.model.promoted        concord.model.<name>/<version>   labelled concord.alias (champion, ...)
+    concord.model.published       concord.model.<name>/<version>   pushed to an OCI registry
     concord.promotion.refused     concord.model.<name>/<version>
     concord.drift.detected        concord.audit.<name>   severity warning (P1) or critical (P0)
     concord.drift.audited         concord.audit.<name>   severity ok
+    concord.checkout.switched     concord.link.<node>:<path>   a serving link now names a new root
+    concord.checkout.rolled_back  concord.link.<node>:<path>   flipped back (health gate, rollout, by hand)
 
 An audit's resource carries the labels ``concord.severity`` and ``concord.priority`` (P0, P1, or
 "none"), so an automation's trigger can match a P0 alone without reading the payload.
@@ -58,9 +61,12 @@ CONTRACT_VALIDATED = "concord.contract.validated"
 CONTRACT_FAILED = "concord.contract.failed"
 MODEL_REGISTERED = "concord.model.registered"
 MODEL_PROMOTED = "concord.model.promoted"
+MODEL_PUBLISHED = "concord.model.published"
 PROMOTION_REFUSED = "concord.promotion.refused"
 DRIFT_DETECTED = "concord.drift.detected"
 DRIFT_AUDITED = "concord.drift.audited"
+CHECKOUT_SWITCHED = "concord.checkout.switched"
+CHECKOUT_ROLLED_BACK = "concord.checkout.rolled_back"
 
 #: items of a list (findings, violations, failures, drifted columns...) carried in an event's
 #: payload at most; the task's result has them all
@@ -110,6 +116,10 @@ def audit_resource(name: str) -> str:
     return f"concord.audit.{name}"
 
 
+def link_resource(node: str, path: str) -> str:
+    return f"concord.link.{node}:{path}"
+
+
 # ----------------------------------------------------------------------------- resources
 
 
@@ -154,6 +164,17 @@ def contract(ref: str, role: str | None = None) -> dict[str, str]:
 
 def model(name: str, version: str | int, role: str | None = None) -> dict[str, str]:
     return _resource(model_resource(name, version), f"{name}/{version}", role)
+
+
+def promoted_model(name: str, version: str | int, alias: str) -> dict[str, str]:
+    """A model version that was just promoted, labelled with its alias (``concord.alias``), so a
+    trigger can match one alias (publish on ``champion``) without reading the payload."""
+    return model(name, version) | {"concord.alias": alias}
+
+
+def link(node: str, path: str, role: str | None = None) -> dict[str, str]:
+    """A serving link on a node (the work queue its worker polls, or the host's name)."""
+    return _resource(link_resource(node, path), f"{node}:{path}", role)
 
 
 def audit(name: str, severity: str, priority: str | None) -> dict[str, str]:

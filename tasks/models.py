@@ -152,7 +152,7 @@ def promote_task(
     if checks.get("previous"):
         related.append(events.model(*checks["previous"].rsplit("/", 1), role="previous"))
     payload = {"name": name, "version": version, "alias": alias, "time": r["time"], "previous": checks.get("previous")}
-    out["event_id"] = events.emit(events.MODEL_PROMOTED, events.model(name, version), related, payload)
+    out["event_id"] = events.emit(events.MODEL_PROMOTED, events.promoted_model(name, version, alias), related, payload)
     run_logger().info("%s/%s is now %r (was %s)", name, version, alias, checks.get("previous") or "unset")
     return out
 

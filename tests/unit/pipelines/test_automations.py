@@ -80,9 +80,9 @@ def render(parameters: dict, event) -> dict:
 # ----------------------------------------------------------------------------- prefect.yaml triggers
 
 
-def _deployments_with_triggers() -> dict[str, dict]:
+def _deployments_with_triggers(event: str = "concord.checkpoint.created") -> dict[str, dict]:
     doc = yaml.safe_load((ROOT / "prefect.yaml").read_text())
-    return {d["entrypoint"]: d for d in doc["deployments"] if d.get("triggers")}
+    return {d["entrypoint"]: d for d in doc["deployments"] if any(event in t.get("expect", ()) for t in d.get("triggers") or ())}
 
 
 def _triggers(d: dict) -> list:
@@ -132,7 +132,7 @@ def test_a_watcher_event_renders_valid_parameters(tmp_path, monkeypatch):
     event = checkpoint_event(announcement(str(folder)))
 
     fl, params = _flow_and_parameters("deployments/pipelines.py:tier_checkpoints", event, monkeypatch)
-    assert (params["checkpoint_dir"], params["name"], params["step"]) == (str(folder), "step-200", 200)
+    assert (params["checkpoint_dir"], params["name"], params["step"]) == (str(folder), "llama-step-200", 200)  # <model>-<name>
     fl.validate_parameters(params)
     from flows.tiering import check_checkpoint_arguments
 
@@ -234,7 +234,7 @@ def test_every_event_name_is_spelled_once_in_tasks_events():
     from tasks import events
 
     names = {v for k, v in vars(events).items() if k.isupper() and isinstance(v, str) and v.startswith("concord.")}
-    assert len(names) == 23
+    assert len(names) == 26
     spelled = {
         path.relative_to(ROOT).as_posix(): sorted(n for n in names if f'"{n}"' in path.read_text())
         for path in [*(ROOT / "tasks").glob("*.py"), *(ROOT / "deployments").glob("*.py")]
