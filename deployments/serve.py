@@ -53,7 +53,11 @@ from deployments.automations import HEARTBEAT_SECONDS
 PROJECT_DIR = Path(__file__).resolve().parent.parent
 DEFAULT_DIR = PROJECT_DIR / "data" / "serve"
 WORK_POOL = "concord-process"
+#: the pool of serving nodes: each node's worker polls its own queue (``--work-queue NODE``), and
+#: none is started here (a rollout's checkouts run on the nodes themselves)
+SERVING_POOL = "concord-serving"
 RECORD = "processes.json"
+WATCHER_STATE = "watcher-state.json"
 HEARTBEAT_ENV = "PREFECT_FLOWS_HEARTBEAT_FREQUENCY"
 
 
@@ -218,11 +222,12 @@ def stop_all(state_dir: Path, *, timeout: float = 15.0, out=sys.stdout) -> int:
 
 
 def status(state_dir: Path, *, out=sys.stdout) -> int:
-    """Print the recorded processes and whether each still runs; 0 when all run, 3 otherwise."""
+    """Print the recorded processes and whether each still runs; 0 when all run or nothing was
+    started (that is an answer, not a fault), 3 when a recorded process died."""
     data = read_record(state_dir)
     if not data["processes"]:
-        print("not running (nothing recorded)", file=out)
-        return 3
+        print("not running (nothing recorded): `make serve` starts it", file=out)
+        return 0
     if data.get("ui_url"):
         print(f"Prefect UI: {data['ui_url']}", file=out)
     alive = [is_alive(p) for p in data["processes"]]
@@ -293,11 +298,29 @@ def _prefect() -> str:
     return str(exe) if exe.exists() else "prefect"
 
 
+def tracking_uri(project_dir: Path = PROJECT_DIR) -> str:
+    """The MLflow database of served runs (and of ``make demo``): ``$MLFLOW_TRACKING_URI``, else
+    ``<project>/data/mlflow.db``."""
+    return os.environ.get("MLFLOW_TRACKING_URI", "").strip() or f"sqlite:///{Path(project_dir).resolve() / 'data' / 'mlflow.db'}"
+
+
+def mlflow_ui_command(uri: str) -> str:
+    """The command that opens the MLflow UI on ``uri`` (a sqlite database or a server)."""
+    from concord.lineage.client import shown_uri
+
+    if uri.startswith(("http://", "https://")):
+        return f"open {shown_uri(uri)}"
+    return f"mlflow ui --backend-store-uri {uri} --port 5000   # then open http://127.0.0.1:5000"
+
+
 def start(state_dir: Path, *, port: int = 4200, watch: Sequence[str] = (), interval: float = 30.0,
-          project_dir: Path = PROJECT_DIR, server_timeout: float = 120.0, out=sys.stdout) -> int:
+          project_dir: Path = PROJECT_DIR, server_timeout: float = 120.0, seed_from: Path | None = None,
+          out=sys.stdout) -> int:
     """Start everything (see the module's docstring). ``project_dir`` holds the ``prefect.yaml``
     deployed and is where flow runs start, so the relative store paths of the deployments'
-    parameters resolve under it; the code is imported from this project whatever it is."""
+    parameters resolve under it; the code is imported from this project whatever it is. First,
+    what the deployments' defaults name is seeded into ``<project_dir>/data`` where missing
+    (:mod:`deployments.seed`; ``seed_from`` is the checkpoint seeded, default all-MiniLM-L6-v2)."""
     state_dir, project_dir = Path(state_dir).resolve(), Path(project_dir).resolve()
     data = read_record(state_dir)
     running = [p for p in data["processes"] if is_alive(p)]
@@ -312,10 +335,13 @@ def start(state_dir: Path, *, port: int = 4200, watch: Sequence[str] = (), inter
     write_record(state_dir, {"processes": []})
 
     ours = {"CONCORD_PROJECT_DIR": str(project_dir), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+            "MLFLOW_TRACKING_URI": tracking_uri(project_dir),
             "PYTHONPATH": os.pathsep.join(filter(None, [str(PROJECT_DIR), os.environ.get("PYTHONPATH")])),
             HEARTBEAT_ENV: os.environ.get(HEARTBEAT_ENV) or str(HEARTBEAT_SECONDS)}
     prefect = _prefect()
     try:
+        print(f"seeding what the deployments' defaults name into {project_dir / 'data'} (only what is missing)", file=out)
+        _seed(project_dir, seed_from, ours["MLFLOW_TRACKING_URI"], state_dir / WATCHER_STATE, out)
         server = None
         own_server = not os.environ.get("PREFECT_API_URL")
         if own_server:
@@ -338,9 +364,10 @@ def start(state_dir: Path, *, port: int = 4200, watch: Sequence[str] = (), inter
                            env=env, cwd=state_dir)
         _wait_healthy(api_url, server, server_timeout)
 
-        if _run(state_dir, "setup", [prefect, "work-pool", "inspect", WORK_POOL], env, check=False) != 0:
-            print(f"creating the work pool {WORK_POOL}", file=out)
-            _run(state_dir, "setup", [prefect, "work-pool", "create", WORK_POOL, "--type", "process"], env)
+        for pool in (WORK_POOL, SERVING_POOL):
+            if _run(state_dir, "setup", [prefect, "work-pool", "inspect", pool], env, check=False) != 0:
+                print(f"creating the work pool {pool}", file=out)
+                _run(state_dir, "setup", [prefect, "work-pool", "create", pool, "--type", "process"], env)
         print("registering blocks", file=out)
         _run(state_dir, "setup", [prefect, "block", "register", "-m", "blocks"], env)
         print("deploying everything in prefect.yaml", file=out)
@@ -358,7 +385,7 @@ def start(state_dir: Path, *, port: int = 4200, watch: Sequence[str] = (), inter
         print(f"starting the checkpoint watcher on {', '.join(watched)}", file=out)
         spawn(state_dir, "watcher",
               [sys.executable, "-m", "deployments.watcher", *(a for w in watched for a in ("--watch", w)),
-               "--state", str(state_dir / "watcher-state.json"), "--interval", str(interval)],
+               "--state", str(state_dir / WATCHER_STATE), "--interval", str(interval)],
               env=env, cwd=project_dir)
         time.sleep(1.0)
         dead = [p.name for p in read_record(state_dir)["processes"] if not is_alive(p)]
@@ -369,7 +396,19 @@ def start(state_dir: Path, *, port: int = 4200, watch: Sequence[str] = (), inter
         stop_all(state_dir, out=out)
         return 1
     print(f"Concord is running. Prefect UI: {ui_url}  (logs in {state_dir / 'logs'}; `make stop` ends it)", file=out)
+    print(f"Lineage, drills and audits are in MLflow: {mlflow_ui_command(ours['MLFLOW_TRACKING_URI'])}", file=out)
     return 0
+
+
+def _seed(project_dir: Path, source: Path | None, uri: str, watcher_state: Path, out) -> None:
+    from concord.errors import ConcordError
+    from deployments.seed import Seeder
+
+    try:
+        Seeder(project_dir, source=source, tracking_uri=uri, watcher_state=watcher_state,
+               say=lambda line: print(f"  {line}", file=out, flush=True)).run()
+    except (ConcordError, OSError, ImportError) as exc:
+        raise ServeError(f"seeding {project_dir / 'data'} failed: {exc}") from exc
 
 
 def parser() -> argparse.ArgumentParser:
@@ -386,6 +425,8 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--project-dir", type=Path, default=PROJECT_DIR,
                    help="the folder with the prefect.yaml to deploy, where flow runs start (default: this project)")
     s.add_argument("--server-timeout", type=float, default=120.0, help="seconds to wait for the server (default 120)")
+    s.add_argument("--seed-from", type=Path, default=None, metavar="CHECKPOINT_DIR",
+                   help="the checkpoint seeded as data/checkpoints/minilm/step-0 when missing (default: all-MiniLM-L6-v2)")
     t = sub.add_parser("stop", help="stop every process start started, and only those")
     t.add_argument("--timeout", type=float, default=15.0, help="seconds between SIGTERM and SIGKILL (default 15)")
     r = sub.add_parser("restart", help="end recorded processes (if they run) and start them again as recorded")
@@ -401,7 +442,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.action == "start":
             return start(args.dir, port=args.port, watch=args.watch, interval=args.interval,
-                         project_dir=args.project_dir, server_timeout=args.server_timeout)
+                         project_dir=args.project_dir, server_timeout=args.server_timeout, seed_from=args.seed_from)
         if args.action == "stop":
             return stop_all(args.dir, timeout=args.timeout)
         if args.action == "restart":

@@ -21,11 +21,15 @@ _WHERE = {
     "validate_contract": "flows.lineage",
     "register_model_version": "flows.lineage",
     "promote_model": "flows.lineage",
+    "publish_oci": "flows.publish_oci",
     "lora_federation": "flows.federation",
     "tier_checkpoints": "flows.tiering",
     "restore_checkpoint_flow": "flows.tiering",
     "restore_drill": "flows.tiering",
     "nightly_drift_audit": "flows.audit",
+    "checkout_node": "flows.rollout",
+    "rollback_node": "flows.rollout",
+    "rollout_flow": "flows.rollout",
 }
 
 __all__ = sorted(_WHERE)

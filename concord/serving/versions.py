@@ -225,16 +225,21 @@ class RollbackResult:
         return dict(self.__dict__)
 
 
-def rollback(dest: str | os.PathLike, *, wait: float = DEFAULT_WAIT) -> RollbackResult:
+def rollback(dest: str | os.PathLike, *, expect: str | None = None, wait: float = DEFAULT_WAIT) -> RollbackResult | None:
     """Flip the link back to the version it named before the current one, at once (no byte is
-    read: that version was verified when it was checked out)."""
+    read: that version was verified when it was checked out). With ``expect``, only when the
+    link names that root now (a rollout undoing its own flip); otherwise None, nothing touched."""
     t0 = time.perf_counter()
     layout = Layout.of(dest)
-    layout.current()  # refuse a real folder before making anything beside it
+    current = layout.current()  # refuse a real folder before making anything beside it
+    if expect is not None and current != expect:
+        return None
     if not os.path.isdir(layout.folder):
         raise NoPreviousVersionError(layout.link)
     with layout.locked(wait):
         current = layout.current()
+        if expect is not None and current != expect:
+            return None
         previous = layout.previous(current)
         if previous is None or current is None:
             raise NoPreviousVersionError(layout.link)

@@ -266,7 +266,9 @@ def test_prefect_yaml_declares_a_loadable_deployment_for_every_flow(monkeypatch)
     monkeypatch.chdir(ROOT)
     deployed, pairs = set(), []
     for d in model.deployments:
-        assert d.work_pool is not None and d.work_pool.name == "concord-process"
+        # a serving node's own work runs on the serving pool (each node polls its own queue)
+        pool = "concord-serving" if d.entrypoint.endswith(("checkout_node", "rollback_node")) else "concord-process"
+        assert d.work_pool is not None and d.work_pool.name == pool
         assert d.description and "concord" in d.tags
         fl = load_flow_from_entrypoint(d.entrypoint)
         fl.validate_parameters(d.parameters)  # the defaults fit the flow's typed parameters
