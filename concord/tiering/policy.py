@@ -12,7 +12,7 @@ YAML::
     namespace: llama-lora                  # refs/<namespace>/<checkpoint> in every tier
     hot:  {store: data/hot, keep: 2, rto: 1m}
     warm: {store: s3://bucket/warm, keep: 4, storage_class: STANDARD_IA, rto: 10m}
-    cold: {store: s3://bucket/cold, storage_class: GLACIER, rto: 12h}
+    cold: {store: s3://bucket/cold, storage_class: GLACIER, compress: auto, rto: 12h}
     rpo: 1h                                 # newest checkpoint in each tier no older than this
     pin: [step-100]
     gc_grace: 1h
@@ -32,6 +32,7 @@ from typing import Any
 from concord.errors import InvalidStoreURIError, PolicyError
 from concord.stores.address import FOLDER, S3, StoreAddress
 from concord.stores.base import validate_segment
+from concord.stores.codec import COMPRESS_MODES
 
 TIERS = ("hot", "warm", "cold")
 ARCHIVE_CLASSES = frozenset({"GLACIER", "DEEP_ARCHIVE"})
@@ -44,9 +45,9 @@ _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d|w)?\s*$")
 _UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800, None: 1}
 
 _TIER_KEYS = {
-    "hot": {"store", "keep", "keep_days", "storage_class", "media", "rto", "rpo"},
-    "warm": {"store", "keep", "keep_days", "storage_class", "media", "rto", "rpo"},
-    "cold": {"store", "storage_class", "media", "offsite", "rto", "rpo"},
+    "hot": {"store", "keep", "keep_days", "storage_class", "media", "rto", "rpo", "compress"},
+    "warm": {"store", "keep", "keep_days", "storage_class", "media", "rto", "rpo", "compress"},
+    "cold": {"store", "storage_class", "media", "offsite", "rto", "rpo", "compress"},
 }
 _TOP_KEYS = {"namespace", "hot", "warm", "cold", "rpo", "pin", "gc_grace", "ready", "restore"}
 _READY_KEYS = {"marker", "settle"}
@@ -113,6 +114,9 @@ class TierSpec:
     offsite: bool | None = None
     rto_seconds: float | None = None
     rpo_seconds: float | None = None
+    #: how the tier's store keeps chunks (none, zstd, auto): set on the store when it is first
+    #: opened empty (``concord init``); a store already configured otherwise is refused
+    compress: str | None = None
 
     @property
     def archive(self) -> bool:
@@ -147,11 +151,17 @@ class TierSpec:
             if not hasattr(store, "storage_class"):
                 raise PolicyError(self.tier, [f"{self.tier}.storage_class is set but {self.store} is not an S3 store"])
             store.storage_class = self.storage_class
+        if self.compress:
+            from concord.stores.config import configure, read_config
+
+            current = read_config(store)
+            if current is None or current.compress != self.compress:
+                configure(store, compress=self.compress, encrypt=bool(current and current.encrypted))
         return store
 
     def to_dict(self) -> dict:
         out: dict[str, Any] = {"store": self.store}
-        for key in ("keep", "keep_days", "storage_class", "media", "offsite"):
+        for key in ("keep", "keep_days", "storage_class", "media", "offsite", "compress"):
             value = getattr(self, key)
             if value is not None:
                 out[key] = value
@@ -376,6 +386,10 @@ class TierPolicy:
                 refused_store = True
             sc = text(raw.get("storage_class"), f"{t}.storage_class", "STANDARD_IA")
             media = text(raw.get("media"), f"{t}.media", "tape")
+            compress = text(raw.get("compress"), f"{t}.compress", "auto")
+            if compress is not None and compress not in COMPRESS_MODES:
+                problems.append(f"{t}.compress must be one of {', '.join(COMPRESS_MODES)}, got {_show(compress)}")
+                compress = None
             specs[t] = TierSpec(
                 tier=t,
                 store=(store or "").strip(),
@@ -386,6 +400,7 @@ class TierPolicy:
                 offsite=offsite,
                 rto_seconds=dur(raw.get("rto"), f"{t}.rto"),
                 rpo_seconds=dur(raw.get("rpo"), f"{t}.rpo"),
+                compress=compress,
             )
         if any(p.startswith((f"{t} is required", f"{t} must be a mapping")) for t in TIERS for p in problems):
             raise PolicyError(source, problems)  # the rest would only repeat what is missing
