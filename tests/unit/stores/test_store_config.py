@@ -227,3 +227,26 @@ def test_cli_init_writes_a_key_once_and_commands_take_it(tmp_path, ckpt, capsys,
     assert key.read_text().strip() not in err
     assert main(["restore", str(store), str(tmp_path / "out"), "--ref", "m", "--key-file", str(key)]) == 0
     assert files_equal(ckpt, tmp_path / "out")
+
+
+def test_a_tier_policy_sets_compression_per_tier(tmp_path):
+    from concord.errors import PolicyError
+    from concord.tiering.policy import TierPolicy
+
+    def policy(cold_compress):
+        return TierPolicy.from_dict(
+            {
+                "hot": {"store": str(tmp_path / "hot"), "keep": 1},
+                "warm": {"store": str(tmp_path / "warm"), "keep": 2, "media": "nas"},
+                "cold": {"store": str(tmp_path / "cold"), "media": "tape", "offsite": True, "compress": cold_compress},
+            },
+            source="test",
+        )
+
+    p = policy("auto")
+    assert p.cold.to_dict()["compress"] == "auto"
+    assert read_config(p.cold.open()).compress == "auto" and read_config(p.hot.open()) is None
+    with pytest.raises(PolicyError, match="cold.compress must be one of none, zstd, auto"):
+        policy("brotli")
+    with pytest.raises(StoreConfigError, match="already configured"):
+        policy("zstd").cold.open()
