@@ -132,6 +132,10 @@ def export_oci(
     signatures: bool = True,
 ) -> ExportResult:
     """Push snapshot ``manifest`` (whose chunks ``store`` holds) to ``ref`` as a ModelPack artifact."""
+    if ref.tag is None:
+        from concord.errors.oci import OciReferenceError
+
+        raise OciReferenceError(str(ref), "an export needs a tag to push to, not a digest (the digest is what the push answers)")
     prog = ensure(progress)
     uploaded = layers_uploaded = 0
     with Registry(ref, plain_http=plain_http) as reg, ThreadPoolExecutor(READ_AHEAD + 1, thread_name_prefix="concord-oci") as pool:

@@ -152,3 +152,12 @@ def test_credentials_from_the_environment_first_then_the_docker_config(tmp_path)
     (docker / "config.json").write_text("{not json")
     with patched_environ({"DOCKER_CONFIG": str(docker)}, CLEARED):
         assert find_credentials("reg.example:5000") is None
+
+
+def test_an_export_needs_a_tag(tmp_path):
+    from concord.oci import export_oci
+
+    store = LocalDirStore(str(tmp_path / "store"))
+    manifest = snapshot(make_checkpoint(tmp_path / "ckpt"), store, chunk_size=SMALL_CHUNK).manifest
+    with pytest.raises(OciReferenceError, match="needs a tag"):
+        export_oci(store, manifest, parse_reference("127.0.0.1:9/m@sha256:" + "a" * 64), plain_http=True)
