@@ -17,18 +17,18 @@ from flows._params import NAME_PATTERN
 from flows._report import human, md_table, short
 from tasks import federate_task, verify_ledger_task
 
-Tenant = Annotated[str, Field(pattern=NAME_PATTERN, description="The tenant: its adapters are the refs <tenant>/<name>.")]
+Tenant = Annotated[str, Field(pattern=NAME_PATTERN, description="The tenant: its adapters are the refs TENANT/NAME.")]
 Clusters = Annotated[
     list[str], Field(min_length=1, description="Cluster stores, searched in order for each adapter; the first receives the result.")
 ]
 Adapters = Annotated[
     list[Annotated[str, Field(pattern=r"^[^\s/]+(/[^\s/]+)?$")]],
-    Field(min_length=1, description="Adapter refs: <name> or <tenant>/<name>."),
+    Field(min_length=1, description="Adapter refs: NAME or TENANT/NAME."),
 ]
 Rank = Annotated[int, Field(ge=1, description="exact only: cap each module's rank (empty: the exact rank).")]
 Weight = Annotated[float, Field(ge=0)]
 ClipNorm = Annotated[float, Field(gt=0, description="Scale down client updates whose norm exceeds this.")]
-OutName = Annotated[str, Field(pattern=NAME_PATTERN, description="The result's ref is <tenant>/<out_name>.")]
+OutName = Annotated[str, Field(pattern=NAME_PATTERN, description="The result's ref is TENANT/OUT_NAME.")]
 
 
 @flow(name="lora-federation")
@@ -55,7 +55,7 @@ def lora_federation(
         tenant: The tenant whose adapters are aggregated.
         clusters: The cluster stores; each adapter is looked up in them in order, the result is
             snapshotted into the first and replicated to the others (only missing chunks move).
-        adapters: The adapter refs, as <name> or <tenant>/<name>.
+        adapters: The adapter refs, as NAME or TENANT/NAME.
         method: exact (the weighted mean of the clients' updates, refactored to its true rank),
             stack (the clients' factors side by side), or fedavg (the mean of the A and B
             factors: needs equal ranks, not exact).
@@ -65,8 +65,8 @@ def lora_federation(
         clip_norm: Scale down client updates whose norm exceeds this; empty for no clipping.
         robust: Reject outlying clients: none, krum or trimmed (clients over 10x the median
             update norm are always rejected).
-        out_name: The result's ref is <tenant>/<out_name>.
-        record_lineage: Register the result as MLflow model version <tenant>-<out_name>. Never
+        out_name: The result's ref is TENANT/OUT_NAME.
+        record_lineage: Register the result as MLflow model version TENANT-OUT_NAME. Never
             fails the round: a lineage failure is logged.
         tracking_uri: MLflow tracking URI; empty for the worker's MLFLOW_TRACKING_URI (else the
             embedded sqlite database).

@@ -34,14 +34,14 @@ DEFAULT_CONTRACT = "penguins@1"
 DEFAULT_MODEL = "minilm"
 
 DataName = Annotated[
-    str, Field(pattern=NAME_PATTERN, description="Name of the data set; its ref is data/<name>.")
+    str, Field(pattern=NAME_PATTERN, description="Name of the data set; its ref is data/NAME.")
 ]
 ParentVersion = Annotated[str, Field(pattern=r"^[^/\s][^/]*/[1-9][0-9]*$", description="A model version, as name/VERSION.")]
 Alias = Annotated[
     str,
     Field(
         pattern=r"^[A-Za-z0-9_-]{1,255}$",
-        description="The alias to move (letters, digits, '_' or '-'; not 'latest' or v<number>).",
+        description="The alias to move (letters, digits, '_' or '-'; not 'latest' or vNUMBER).",
     ),
 ]
 Version = Annotated[int, Field(ge=1, description="The model version number.")]
@@ -72,12 +72,12 @@ def register_data_snapshot(
     """Register a table as a data snapshot: snapshot it into a store and log it to MLflow.
 
     The snapshot's id is a hash of every byte of the table, so the same data always gets the
-    same id; the ref `data/<name>` moves to it.
+    same id; the ref `data/NAME` moves to it.
 
     Args:
         source: The table to register: a .parquet or .csv file.
         store: The store the data snapshot is written into.
-        name: The data set's name; the ref `data/<name>` points at its latest snapshot.
+        name: The data set's name; the ref `data/NAME` points at its latest snapshot.
         tracking_uri: MLflow tracking URI; empty for the worker's MLFLOW_TRACKING_URI (else the
             embedded sqlite database).
     """
@@ -117,7 +117,7 @@ def validate_contract(
     Args:
         contract: The contract, as name@VERSION (e.g. penguins@1), or a name for its latest version.
         contracts_store: The store the contracts are saved in.
-        data_snapshot: The data snapshot: its 64-hex id, or its ref (data/<name>, data/<name>~1).
+        data_snapshot: The data snapshot: its 64-hex id, or its ref (data/NAME, data/NAME~1).
         data_store: The store holding the data snapshot.
     """
     r = validate_contract_task(contracts_store, contract, data_store, data_snapshot)
@@ -173,7 +173,7 @@ def register_model_version(
         name: The registered model's name.
         store: The store holding the snapshot.
         ref: The snapshot: a ref, `ref~N` (N versions back) or a 64-hex root.
-        data_snapshot: The data snapshot it was trained on: a 64-hex id or its ref (data/<name>);
+        data_snapshot: The data snapshot it was trained on: a 64-hex id or its ref (data/NAME);
             empty for none.
         contract: The data's schema contract as name@VERSION; empty for none.
         parents: The versions it derives from, as name/VERSION (e.g. minilm/1).
@@ -205,12 +205,17 @@ def register_model_version(
         ("contract", f"`{r['contract']}` (digest {short(r['contract_digest'])})" if r["contract"] else "(none)"),
         ("parents", ", ".join(f"`{p}`" for p in r["parents"]) or "(none)"),
         ("dataset inputs", ", ".join(f"{i['name']} ({i['context']}, digest `{i['digest']}`)" for i in summary["inputs"]) or "(none)"),
-        ("MLflow run", f"`{r['run_id']}` in {r['tracking_uri']}"),
+        ("MLflow run", f"`{r['run_id']}` in {r['tracking_uri']}; its picture: `lineage/lineage.png`"),
     ]
+    from concord.lineage.graph import to_table
+
+    headers, versions = to_table(summary["graph"])
     create_markdown_artifact(
         f"## `{name}` version {r['version']}\n\n"
         + md_table(["", ""], rows)
-        + f"\n\n### Lineage of `{name}`\n\n```mermaid\n{summary['mermaid']}```\n",
+        + f"\n\n### Lineage of `{name}`\n\n"
+        + md_table(headers, [[f"`{row[0]}`", *row[1:]] for row in versions])
+        + "\n",
         key="model-lineage",
         description=f"{name}/{r['version']}: {r['root'][:12]}",
     )

@@ -39,7 +39,7 @@ Repository = Annotated[
     Field(min_length=3, examples=["registry.example.com:5000/models", "ghcr.io/org/models"], description="REGISTRY/PATH; the model's name and tag are added."),
     AfterValidator(_repository),
 ]
-Tag = Annotated[str, Field(pattern=r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,127}$", description="The tag to push (default: v<version>).")]
+Tag = Annotated[str, Field(pattern=r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,127}$", description="The tag to push (default: vVERSION).")]
 
 
 @flow(name="publish-oci")
@@ -58,7 +58,7 @@ def publish_oci(
         name: The registered model's name.
         version: The version to publish.
         repository: Registry and path the artifact goes under (REGISTRY/PATH).
-        tag: The tag (default v<version>).
+        tag: The tag (default vVERSION).
         plain_http: Speak plain HTTP to the registry (HTTPS by default).
         tracking_uri: MLflow tracking URI; empty for the worker's MLFLOW_TRACKING_URI (else the
             embedded sqlite database).

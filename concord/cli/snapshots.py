@@ -60,7 +60,7 @@ def cmd_snapshot(args, out) -> int:
         f"  new in {store.uri}: {r.new_chunks} chunks, {human(r.new_bytes)}",
     ]
     if r.ref:
-        lines.append(f"  ref {r.ref} → version {r.ref_version} (was {(r.previous or '(new)')[:12]})")
+        lines.append(f"  ref {r.ref} → version {r.ref_version}" + (f" (was {r.previous[:12]})" if r.previous else " (a new ref)"))
     if signed is not None:
         d["signed_by"] = [signed.key_id]
         lines.append(f"  signature from {args.signature} kept: key {signed.key_id[:16]}")

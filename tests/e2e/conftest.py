@@ -1,6 +1,9 @@
-"""Concord as ``make serve`` runs it, on 127.0.0.1 (one instance for the whole package): a real Prefect server (temporary home), the
-work pool, blocks, every deployment of ``prefect.yaml``, a process worker and the checkpoint
-watcher, all started by ``python -m deployments.serve`` and stopped by it afterwards."""
+"""Concord as ``make serve`` runs it, on 127.0.0.1 (one instance for the whole package), in a fresh
+copy of the project (its code linked, no data): the seeding of what the deployments' defaults name,
+a real Prefect server (temporary home), the work pool, blocks, every deployment of ``prefect.yaml``,
+a process worker and the checkpoint watcher on the copy's ``data/checkpoints``, all started by
+``python -m deployments.serve`` and stopped by it afterwards. The checkpoint seeded is a small one
+(``--seed-from``), standing in for all-MiniLM-L6-v2 to keep the tests light."""
 
 from __future__ import annotations
 
@@ -19,16 +22,34 @@ PROJECT_DIR = Path(__file__).resolve().parents[2]
 #: what a flow run needs from the project: the code and the deployments
 _LINKED = ("concord", "blocks", "tasks", "flows", "deployments", "prefect.yaml")
 
-#: a tier policy on local folders only (relative to the policy file: <project>/data/tiers/...):
-#: warm declared on a NAS and cold on off-site tape, so that 3-2-1 holds without S3
-TIER_POLICY = """\
-namespace: e2e
-hot: {store: ../tiers/hot, keep: 2}
-warm: {store: ../tiers/warm, keep: 4, media: nas}
-cold: {store: ../tiers/cold, media: tape, offsite: true}
-gc_grace: 0
-ready: {marker: COMPLETE}
+#: the model card of the seeded checkpoint: the fields the nightly audit requires by default
+MODEL_CARD = """\
+---
+license: apache-2.0
+datasets: [penguins]
+---
+# A tiny stand-in for all-MiniLM-L6-v2
+
+## Intended uses
+
+End-to-end tests of Concord.
 """
+
+
+def seed_checkpoint(folder: Path) -> Path:
+    """A small BERT-like checkpoint (fp32, 40 KiB) with a model card, seeded as minilm/step-0."""
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    g = np.random.default_rng(7)
+    folder.mkdir(parents=True)
+    tensors = {"embeddings.word_embeddings.weight": g.standard_normal((256, 32)).astype(np.float32),
+               "encoder.layer.0.attention.self.query.weight": g.standard_normal((32, 32)).astype(np.float32),
+               "encoder.layer.0.attention.self.value.weight": g.standard_normal((32, 32)).astype(np.float32)}
+    save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    (folder / "config.json").write_text('{"model_type": "bert", "hidden_size": 32, "num_hidden_layers": 1}')
+    (folder / "README.md").write_text(MODEL_CARD)
+    return folder
 
 
 #: the zombie automation's window on the served instance: the shortest it takes (a heartbeat every
@@ -43,10 +64,13 @@ class Served:
     watched: Path
     project_dir: Path  # where flow runs start: the deployments' relative store paths resolve here
     tier_policy: Path  # the tier policy the tier-checkpoints deployment reads (data/tiering/policy.yaml)
+    tracking_uri: str  # the MLflow database of the served runs (data/mlflow.db)
 
 
 def _serve(state_dir: Path, *args: str, timeout: float) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k not in ("PREFECT_API_URL", "PREFECT_PROFILE")}
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("PREFECT_API_URL", "PREFECT_PROFILE", "MLFLOW_TRACKING_URI", "CONCORD_HOME",
+                        "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3")}
     env.update(PREFECT_SERVER_ANALYTICS_ENABLED="false", DO_NOT_TRACK="true", CONCORD_ZOMBIE_AFTER=str(ZOMBIE_AFTER))
     return subprocess.run([sys.executable, "-m", "deployments.serve", "--dir", str(state_dir), *args],
                           cwd=PROJECT_DIR, env=env, capture_output=True, text=True, timeout=timeout)
@@ -55,19 +79,19 @@ def _serve(state_dir: Path, *args: str, timeout: float) -> subprocess.CompletedP
 @pytest.fixture(scope="package")
 def served(tmp_path_factory):
     base = tmp_path_factory.mktemp("served")
-    state_dir, watched, project_dir = base / "serve", base / "checkpoints", base / "project"
-    # the project's code seen from a folder of the test's own, so that runs started by events,
-    # with the deployments' default parameters (data/stores/...), write under it
+    state_dir, project_dir = base / "serve", base / "project"
+    # a fresh copy: the project's code seen from a folder of the test's own with no data/, so that
+    # the seeding, the runs with the deployments' default parameters (data/stores/...) and those
+    # started by events write under it
     project_dir.mkdir()
     for name in _LINKED:
         (project_dir / name).symlink_to(PROJECT_DIR / name)
-    # the tier-checkpoints deployment's default policy, also taken in by a new-checkpoint event
-    tier_policy = project_dir / "data" / "tiering" / "policy.yaml"
-    tier_policy.parent.mkdir(parents=True)
-    tier_policy.write_text(TIER_POLICY)
+    watched = project_dir / "data" / "checkpoints"  # the watcher's default
+    tier_policy = project_dir / "data" / "tiering" / "policy.yaml"  # seeded
+    seed = seed_checkpoint(base / "seed-checkpoint")
     port = free_port()
     try:
-        started = _serve(state_dir, "start", "--port", str(port), "--watch", str(watched), "--interval", "1",
+        started = _serve(state_dir, "start", "--port", str(port), "--interval", "1", "--seed-from", str(seed),
                          "--project-dir", str(project_dir), timeout=300)
         if started.returncode != 0:
             logs = "\n".join(f"--- {p.name}\n{p.read_text()[-4000:]}" for p in sorted((state_dir / "logs").glob("*.log")))
@@ -76,7 +100,8 @@ def served(tmp_path_factory):
         from prefect.settings import PREFECT_API_URL, temporary_settings
 
         with patched_environ({"PREFECT_API_URL": api_url}), temporary_settings(updates={PREFECT_API_URL: api_url}):
-            yield Served(api_url, state_dir, watched, project_dir, tier_policy)
+            yield Served(api_url, state_dir, watched, project_dir, tier_policy,
+                         f"sqlite:///{project_dir.resolve() / 'data' / 'mlflow.db'}")
     finally:
         from deployments import serve
 

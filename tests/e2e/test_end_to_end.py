@@ -31,7 +31,7 @@ def test_a_manual_run_with_parameters_snapshots_into_the_store(served, tmp_path)
     source = _checkpoint(tmp_path / "step-10")
     store = tmp_path / "stores" / "us-east"
     run = run_deployment(
-        "snapshot-checkpoint/default",
+        "snapshot-checkpoint/minilm-local",
         parameters={"source": str(source), "store": str(store), "ref": "models/tiny", "chunk_size_mib": 1},
         timeout=180,
     )
@@ -42,7 +42,7 @@ def test_a_manual_run_with_parameters_snapshots_into_the_store(served, tmp_path)
 
 
 def test_the_nightly_audit_is_scheduled(client):
-    deployment = client.read_deployment_by_name("nightly-drift-audit/default")
+    deployment = client.read_deployment_by_name("nightly-drift-audit/nightly")
     crons = [getattr(s.schedule, "cron", None) for s in deployment.schedules if s.active]
     assert "0 2 * * *" in crons
 
@@ -71,11 +71,12 @@ def _wait_for(what: str, look, timeout: float):
 
 @pytest.fixture(scope="module")
 def dropped(served):
-    """A completed checkpoint dropped into the watched folder, once its event reached the server."""
+    """A completed checkpoint dropped into the watched folder as data/checkpoints/<model>/<step>/,
+    once its event reached the server."""
     from prefect.client.orchestration import get_client
     from prefect.events.filters import EventFilter, EventNameFilter
 
-    ckpt = _checkpoint(served.watched / "step-20", seed=1)
+    ckpt = _checkpoint(served.watched / "tiny" / "step-20", seed=1)
     (ckpt / "COMPLETE").write_text("")
 
     with get_client(sync_client=True) as client:
@@ -86,7 +87,7 @@ def dropped(served):
             return [e for e in client.read_events(filter=flt, limit=50).events if e.payload.get("name") == "step-20"]
 
         event = _wait_for("the watcher's event reached the server", announced, 60)[0]
-    assert event.payload["path"] == str(ckpt)
+    assert (event.payload["path"], event.payload["model"]) == (str(ckpt), "tiny")
     return ckpt
 
 
@@ -107,11 +108,11 @@ def _finished_runs(client, deployment_name: str, timeout: float, **parameters):
 def test_a_completed_checkpoint_is_snapshotted_and_replicated_by_itself(served, client, dropped):
     from concord.stores.local import LocalDirStore
 
-    runs = _finished_runs(client, "snapshot-and-replicate/default", 180)
+    runs = _finished_runs(client, "snapshot-and-replicate/new-checkpoint", 180, source=str(dropped))
     assert runs[0].state.is_completed(), f"the triggered run ended {runs[0].state}"
-    assert runs[0].parameters["source"] == str(dropped)
+    assert runs[0].parameters["ref"] == "models/tiny"  # the model's folder names the ref
     stores = served.project_dir / "data" / "stores"
-    roots = {name: LocalDirStore(stores / name).read_ref("models/checkpoints") for name in ("us-east", "eu-central", "ap-south")}
+    roots = {name: LocalDirStore(stores / name).read_ref("models/tiny") for name in ("us-east", "eu-central", "ap-south")}
     assert all(ref is not None for ref in roots.values()), roots
     assert len({ref.root for ref in roots.values()}) == 1
 
@@ -120,17 +121,17 @@ def test_a_completed_checkpoint_is_tiered_hot_warm_and_cold_by_itself(served, cl
     from concord.tiering import load_policy, tier_status
 
     # the hourly sweep runs of the same deployment take no checkpoint_dir: look for the triggered one
-    runs = _finished_runs(client, "tier-checkpoints/default", 180, checkpoint_dir=str(dropped))
+    runs = _finished_runs(client, "tier-checkpoints/hourly-sweep", 180, checkpoint_dir=str(dropped))
     assert runs[0].state.is_completed(), f"the triggered run ended {runs[0].state}"
-    assert runs[0].parameters["name"] == "step-20"
+    assert runs[0].parameters["name"] == "tiny-step-20"  # <model>-<step>: two models' step-20 stay apart
 
     status = tier_status(load_policy(served.tier_policy))
     assert status["violations"] == [], status["violations"]
     tiers = served.project_dir / "data" / "tiers"
     assert status["stores"] == {t: str(tiers / t) for t in ("hot", "warm", "cold")}
     rows = {c["name"]: c for c in status["checkpoints"]}
-    assert set(rows) == {"step-20"}, rows
-    row = rows["step-20"]
+    assert set(rows) >= {"tiny-step-20", "minilm-step-0", "minilm-step-100"}, rows  # the two seeded, and this one
+    row = rows["tiny-step-20"]
     assert row["step"] == 20
     assert row["copies"] == 3
     for t in ("hot", "warm", "cold"):
@@ -175,8 +176,8 @@ def test_what_the_operations_guide_shows_a_person_is_there(served):
     assert {load_flow_from_entrypoint(d["entrypoint"]).name for d in declared} >= {"lora-federation", "promote"}
 
     # (not `-o json`: prefect 3.9's JSON output fails on a deployment that has triggers)
-    for name, cron in (("nightly-drift-audit/default", "0 2 * * *"), ("restore-drill/default", "0 3 * * 0"),
-                       ("tier-checkpoints/default", "0 * * * *")):
+    for name, cron in (("nightly-drift-audit/nightly", "0 2 * * *"), ("restore-drill/weekly", "0 3 * * 0"),
+                       ("tier-checkpoints/hourly-sweep", "0 * * * *")):
         shown = _prefect_cli(served, "deployment", "inspect", name)
         assert f"'cron': '{cron}'" in shown and "'timezone': 'UTC'" in shown and "'active': True" in shown, shown
 

@@ -77,7 +77,7 @@ def _checkpoint(path: Path, seed: int, *, files: int = 4, tensors: int = 256) ->
 
 
 def _snapshot_and_replicate(client, source: Path, stores: dict[str, Path]):
-    deployment = client.read_deployment_by_name("snapshot-and-replicate/default")
+    deployment = client.read_deployment_by_name("snapshot-and-replicate/new-checkpoint")
     primary, *replicas = (str(stores[c]) for c in CLUSTERS)
     parameters = {"source": str(source), "store": primary, "targets": replicas, "ref": REF, "chunk_size_mib": 1}
     return client.create_flow_run_from_deployment(deployment.id, parameters=parameters)
@@ -197,7 +197,7 @@ def test_runs_waiting_on_a_restarted_server_complete_resumed_or_retried_by_polic
     small = _checkpoint(tmp_path / "step-101", seed=101, files=1, tensors=4)
     due = datetime.now(timezone.utc) + timedelta(seconds=3)
     scheduled = client.create_flow_run_from_deployment(
-        client.read_deployment_by_name("snapshot-checkpoint/default").id,
+        client.read_deployment_by_name("snapshot-checkpoint/minilm-local").id,
         parameters={"source": str(small), "store": str(tmp_path / "scheduled-store"), "ref": REF, "chunk_size_mib": 1},
         state=Scheduled(scheduled_time=due),
     )

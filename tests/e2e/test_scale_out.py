@@ -32,7 +32,9 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 PROJECT_DIR = Path(__file__).resolve().parents[2]
 #: what a flow run needs from the project: the code and the deployments
 LINKED = ("concord", "blocks", "tasks", "flows", "deployments", "prefect.yaml")
-DEPLOYED = ("snapshot-checkpoint", "snapshot-and-replicate", "register-model-version", "verify-store")
+#: the deployments of prefect.yaml these runs use, by flow
+DEPLOYED = {"snapshot-checkpoint": "minilm-local", "snapshot-and-replicate": "new-checkpoint",
+            "register-model-version": "minilm-latest", "verify-store": "eu-central-repair"}
 WORKERS = ("scale-out-a", "scale-out-b")
 #: every flow run's state is final within this many seconds
 RUN_TIMEOUT = 240
@@ -117,7 +119,7 @@ def cluster(moto_server, mlflow_server, tmp_path_factory):
         stack.enter_context(running_server("prefect server", server, f"{api_url}/health", logs / "server.log",
                                            timeout=180, need_ok=True, env=env, cwd=base))
         _setup([_prefect(), "work-pool", "create", WORK_POOL, "--type", "process"], env, base, logs / "setup.log")
-        names = [a for d in DEPLOYED for a in ("--name", f"{d}/default")]
+        names = [a for d, n in DEPLOYED.items() for a in ("--name", f"{d}/{n}")]
         _setup([_prefect(), "--no-prompt", "deploy", *names], env, project, logs / "setup.log")
 
         procs: dict[str, subprocess.Popen] = {}
@@ -185,7 +187,7 @@ def _run_all(cluster: Cluster, runs: dict[str, tuple[str, dict, dict]]) -> dict:
     from prefect.client.orchestration import get_client
     from prefect.deployments import run_deployment
 
-    started = {k: run_deployment(f"{d}/default", parameters=p, job_variables=j, timeout=0) for k, (d, p, j) in runs.items()}
+    started = {k: run_deployment(f"{d}/{DEPLOYED[d]}", parameters=p, job_variables=j, timeout=0) for k, (d, p, j) in runs.items()}
     deadline = time.monotonic() + RUN_TIMEOUT
     with get_client(sync_client=True) as client:
         while True:
@@ -313,5 +315,5 @@ def test_the_model_versions_are_in_the_remote_mlflow_server(cluster, runs):
     primary = _stores(cluster)["us-east"]
     for name in ("alpha", "beta"):
         (version,) = client.search_model_versions(f"name='{name}'")
-        assert version.tags["concord.root"] == primary.read_ref(f"models/{name}").root
-        assert version.tags["concord.store"] == primary.uri
+        assert version.tags["root"] == primary.read_ref(f"models/{name}").root
+        assert version.tags["store"] == primary.uri

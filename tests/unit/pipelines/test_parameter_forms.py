@@ -25,6 +25,32 @@ def test_every_parameter_of_every_pipeline_is_described():
     assert undescribed == []
 
 
+def _deployed_flows() -> list:
+    """Every flow prefect.yaml deploys, as the worker loads it."""
+    from pathlib import Path
+
+    import yaml
+    from prefect.flows import load_flow_from_entrypoint
+
+    root = Path(__file__).resolve().parents[3]
+    entrypoints = {d["entrypoint"] for d in yaml.safe_load((root / "prefect.yaml").read_text())["deployments"]}
+    return [load_flow_from_entrypoint(str(root / e)) for e in sorted(entrypoints)]
+
+
+def test_no_form_or_deployment_text_hides_a_placeholder_in_angle_brackets():
+    """The UI renders descriptions as markdown and drops <tags>: "the refs <tenant>/<name>" would
+    read "the refs /". Placeholders are written in capitals (TENANT/NAME)."""
+    import re
+
+    tag = re.compile(r"<[A-Za-z_][A-Za-z0-9_ -]*>")
+    hidden = []
+    for fl in _deployed_flows():
+        texts = {"description": fl.description or ""}
+        texts |= {k: p.get("description", "") for k, p in _props(fl).items()}
+        hidden += [(fl.name, k, t) for k, t in texts.items() if tag.search(t)]
+    assert hidden == []
+
+
 @pytest.mark.parametrize("flow, name, choices", [
     (flows.lora_federation, "method", ["exact", "stack", "fedavg"]),
     (flows.lora_federation, "robust", ["none", "krum", "trimmed"]),
