@@ -50,7 +50,7 @@ from tasks.audit import (
 
 DataSpec = Annotated[
     str,
-    Field(min_length=1, description="A .parquet or .csv file, a data snapshot id (64 hex), or data/<name> in the data store."),
+    Field(min_length=1, description="A .parquet or .csv file, a data snapshot id (64 hex), or data/NAME in the data store."),
 ]
 ContractRef = Annotated[
     str, Field(min_length=1, description="The schema contract: name@version, name (its latest version) or a .json file.")
@@ -129,6 +129,7 @@ def nightly_drift_audit(
     plots_dir: str | None = None,
     fail_on: Literal["critical", "warning", "never"] = "critical",
     tracking_uri: str | None = None,
+    trust_block: str | None = None,
 ) -> dict:
     """Audit tonight's data, its contract, a model version's replicas and model cards; one verdict.
 
@@ -136,10 +137,10 @@ def nightly_drift_audit(
     the weights and cards; any of them alone is an audit too.
 
     Args:
-        reference: The reference data: a .parquet or .csv file, a data snapshot id, or data/<name>
+        reference: The reference data: a .parquet or .csv file, a data snapshot id, or data/NAME
             in the data store.
         current: Tonight's data, the same kinds as reference.
-        data_store: The store holding data snapshots named by id or data/<name>; empty for the registry.
+        data_store: The store holding data snapshots named by id or data/NAME; empty for the registry.
         contract: Validate the current data against this schema contract of the registry
             (name@version, name for its latest version, or a .json file); empty to skip.
         model: A registered model whose version is audited: its snapshot root and the stores
@@ -159,11 +160,13 @@ def nightly_drift_audit(
             night again replaces its record in the history.
         registry: The store of contracts and of the audits' nightly history; empty for
             $CONCORD_REGISTRY, else $CONCORD_HOME/registry.
-        plots_dir: Folder for the PNG histograms; empty for $CONCORD_HOME/audits/<name>/<night>.
+        plots_dir: Folder for the PNG histograms; empty for $CONCORD_HOME/audits/NAME/NIGHT.
         fail_on: Fail the run (after writing every report) when the verdict is critical (P0), at
             least a warning, or never.
         tracking_uri: MLflow tracking URI; empty for the worker's MLFLOW_TRACKING_URI (else the
             embedded sqlite database). MLflow being down leaves a warning, never loses the report.
+        trust_block: A saved Concord Trust block; with trusted keys, a replica whose root none of
+            them signed (on any cluster) is critical (empty: the worker's CONCORD_TRUSTED_KEYS, if set).
     """
     if (reference is None) != (current is None):
         raise ValueError("give both reference and current (the data to compare), or neither")
@@ -203,7 +206,7 @@ def nightly_drift_audit(
             else:
                 errors["replicas"] = errors["cards"] = f"lineage of {model}/{version}: {why}"
         if snapshot:
-            replicas, why = _outcome(audit_replicas_task, snapshot, holders, max_ulps=max_ulps)
+            replicas, why = _outcome(audit_replicas_task, snapshot, holders, max_ulps=max_ulps, trust_block=trust_block or None)
             if why:
                 errors["replicas"] = why
             cards, why = _outcome(audit_cards_task, snapshot, holders, card_fields or None)

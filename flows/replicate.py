@@ -17,7 +17,7 @@ from flows._runner import task_runner
 from flows._staging import staged
 from flows.lineage import record_holders
 from flows.snapshot import DEFAULT_REF, ChunkSizeMiB, snapshot_checkpoint
-from tasks import replicate_task
+from tasks import check_trust_task, replicate_task
 
 Targets = Annotated[list[str], Field(min_length=1, description="Stores to bring up to date, one per cluster.")]
 
@@ -28,7 +28,7 @@ class ReplicationFailed(RuntimeError):
 
 @flow(name="replicate-snapshot", task_runner=task_runner())
 def replicate_snapshot(
-    source: StoreAddress, targets: Targets, ref: RefName = DEFAULT_REF, record_lineage: bool = True
+    source: StoreAddress, targets: Targets, ref: RefName = DEFAULT_REF, record_lineage: bool = True, trust_block: str | None = None
 ) -> list[dict]:
     """Replicate a snapshot to every target store at once; only chunks a target lacks are sent.
 
@@ -40,7 +40,11 @@ def replicate_snapshot(
         record_lineage: Record each updated target as a holder of the model versions registered
             with the snapshot (MLflow lineage). Never fails the replication: when lineage is
             unreachable, a warning is logged.
+        trust_block: A saved Concord Trust block; with trusted keys, a snapshot none of them
+            signed is refused before any target is touched (empty: the worker's
+            CONCORD_TRUSTED_KEYS, if set).
     """
+    check_trust_task(source, ref, trust_block or None)  # refuses an untrusted root before any target
     futures = replicate_task.map(source=unmapped(source), target=targets, ref=unmapped(ref))
     target_of = {f: t for f, t in zip(futures, targets)}
     progress_id = create_progress_artifact(0.0, key="replication-progress", description=f"0 of {len(targets)} target(s) done")
@@ -118,6 +122,7 @@ def snapshot_and_replicate(
     ref: str = DEFAULT_REF,
     chunk_size_mib: ChunkSizeMiB = 4,
     message: str = "",
+    trust_block: str | None = None,
 ) -> dict:
     """Snapshot a new checkpoint into the primary store, then replicate it to every cluster.
 
@@ -134,11 +139,15 @@ def snapshot_and_replicate(
         ref: The ref moved to the new snapshot, here and on every target.
         chunk_size_mib: Chunk size in MiB (keep it stable across snapshots of one model).
         message: A note kept in the ref's history.
+        trust_block: A saved Concord Trust block: its signing key signs the snapshot, its trusted
+            keys are checked before replicating.
     """
     check_replication_arguments(source, store, targets, ref)
     with staged(source) as checkpoint:
-        snap = snapshot_checkpoint(source=checkpoint["path"], store=store, ref=ref, chunk_size_mib=chunk_size_mib, message=message)
+        snap = snapshot_checkpoint(
+            source=checkpoint["path"], store=store, ref=ref, chunk_size_mib=chunk_size_mib, message=message, trust_block=trust_block
+        )
     if checkpoint["staged"]:
         snap = snap | {"source": source, "staged_files": checkpoint["files"], "staged_bytes": checkpoint["bytes"]}
-    replicas = replicate_snapshot(targets=targets, source=store, ref=ref)
+    replicas = replicate_snapshot(targets=targets, source=store, ref=ref, trust_block=trust_block)
     return {"snapshot": snap, "replicas": replicas}

@@ -15,7 +15,7 @@ from pydantic import Field
 
 from flows._params import RefName, StoreAddress
 from flows._report import MiB, human, md_table, short
-from tasks import diff_task, restore_task, rollback_task, snapshot_task
+from tasks import diff_task, restore_task, rollback_task, sign_snapshot_task, snapshot_task
 
 DEFAULT_STORE = "data/stores/us-east"
 DEFAULT_REF = "models/minilm"
@@ -30,6 +30,7 @@ def snapshot_checkpoint(
     ref: RefName | None = DEFAULT_REF,
     chunk_size_mib: ChunkSizeMiB = 4,
     message: str = "",
+    trust_block: str | None = None,
 ) -> dict:
     """Snapshot a checkpoint folder into a store, and point a ref at it.
 
@@ -40,8 +41,13 @@ def snapshot_checkpoint(
         chunk_size_mib: Chunk size in MiB; keep it the same across snapshots of one model so
             unchanged tensors share chunks.
         message: A note kept in the ref's history.
+        trust_block: A saved Concord Trust block; with a signing key, the snapshot is signed
+            (an OpenSSF Model Signing bundle kept in the store).
     """
     r = snapshot_task(source, store, ref=ref or None, chunk_size=chunk_size_mib * MiB, message=message)
+    if trust_block:
+        signed = sign_snapshot_task(store, r["root"], trust_block, ref=r["ref"])
+        r = r | {"signed_by": [signed["key_id"]] if signed else []}
     rows = [
         ("root", f"`{r['root']}`"),
         ("files / tensors / chunks", f"{r['files']} / {r['tensors']} / {r['chunks']}"),
@@ -50,6 +56,8 @@ def snapshot_checkpoint(
     ]
     if r["ref"]:
         rows.append(("ref", f"`{r['ref']}` → version {r['ref_version']} (was {short(r['previous'])})"))
+    if r.get("signed_by"):
+        rows.append(("signed by", f"key `{r['signed_by'][0][:16]}`"))
     create_markdown_artifact(
         f"## Snapshot of `{r['source']}` in `{r['store']}`\n\n" + md_table(["", ""], rows),
         key="snapshot-summary",
@@ -97,15 +105,19 @@ def diff_snapshots(
 
 
 @flow(name="restore-snapshot")
-def restore_snapshot(store: StoreAddress = DEFAULT_STORE, snapshot: str = DEFAULT_REF, out_dir: str = "data/restores/minilm") -> dict:
+def restore_snapshot(
+    store: StoreAddress = DEFAULT_STORE, snapshot: str = DEFAULT_REF, out_dir: str = "data/restores/minilm", trust_block: str | None = None
+) -> dict:
     """Restore a snapshot into a new folder, byte-identical to the checkpoint it was taken from.
 
     Args:
         store: The store to restore from.
         snapshot: A ref, `ref~N` (N versions back) or a 64-hex root.
         out_dir: A folder that does not exist yet (or is empty); it appears only when complete.
+        trust_block: A saved Concord Trust block; with trusted keys, a root none of them signed is
+            refused and nothing is written (empty: the worker's CONCORD_TRUSTED_KEYS, if set).
     """
-    r = restore_task(store, snapshot, out_dir)
+    r = restore_task(store, snapshot, out_dir, trust_block=trust_block or None)
     create_markdown_artifact(
         f"## Restored `{snapshot}` from `{r['store']}`\n\n"
         + md_table(["root", "files", "size", "into"], [(short(r["root"]), r["files"], human(r["bytes"]), f"`{r['path']}`")]),

@@ -18,7 +18,7 @@ from flows._params import RefName, StoreAddress
 from flows._report import MiB, human, md_table, short
 from flows._runner import describe, fan_out, in_flight, task_runner
 from flows.snapshot import DEFAULT_STORE
-from tasks import verify_batch_task, verify_conclude_task, verify_plan_task
+from tasks import signatures_task, verify_batch_task, verify_conclude_task, verify_plan_task
 
 #: chunk ids listed in the report at most (the counts are always complete)
 LISTED = 50
@@ -38,6 +38,7 @@ def verify_store(
     ref: RefName | None = None,
     repair_from: StoreAddress | None = None,
     batch_mib: BatchMiB = 256,
+    trust_block: str | None = None,
 ) -> dict:
     """Re-hash what a store holds; repair missing or corrupt chunks from a healthy replica.
 
@@ -50,6 +51,8 @@ def verify_store(
         repair_from: A store to fetch good copies of bad chunks from; empty to only report.
         batch_mib: MiB of chunks per hashing task. The batches are re-hashed in parallel on the
             flow's task runner (CONCORD_TASK_RUNNER on the worker: threads, or a Dask cluster).
+        trust_block: A saved Concord Trust block whose trusted keys the signatures are checked
+            against (empty: the worker's CONCORD_TRUSTED_KEYS; neither: signatures listed only).
     """
     plan = verify_plan_task(store, max(1, int(batch_mib * MiB)), ref=ref or None, repair_from=repair_from or None)
     batches = plan["batches"]
@@ -72,6 +75,7 @@ def verify_store(
         ref=ref or None, repair_from=repair_from or None,
     )
     r["batches"] = len(batches)
+    r["signatures"] = signatures_task(store, r["roots"], trust_block or None)
 
     repaired = set(r["repaired"])
     rows = [("missing", c, "repaired" if c in repaired else "**broken**") for c in r["missing"][:LISTED]]
@@ -84,6 +88,12 @@ def verify_store(
         ["snapshots", "chunks checked", "missing", "corrupt", "damaged manifests", "repaired", "repair source"],
         [(snapshots, r["chunks_checked"], *counts, r["repair_from"] or "(none)")],
     )
+    if r["signatures"]:
+        signed = [
+            (short(x["root"]), ", ".join(k[:16] for k in x["signed_by"]) or "(none)", {None: "–", True: "yes", False: "**no**"}[x["trusted"]])
+            for x in r["signatures"][:LISTED]
+        ]
+        report += "\n\n### Signatures\n\n" + md_table(["snapshot", "signed by", "trusted"], signed)
     if rows:
         report += "\n\n### Problems\n\n" + md_table(["kind", "id", "state"], rows)
     create_markdown_artifact(report, key="verify-report", description=f"{r['store']}: {verdict}")

@@ -144,20 +144,24 @@ def model_holders_task(model: str, version: str, tracking_uri: str | None = None
 
 
 @task(name="audit-replicas", **RETRIED)
-def audit_replicas_task(snapshot: str, stores: Sequence[str], reference: str | None = None, max_ulps: int = 1, top: int = 10) -> dict:
+def audit_replicas_task(
+    snapshot: str, stores: Sequence[str], reference: str | None = None, max_ulps: int = 1, top: int = 10, trust_block: str | None = None
+) -> dict:
     """Compare snapshot ``snapshot`` (a ref or a root) on every store with the first store's (or
     ``reference``'s, a cluster label): by Merkle root, then tensor by tensor in ULPs of the lower
-    precision. Clusters are labelled by the stores' last path segments. Returns
-    ``ReplicaReport.to_dict()``: differences are reported, not raised."""
+    precision. Clusters are labelled by the stores' last path segments. Under a trust policy (the
+    trust block ``trust_block``, else ``$CONCORD_TRUSTED_KEYS``) a root no trusted key signed, on
+    any cluster, is critical. Returns ``ReplicaReport.to_dict()``: differences are reported, not raised."""
     from concord.audit.inputs import store_labels
     from concord.audit.replicas import compare_replicas
+    from tasks.trust import trust_policy
 
     specs = list(stores)
     labels = store_labels(specs)
     with open_stores(*specs) as opened:
         r = compare_replicas(
             {label: (s, snapshot) for label, s in zip(labels, opened)},
-            reference=reference or None, max_ulps=max_ulps, top=top, progress=PrefectProgress(),
+            reference=reference or None, max_ulps=max_ulps, top=top, progress=PrefectProgress(), trust=trust_policy(trust_block),
         ).to_dict()
     log = run_logger()
     for x in r["replicas"]:

@@ -8,6 +8,7 @@ Events and their resources::
 
     concord.checkpoint.created    concord.checkpoint.<model>/<name>    the watcher: a finished checkpoint
     concord.snapshot.created      concord.snapshot.<root>
+    concord.snapshot.signed       concord.snapshot.<root>   signed by a deployment's key (OMS bundle in the store)
     concord.replica.updated       concord.store.<target>
     concord.replica.failed        concord.store.<target>
     concord.store.verified        concord.store.<uri>
@@ -43,6 +44,7 @@ from typing import Any
 
 CHECKPOINT_CREATED = "concord.checkpoint.created"
 SNAPSHOT_CREATED = "concord.snapshot.created"
+SNAPSHOT_SIGNED = "concord.snapshot.signed"
 REPLICA_UPDATED = "concord.replica.updated"
 REPLICA_FAILED = "concord.replica.failed"
 STORE_VERIFIED = "concord.store.verified"

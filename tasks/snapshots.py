@@ -63,17 +63,22 @@ def diff_task(store: str, a: str, b: str, against: str | None = None) -> dict:
 
 
 @task(name="restore", **RETRIED)
-def restore_task(store: str, snapshot: str, out_dir: str) -> dict:
+def restore_task(store: str, snapshot: str, out_dir: str, trust_block: str | None = None) -> dict:
     """Write snapshot ``snapshot`` (ref, ``ref~N`` or root) of ``store`` into the new folder ``out_dir``.
 
-    The folder appears only when complete, so a failed attempt leaves nothing to clean up.
+    The folder appears only when complete, so a failed attempt leaves nothing to clean up. Under a
+    trust policy (the trust block ``trust_block``, else ``$CONCORD_TRUSTED_KEYS``) a root no
+    trusted key signed is refused before anything is written.
     """
     from concord.snapshots.refs import load_manifest, resolve_root
     from concord.snapshots.restore import restore
+    from tasks.trust import trust_policy
 
+    policy = trust_policy(trust_block)
     with open_stores(store) as (s,):
         root = resolve_root(s, snapshot)
-        r = restore(s, load_manifest(s, root), out_dir, progress=PrefectProgress())
+        check = policy.restore_check if policy is not None else None
+        r = restore(s, load_manifest(s, root), out_dir, progress=PrefectProgress(), check_root=check)
     run_logger().info("restored %s: %d files, %d bytes into %s", r.root[:12], r.files, r.bytes, r.path)
     return r.to_dict() | {"store": s.uri, "snapshot": snapshot}
 

@@ -71,6 +71,8 @@ from concord.stores.base import Store
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
+    from concord.trust import TrustPolicy
+
 __all__ = [
     "BLOCK_ELEMENTS",
     "DEFAULT_TOLERANCES",
@@ -178,6 +180,8 @@ class ReplicaResult(Prioritised):
     files_missing: tuple[str, ...] = ()
     files_extra: tuple[str, ...] = ()
     worst: tuple[TensorComparison, ...] = ()  # failures first, then by max_ulp, at most ``top``
+    signed_by: tuple[str, ...] = ()  # key ids of the root's signatures in this store (with a trust policy)
+    trusted: bool | None = None  # None: no trust policy was given
 
 
     def to_dict(self) -> dict:
@@ -636,8 +640,13 @@ def compare_replicas(
     max_ulps: int = 1,
     top: int = 10,
     progress: Progress | None = None,
+    trust: "TrustPolicy | None" = None,
 ) -> ReplicaReport:
     """Compare every cluster's replica with the reference replica (``reference``, else the first).
+
+    With ``trust`` (a :class:`~concord.trust.TrustPolicy`), each replica's root must also carry a
+    valid signature from a trusted key in its own store: an unsigned or untrusted root, on any
+    cluster, is critical (P0), whatever its bytes.
 
     ``replicas`` maps a cluster label to ``(store, ref or root)``; ``max_ulps`` is how far a tensor
     stored in another dtype may be, in ULPs of the lower precision, from the reference's rounded to
@@ -716,9 +725,29 @@ def compare_replicas(
         for plan in plans:
             label = labels[plan.index]
             results[label] = _summarise(plan, simple(label, "ok", ""), ref_manifest, max_ulps, top)
+    if trust is not None:
+        for label in labels:
+            results[label] = _with_trust(results[label], replicas[label][0], trust)
     ordered = tuple(results[l] for l in labels)
     worst = max((r.severity for r in ordered), key=_RANK.__getitem__)
     return ReplicaReport(reference=ref_label, replicas=ordered, severity=worst, max_ulps=max_ulps, top=top)
+
+
+def _with_trust(r: ReplicaResult, store: Store, trust: "TrustPolicy") -> ReplicaResult:
+    """``r`` with its root's signatures checked under ``trust``: untrusted is critical."""
+    from dataclasses import replace
+
+    if r.root is None:
+        return replace(r, trusted=False)
+    try:
+        v = trust.report(store, r.root)
+    except ConcordError as exc:
+        return replace(r, trusted=False, severity="critical", finding=f"{r.finding}; signatures unreadable: {exc}")
+    if v.trusted:
+        return replace(r, signed_by=v.signed_by, trusted=True)
+    why = "unsigned" if not v.signed_by else "signed by no trusted key"
+    finding = f"root {r.root[:12]} is {why} (keys tried: {', '.join(k[:16] for k in trust.key_ids)}); {r.finding}"
+    return replace(r, signed_by=v.signed_by, trusted=False, severity="critical", finding=finding)
 
 
 def _run_plans(ref_store: Store, ref: Manifest, plans: list[_Plan], max_ulps: int, progress: Progress) -> None:

@@ -27,6 +27,7 @@ import sys
 
 from concord.cli._common import (
     STORE_HELP,
+    TRUST_HELP,
     name_arg,
     open_lineage,
     peek_store,
@@ -196,10 +197,12 @@ def store_labels(specs):
 
 def _compare_replicas(labels, stores, snapshot, args, out):
     from concord.audit.replicas import compare_replicas
+    from concord.trust import load_policy
 
     return compare_replicas(
         {label: (store, snapshot) for label, store in zip(labels, stores)},
         reference=args.reference or None, max_ulps=args.max_ulps, top=args.top, progress=out.progress,
+        trust=load_policy(getattr(args, "trust", None)),
     )
 
 
@@ -271,6 +274,7 @@ def register(sub, common: list) -> None:
     weights = argparse.ArgumentParser(add_help=False)
     weights.add_argument("--max-ulps", type=whole_number, default=1, metavar="N", help="a tensor in another dtype passes within N ULPs of the lower precision (default 1)")
     weights.add_argument("--top", type=positive_int, default=10, metavar="N", help="worst tensors listed per replica (default 10)")
+    weights.add_argument("--trust", metavar="PUB.pem[,...]", help=TRUST_HELP + "; a root no trusted key signed, on any store, is critical")
     refp = argparse.ArgumentParser(add_help=False)
     refp.add_argument("--reference", metavar="CLUSTER", type=name_arg("cluster label or store"), help="the cluster the others are compared with (default: the first store)")
     cards = argparse.ArgumentParser(add_help=False)

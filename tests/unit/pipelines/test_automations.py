@@ -234,7 +234,7 @@ def test_every_event_name_is_spelled_once_in_tasks_events():
     from tasks import events
 
     names = {v for k, v in vars(events).items() if k.isupper() and isinstance(v, str) and v.startswith("concord.")}
-    assert len(names) == 26
+    assert len(names) == 27
     spelled = {
         path.relative_to(ROOT).as_posix(): sorted(n for n in names if f'"{n}"' in path.read_text())
         for path in [*(ROOT / "tasks").glob("*.py"), *(ROOT / "deployments").glob("*.py")]
@@ -394,3 +394,18 @@ def test_a_bad_zombie_window_is_refused_before_any_server_is_reached(capsys, mon
     assert auto.main(["--dry-run", "--zombie-after", "75"]) == 0
     printed = json.loads(capsys.readouterr().out)
     assert printed[-1]["name"] == auto.ZOMBIE and printed[-1]["trigger"]["within"] == 75.0
+
+
+def test_every_automation_and_trigger_names_the_event_it_reacts_to_in_its_description():
+    """The UI lists an event trigger as "A custom trigger" and do-nothing as no action: the
+    description is where a person reads what fires it and what it does."""
+    for a in auto.automations():
+        assert a.description.startswith("When: ") and "Then: " in a.description, a.description
+        assert all(event in a.description for event in a.trigger.expect if event.startswith("concord.")), a.name
+    assert auto.HEARTBEAT in auto.zombie_automation().description
+    with_block = auto.automations(uuid.uuid4())[0].description
+    assert "notification" in with_block and "CONCORD_NOTIFY_BLOCK" not in with_block
+    doc = yaml.safe_load((ROOT / "prefect.yaml").read_text())
+    for d in doc["deployments"]:
+        for t in d.get("triggers", []):
+            assert any(e in t["description"] for e in t["expect"]), (d["name"], t["name"])

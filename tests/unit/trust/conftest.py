@@ -20,6 +20,12 @@ import pytest
 from concord.stores import LocalDirStore
 from concord.trust import generate_key
 
+# the helpers of the federation and pipeline tests (a LoRA adapter writer, the offline logo check)
+for _sibling in ("federation", "pipelines"):
+    _path = str(Path(__file__).parents[1] / _sibling)
+    if _path not in sys.path:
+        sys.path.append(_path)
+
 
 def import_model_signing():
     try:

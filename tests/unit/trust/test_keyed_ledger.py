@@ -95,9 +95,6 @@ def test_federate_verify_trust_at_the_command_line(ledger, keydir, capsys):
 
 
 def test_federate_run_key_signs_the_round(tmp_path, keydir, capsys):
-    import sys
-
-    sys.path.insert(0, str(Path(__file__).parents[1] / "federation"))
     from test_federation import write_adapter
 
     from concord.cli import main

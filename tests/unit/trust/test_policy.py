@@ -101,3 +101,24 @@ def test_policy_sources(keydir, monkeypatch):
     from concord.trust import TrustPolicy
 
     assert TrustPolicy.from_pems([(keydir / "alice.pub.pem").read_text()], "block:k").key_ids == p.key_ids[:1]
+
+
+def test_replica_audit_flags_an_unsigned_root_on_any_cluster(signed, keydir, tmp_path, model):
+    from concord.audit.replicas import compare_replicas
+
+    store, root = signed
+    policy = load_policy(str(keydir / "alice.pub.pem"))
+    replica = LocalDirStore(tmp_path / "c2")
+    replicate(store, [replica], ref="models/m")
+    clean = compare_replicas({"a": (store, "models/m"), "b": (replica, "models/m")}, trust=policy)
+    assert clean.ok and [r.trusted for r in clean.replicas] == [True, True]
+    # the same bytes on a third cluster, but its signature was never copied there
+    bare = LocalDirStore(tmp_path / "c3")
+    replicate(store, [bare], ref="models/m")
+    for p in (tmp_path / "c3" / "signatures").rglob("*.sig"):
+        p.unlink()
+    report = compare_replicas({"a": (store, "models/m"), "b": (replica, "models/m"), "c": (bare, "models/m")}, trust=policy)
+    c = report.replica("c")
+    assert report.severity == "critical" and c.severity == "critical" and c.trusted is False
+    assert "is unsigned" in c.finding and c.identical  # identical bytes, still flagged
+    assert compare_replicas({"a": (store, "models/m"), "c": (bare, "models/m")}).ok  # without a policy: as before

@@ -1,0 +1,95 @@
+"""A Prefect block for trust: the public keys a deployment trusts, and the key it signs with.
+
+:meth:`TrustBlock.get_policy` builds the core's :class:`~concord.trust.TrustPolicy` from the
+trusted public keys (PEM text); :meth:`TrustBlock.get_signing_key` builds the
+:class:`~concord.trust.SigningKey` from a Prefect ``Secret`` block holding the deployment's PEM
+private key (unwrapped only there, never logged). A deployment given a trust block signs every
+snapshot it takes (when the block has a signing key) and refuses an untrusted root before it
+touches a target (when the block has trusted keys).
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from prefect.blocks.core import Block
+from prefect.blocks.system import Secret
+from pydantic import Field, SecretStr, field_validator
+
+from concord.errors import TrustPolicyError
+
+__all__ = ["TrustBlock", "load_trust_block"]
+
+_DOCUMENTATION_URL = "https://docs.prefect.io/v3/concepts/blocks"
+
+
+class TrustBlock(Block):
+    """Who a deployment trusts, and how it signs.
+
+    Attributes:
+        trusted_keys: PEM text of each trusted public key (ECDSA P-256, P-384 or P-521).
+        signing_key: A Secret block holding this deployment's PEM private key.
+        signing_key_password: The private key's password, if it has one.
+    """
+
+    _block_type_name = "Concord Trust"
+    _description = "Trusted public keys (a trust policy) and the signing key of a Concord deployment."
+    _documentation_url = _DOCUMENTATION_URL
+    _logo_url = "https://raw.githubusercontent.com/PrefectHQ/prefect/420d0d6a78bb6df1fc18bcf188fdad43c1d22ea9/assets/block-logos/filesystem.png"  # noqa: E501
+
+    trusted_keys: list[str] = Field(
+        default_factory=list,
+        description=(
+            "PEM text of each trusted public key (`openssl ec -in KEY.pem -pubout`, or KEY.pub.pem from "
+            "`concord keys generate`). With any, roots no trusted key signed are refused."
+        ),
+    )
+    signing_key: Optional[Secret] = Field(
+        default=None,
+        description="A Secret block holding the PEM private key this deployment signs every snapshot with.",
+    )
+    signing_key_password: Optional[SecretStr] = Field(
+        default=None, description="The signing key's password, if it is password-protected."
+    )
+
+    @field_validator("trusted_keys")
+    @classmethod
+    def _check_keys(cls, keys: list[str]) -> list[str]:
+        from concord.trust import public_key_from_pem
+
+        for i, pem in enumerate(keys):
+            public_key_from_pem(pem.encode(), f"trusted key {i + 1} of the block")  # refused now, not at run time
+        return keys
+
+    def get_policy(self):
+        """The trust policy of the trusted keys, or None when the block lists none."""
+        from concord.trust import TrustPolicy
+
+        if not self.trusted_keys:
+            return None
+        return TrustPolicy.from_pems(self.trusted_keys, f"block {self._block_document_name or 'TrustBlock'}")
+
+    def get_signing_key(self):
+        """The deployment's signing key, or None when the block has none."""
+        from concord.trust import signing_key_from_pem
+
+        if self.signing_key is None:
+            return None
+        password = self.signing_key_password.get_secret_value() if self.signing_key_password is not None else None
+        pem = str(self.signing_key.get()).encode()
+        return signing_key_from_pem(pem, f"signing key of block {self._block_document_name or 'TrustBlock'}", password)
+
+
+def load_trust_block(name: str) -> TrustBlock:
+    """The saved trust block ``name`` (a bare name, or ``block:NAME``)."""
+    name = name.removeprefix("block:").strip() if isinstance(name, str) else ""
+    if not name:
+        raise TrustPolicyError("block:", "no block name given")
+    from prefect.exceptions import ObjectNotFound
+
+    try:
+        return TrustBlock.load(name)
+    except (ObjectNotFound, ValueError) as exc:
+        raise TrustPolicyError(
+            f"block:{name}", f"there is no Concord Trust block named {name!r} ({type(exc).__name__}); create one with TrustBlock(...).save({name!r})"
+        ) from None
