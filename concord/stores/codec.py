@@ -107,17 +107,37 @@ def _split(view, width: int) -> list:
     return planes
 
 
+def _scratch(kind, n: int, slot: int):
+    """A reusable array of ``n`` elements of ``kind`` for this thread: fresh arrays of megabytes
+    cost a page fault per page on every chunk, which is most of a decode's time."""
+    import numpy as np
+
+    key = (np.dtype(kind).str, slot)
+    pool = getattr(_local, "scratch", None)
+    if pool is None:
+        pool = _local.scratch = {}
+    arr = pool.get(key)
+    if arr is None or len(arr) < n:
+        arr = pool[key] = np.empty(n, dtype=kind)
+    return arr[:n]
+
+
 def _join(planes: list, width: int) -> bytes:
     """The elements the byte ``planes`` of :func:`_split` came from (rotated back)."""
     import numpy as np
 
     kind = np.dtype(_UINT[width])
-    v = planes[-1].astype(kind)
+    n = len(planes[0])
+    v, t = _scratch(kind, n, 0), _scratch(kind, n, 1)
+    np.copyto(v, planes[-1])
     for plane in reversed(planes[:-1]):
         v <<= kind.type(8)
-        v |= plane
-    out = (v >> kind.type(1)) | (v << kind.type(width * 8 - 1))
-    return out.tobytes()
+        np.copyto(t, plane)
+        v |= t
+    np.left_shift(v, kind.type(width * 8 - 1), out=t)
+    v >>= kind.type(1)
+    v |= t
+    return v.tobytes()
 
 
 def encode_planes(data, width: int) -> bytes:
@@ -165,7 +185,8 @@ def decode_planes(frame, size: int) -> bytes:
     tail = view[pos:]
     if n * width + len(tail) != size:
         raise FrameError(f"byte-plane frame holds {n * width + len(tail)} bytes, {size} expected")
-    return _join(planes, width) + bytes(tail)
+    body = _join(planes, width)
+    return body + bytes(tail) if len(tail) else body
 
 
 def encode(data, mode: str, dtype: str | None = None) -> bytes:
