@@ -138,7 +138,19 @@ def build(rule: Rule, notify_block_id: UUID | None = None) -> AutomationCore:
         action: Any = SendNotification(block_document_id=notify_block_id, subject=rule.subject, body=rule.body)
     else:
         action = DoNothing()
-    return AutomationCore(name=rule.name, description=rule.description, enabled=True, trigger=trigger, actions=[action])
+    return AutomationCore(name=rule.name, description=described(rule, notify_block_id is not None), enabled=True,
+                          trigger=trigger, actions=[action])
+
+
+def described(rule: Rule, notifies: bool) -> str:
+    """The automation's description as the UI lists it: the event it reacts to and what it does
+    (the UI shows an event trigger only as "A custom trigger", and do-nothing as no action)."""
+    labels = ", ".join(f"{k} {v}" for k, v in rule.match.items() if k != "prefect.resource.id")
+    when = f"When: event {rule.event} about {rule.match['prefect.resource.id']}" + (f" with {labels}" if labels else "")
+    then = ("Then: a notification (subject: " + rule.subject + ")." if notifies else
+            f"Then: nothing but the firing in the event feed (prefect.automation.triggered); set ${NOTIFY_ENV} "
+            "and apply again to be notified.")
+    return f"{when}. {then} {rule.description}"
 
 
 class BadZombieWindow(ValueError):
@@ -195,7 +207,11 @@ def zombie_automation(after_seconds: float = DEFAULT_ZOMBIE_AFTER, notify_block_
         ))
     return AutomationCore(
         name=ZOMBIE,
-        description="Flow runs that stop sending heartbeats (their worker or machine was lost) are marked Crashed.",
+        description=(
+            f"When: a running flow run sent {HEARTBEAT} and then no heartbeat (nor a final state) for {after_seconds:g} s. "
+            "Then: the run is marked Crashed" + (" and a notification is sent" if notify_block_id is not None else "")
+            + ". Flow runs that stop sending heartbeats lost their worker or machine."
+        ),
         enabled=True,
         trigger=trigger,
         actions=actions,
