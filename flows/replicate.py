@@ -150,4 +150,21 @@ def snapshot_and_replicate(
     if checkpoint["staged"]:
         snap = snap | {"source": source, "staged_files": checkpoint["files"], "staged_bytes": checkpoint["bytes"]}
     replicas = replicate_snapshot(targets=targets, source=store, ref=ref, trust_block=trust_block)
+    create_markdown_artifact(pipeline_summary(source, ref, snap, replicas), key="snapshot-and-replicate-summary",
+                             description=f"{snap['root'][:12]} in {1 + len(replicas)} store(s)")
     return {"snapshot": snap, "replicas": replicas}
+
+
+def pipeline_summary(source: str, ref: str, snap: dict, replicas: list[dict]) -> str:
+    """The parent run's own account of both steps (each subflow run keeps its detailed artifacts:
+    snapshot-summary, replication-summary)."""
+    was = f" (was {short(snap['previous'])})" if snap.get("previous") else " (a new ref)"
+    moved = f"version {snap['ref_version']}{was}" if snap.get("previous") != snap["root"] else "unchanged"
+    rows = [(f"`{snap['store']}` (primary)", "snapshotted", f"{snap['new_chunks']} new chunk(s), {human(snap['new_bytes'])}", moved)]
+    rows += [(f"`{r['store']}`", "replicated", f"{r['chunks_sent']} chunk(s) sent, {human(r['bytes_sent'])}",
+              f"version {r['ref_version']}") for r in replicas]
+    return (
+        f"## `{source}` as `{ref}`: snapshot {short(snap['root'])}, {human(snap['bytes'])}\n\n"
+        + md_table(["store", "step", "what moved", f"`{ref}`"], rows)
+        + "\n\nThe details are on the subflow runs' artifacts (snapshot-summary, replication-summary)."
+    )

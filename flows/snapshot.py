@@ -55,7 +55,8 @@ def snapshot_checkpoint(
         ("new in store", f"{r['new_chunks']} chunk(s), {human(r['new_bytes'])}"),
     ]
     if r["ref"]:
-        rows.append(("ref", f"`{r['ref']}` → version {r['ref_version']} (was {short(r['previous'])})"))
+        was = f" (was {short(r['previous'])})" if r["previous"] else " (a new ref)"
+        rows.append(("ref", f"`{r['ref']}` → version {r['ref_version']}{was}"))
     if r.get("signed_by"):
         rows.append(("signed by", f"key `{r['signed_by'][0][:16]}`"))
     create_markdown_artifact(
