@@ -12,10 +12,12 @@ PYTEST_ARGS ?=
 install: $(STAMP)
 
 $(STAMP): pyproject.toml
+	@echo "Installing Concord and its dependencies into $(VENV) (PyTorch, Prefect, MLflow, ...): this usually takes about 5 minutes, once."
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install --quiet --upgrade pip
 	$(PIP) install --quiet -e '.[dev,demo,bench]'
 	@touch $(STAMP)
+	@echo "Installed."
 
 demo: install
 	CONCORD_HOME=$${CONCORD_HOME:-$(CURDIR)/data/demo} PREFECT_SERVER_ANALYTICS_ENABLED=false $(PY) -m demo
@@ -43,8 +45,10 @@ test-integration: install test-prereqs
 e2e: install
 	$(VENV)/bin/pytest -q tests/e2e -m e2e $(PYTEST_ARGS)
 
-# Run it for real: a Prefect server (or $$PREFECT_API_URL), the work pool, blocks, every deployment,
-# a worker and the checkpoint watcher; `make stop` ends what `make serve` started, and only that.
+# Run it for real: seeds what the deployments' defaults name (only what is missing), then a Prefect
+# server (or $$PREFECT_API_URL), the work pool, blocks, every deployment, a worker and the checkpoint
+# watcher; it ends by printing the Prefect UI's address and the `mlflow ui` command of data/mlflow.db
+# (the database `make demo` writes too). `make stop` ends what `make serve` started, and only that.
 serve: install
 	$(PY) -m deployments.serve start
 

@@ -21,7 +21,8 @@ The chapters, in the order they run, each a module that sequences the project's 
 A chapter never imports another: what they share is in :mod:`demo._common` and :mod:`demo.story`
 (the narration and the score of checks), and ``python -m demo`` (:mod:`demo.__main__`) runs them
 in turn. Every claim is checked; the exit status is non-zero if any check fails. Re-running starts
-from clean stores (and a clean embedded MLflow database). ``-v`` shows Prefect's and MLflow's own
+from clean stores; lineage goes to the MLflow database ``make serve`` uses too (``data/mlflow.db``,
+or ``MLFLOW_TRACKING_URI``), which is kept: a re-run adds runs and versions to it. ``-v`` shows Prefect's and MLflow's own
 logs on the console too.
 
 :mod:`demo.servers` (real servers on 127.0.0.1 and the environment they run in) is shared with

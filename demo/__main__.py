@@ -23,7 +23,7 @@ from pathlib import Path  # noqa: E402
 from demo._common import CLUSTERS, model_folder  # noqa: E402
 from demo.audit import audit_story  # noqa: E402
 from demo.federation import federation_folders, federation_story  # noqa: E402
-from demo.lineage import embedded_tracking, lineage_folders, lineage_story  # noqa: E402
+from demo.lineage import lineage_folders, lineage_story  # noqa: E402
 from demo.snapshots import snapshots_folders, snapshots_story  # noqa: E402
 from demo.story import Story  # noqa: E402
 from demo.tiering import tiering_folders, tiering_story  # noqa: E402
@@ -38,9 +38,7 @@ def run(home: Path, story: Story) -> None:
         home / "stores", *snapshots_folders(home), *lineage_folders(home), *federation_folders(home), *tiering_folders(home)
     ):
         shutil.rmtree(path, ignore_errors=True)
-    if embedded_tracking(home):
-        for name in ("mlflow.db", "mlflow.db.lock"):
-            (home / name).unlink(missing_ok=True)
+    # MLflow's database is shared with `make serve` and kept: a re-run adds runs and versions to it
     home.mkdir(parents=True, exist_ok=True)
     print(f"Concord demo in {home}")
     print(f"checkpoint: all-MiniLM-L6-v2 from {base}")
@@ -59,10 +57,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("-v", "--verbose", action="store_true", help="also show Prefect's run logs on the console")
     parser.parse_args(argv)
     home = Path(os.environ.get("CONCORD_HOME") or "data/demo").resolve()
-    # lineage goes where the core looks by default: MLflow on sqlite in the demo's folder
     os.environ["CONCORD_HOME"] = str(home)
-    if not os.environ.get("MLFLOW_TRACKING_URI", "").strip():
-        os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{home / 'mlflow.db'}"
+    from deployments.serve import mlflow_ui_command, tracking_uri
+
+    # one MLflow database for the demo and the served flows: data/mlflow.db of the project (unless
+    # MLFLOW_TRACKING_URI names another), so one `mlflow ui` shows both
+    os.environ["MLFLOW_TRACKING_URI"] = tracking_uri()
     story = Story()
     try:
         run(home, story)
@@ -78,6 +78,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     print(f"Demo complete: all {story.passed} checks passed in {elapsed:.1f} s. Stores are in {home / 'stores'}, "
           f"the lineage graph in {home / 'lineage'}.")
+    print(f"Lineage, drills and audits are in MLflow: {mlflow_ui_command(os.environ['MLFLOW_TRACKING_URI'])}")
     return 0
 
 

@@ -1,9 +1,10 @@
-"""The demo's lineage chapter, in MLflow on sqlite under ``$CONCORD_HOME`` (``MLFLOW_TRACKING_URI``,
-when set, is used instead).
+"""The demo's lineage chapter, in the MLflow database it shares with ``make serve`` (``data/mlflow.db``,
+or ``MLFLOW_TRACKING_URI``), under a model name of its own (``minilm-demo``: the served
+deployments' ``minilm`` stays theirs).
 
 Register the Palmer penguins as a data snapshot, infer and save the schema contract ``penguins@1``
-and validate the data against it; register the base model and the fine-tune as versions 1 and 2
-of ``minilm`` (2 derives from 1) with that data and contract; see a replication record the
+and validate the data against it; register the base model and the fine-tune as two versions
+of ``minilm-demo`` (the second derives from the first) with that data and contract; see a replication record the
 clusters holding version 2; promote version 1 to ``champion``; watch the gate refuse a version
 whose contract ``penguins@2`` tightens a bound; read the lineage back and draw it (PNG and
 Mermaid under ``$CONCORD_HOME/lineage``).
@@ -11,24 +12,19 @@ Mermaid under ``$CONCORD_HOME/lineage``).
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 from demo._common import CLUSTERS, REF, human as _human
 from demo.story import Story
 
-MODEL = "minilm"
+#: the demo's registered model; a re-run adds versions to it
+MODEL = "minilm-demo"
 DATA = "penguins"
 
 
 def lineage_folders(home: Path) -> tuple[Path, ...]:
     """What the lineage part of the demo writes under ``home`` (besides the database)."""
     return (home / "datasets", home / "registry", home / "lineage", home / "mlflow-artifacts")
-
-
-def embedded_tracking(home: Path) -> bool:
-    """True when lineage goes to the demo's own sqlite database (which a re-run starts afresh)."""
-    return os.environ.get("MLFLOW_TRACKING_URI") == f"sqlite:///{home / 'mlflow.db'}"
 
 
 def lineage_story(home: Path, story: Story, stores: dict[str, str], base_root: str, tuned_root: str) -> None:
@@ -71,7 +67,7 @@ def lineage_story(home: Path, story: Story, stores: dict[str, str], base_root: s
     story.check(checked["success"], f"the data meets {v1.ref}: all {checked['evaluated']} expectations met")
     story.done()
 
-    story.step(f"Register the base model as {MODEL} version 1, with the data snapshot and {v1.ref}")
+    story.step(f"Register the base model as a version of {MODEL}, with the data snapshot and {v1.ref}")
     common = dict(store=us, data_snapshot=f"data/{DATA}", contract=v1.ref, contracts_store=registry)
     base = register_model_version(MODEL, ref=base_root, holders=[eu, ap], description="all-MiniLM-L6-v2 from PyPI", **common)
     story.say(f"{MODEL}/{base['version']}: source {base['source']}")
@@ -79,7 +75,7 @@ def lineage_story(home: Path, story: Story, stores: dict[str, str], base_root: s
     story.check(base["root"] == base_root and len(base["held_by"]) == 3, f"{MODEL}/{base['version']} points at the base snapshot, held by all 3 clusters")
     story.done()
 
-    story.step(f"Register the fine-tune as version 2, derived from {MODEL}/{base['version']}")
+    story.step(f"Register the fine-tune as the next version, derived from {MODEL}/{base['version']}")
     tuned = register_model_version(
         MODEL, ref=tuned_root, parents=[f"{MODEL}/{base['version']}"], description="layer-5 attention fine-tune", **common
     )
@@ -103,7 +99,7 @@ def lineage_story(home: Path, story: Story, stores: dict[str, str], base_root: s
     story.check(str(holder.version) == base["version"], f"champion points at {MODEL}/{base['version']}")
     story.done()
 
-    story.step(f"Tighten the contract: {DATA}@2 lowers body_mass_g's max to 6000 g; version 3 under it is refused")
+    story.step(f"Tighten the contract: {DATA}@2 lowers body_mass_g's max to 6000 g; a version under it is refused")
     tight = tuple(dataclasses.replace(c, max=6000.0) if c.name == "body_mass_g" else c for c in v1.columns)
     v2 = dataclasses.replace(v1, version=2, columns=tight, description="no penguin over 6 kg")
     save_contract(open_store(registry), v2)
