@@ -1,6 +1,8 @@
 """The pipelines as ``prefect.yaml`` deploys them: the flows of ``flows/`` that are safe to run
 again, with the retry policy of deployed runs (:mod:`flows._policy`: one retry, 30 s later, for a
-run that failed on a passing fault; none for a failure that is the run's answer)."""
+run that failed on a passing fault; none for a failure that is the run's answer: a malformed
+payload, copy-rule violations, or an error of :func:`flows._policy.final_errors` such as a missing
+source folder or tier policy file)."""
 
 from __future__ import annotations
 
