@@ -27,7 +27,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Iterable, Mapping
 
-from concord.errors import ConcordError, TrustPolicyError, UntrustedRootError
+from concord.errors import ConcordError, SignatureFormatError, TrustPolicyError, UntrustedRootError
 from concord.snapshots.manifest import Manifest
 from concord.snapshots.refs import load_manifest
 from concord.stores.base import Store
@@ -38,7 +38,8 @@ from concord.trust.signing import (
     check_bundle,
     compare_digests,
     file_digests,
-    signature_documents,
+    read_signature,
+    signature_ids,
     signature_key,
 )
 
@@ -114,14 +115,17 @@ class TrustPolicy:
 
     def report(self, store: Store, root: str, manifest: Manifest | None = None) -> Verdict:
         """What the store's signatures say of ``root`` (never raises for a bad signature)."""
-        docs = signature_documents(store, root)
+        docs = signature_ids(store, root)
         problems: dict[str, str] = {}
         rootless: list[Checked] = []
         if docs and manifest is None:
             manifest = load_manifest(store, root)
-        for kid, data in docs.items():
+        for kid in docs:
             where = f"{store.uri}/{signature_key(root, kid)}"
             try:
+                data = read_signature(store, root, kid)  # a damaged or odd document is a problem of its own
+                if data is None:
+                    raise SignatureFormatError(where, "it disappeared while it was read")
                 parsed = oms.parse_bundle(data, where)
                 checked = check_bundle(parsed, root, manifest, self.keys, where)
             except ConcordError as exc:

@@ -50,8 +50,7 @@ def test_acceptance_sign_restore_verify_with_model_signing(capsys, model, keydir
     assert code == 0, err
     ok = oms("verify", "key", str(tmp_path / "out"), "--signature", str(tmp_path / "m.sig"), "--public_key", str(keydir / "ossl.pub.pem"))
     assert ok.returncode == 0 and "Verification succeeded" in ok.stdout, ok.stderr
-    bad = oms("verify", "key", str(tmp_path / "out"), "--signature", str(tmp_path / "m.sig"), "--public_key", str(keydir / "mallory.pub.pem"))
-    assert bad.returncode != 0
+    # (another key fails in model_signing: tests/unit/trust/test_interop.py, in process)
     # sync carries the signature; verify and log report it
     monkeypatch.setenv("CONCORD_TRUSTED_KEYS", str(keydir / "ossl.pub.pem"))
     code, _, err = run(capsys, "sync", c1, c2, "--ref", "models/m")
