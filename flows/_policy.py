@@ -41,10 +41,12 @@ def final_errors() -> tuple[type[BaseException], ...]:
         RefNotFoundError,
         SourceNotFoundError,
         StoreNotFoundError,
+        TrustError,
     )
 
+    # TrustError: a root no trusted key signed, a bad key or signature: refused, nothing written
     return (SourceNotFoundError, PolicyError, InvalidNameError, InvalidStoreURIError, ManifestError,
-            ManifestNotFoundError, RefNotFoundError, StoreNotFoundError)
+            ManifestNotFoundError, RefNotFoundError, StoreNotFoundError, TrustError)
 
 
 def as_deployed(flow):
