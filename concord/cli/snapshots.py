@@ -157,12 +157,16 @@ def cmd_verify(args, out) -> int:
 
 
 def _trust_lines(store, args, payload: dict, lines: list[str]) -> list[str]:
-    """Under a trust policy, add each checked root's ``signed_by`` and ``trusted`` to a verify's
+    """Add each checked root's ``signed_by`` and, under a trust policy, ``trusted`` to a verify's
     answer (``payload['trust']``); the roots no trusted key signed, as one line each."""
     from concord.snapshots.refs import resolve_root
 
     policy = _policy(args)
-    if policy is None:
+    if policy is None:  # the signatures are listed; whether a trusted key made one needs --trust
+        if args.ref or args.root:
+            from concord.trust import signature_ids
+
+            payload["signed_by"], payload["trusted"] = signature_ids(store, resolve_root(store, args.ref or args.root)), None
         return []
     if args.ref or args.root:
         roots = {args.ref or args.root: resolve_root(store, args.ref or args.root)}

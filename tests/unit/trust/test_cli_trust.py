@@ -137,3 +137,10 @@ def test_bad_keys_at_the_command_line(capsys, signed_store, keydir, tmp_path, mo
     assert sorted(p.name for p in (tmp_path / "c1" / "signatures").rglob("*")) == before
     code, signed, _ = run(capsys, "sign", c1, "--ref", "models/m", "--key", str(tmp_path / "enc.pem"), "--key-password-env", "PW")
     assert code == 0 and len(signed["key_id"]) == 64
+
+
+def test_verify_lists_signatures_without_a_policy(capsys, signed_store, monkeypatch):
+    c1, signed = signed_store
+    monkeypatch.delenv("CONCORD_TRUSTED_KEYS", raising=False)
+    code, ver, _ = run(capsys, "verify", c1, "--ref", "models/m")
+    assert code == 0 and ver["signed_by"] == [signed["key_id"]] and ver["trusted"] is None
