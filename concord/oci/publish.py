@@ -7,8 +7,7 @@ from __future__ import annotations
 
 from concord.errors import LineageError
 from concord.lineage.client import Tracking, retry_locked
-from concord.lineage.registry import get_version
-from concord.lineage.tags import TAG_ROOT, TAG_STORE
+from concord.lineage.registry import model_lineage
 
 TAG_OCI_REFERENCE = "oci.reference"
 TAG_OCI_DIGEST = "oci.digest"
@@ -16,11 +15,10 @@ TAG_OCI_DIGEST = "oci.digest"
 
 def version_snapshot(tracking: Tracking, name: str, version: "str | int") -> tuple[str, str]:
     """``(root, store)`` a model version records (the snapshot it was registered from)."""
-    mv = get_version(tracking, name, str(version))
-    tags = mv.tags or {}
-    if not tags.get(TAG_ROOT) or not tags.get(TAG_STORE):
-        raise LineageError(f"model version {name}/{version} records no Concord snapshot ({TAG_ROOT}, {TAG_STORE}); register it with `concord model register`")
-    return tags[TAG_ROOT], tags[TAG_STORE]
+    found = model_lineage(tracking, name, str(version))  # reads the tags under any name they were written
+    if not found.get("root") or not found.get("store"):
+        raise LineageError(f"model version {name}/{version} records no Concord snapshot (root and store); register it with `concord model register`")
+    return found["root"], found["store"]
 
 
 def record_publication(tracking: Tracking, name: str, version: "str | int", reference: str, digest: str) -> None:
