@@ -239,3 +239,16 @@ def test_a_layer_whose_bytes_do_not_match_its_digest_is_refused(published, tmp_p
         assert code == 1 and "hashes to" in text and "tokenizer.txt" in text
         assert not (target / "refs").exists() or not list((target / "refs").rglob("*"))
         assert not (target / "manifests").exists() or not list((target / "manifests").iterdir())
+
+
+def test_other_oci_tools_read_the_artifact(published, registry, tmp_path, capsys):
+    """The oras SDK pulls a Concord export into the same folder layout (by each layer's title)."""
+    import oras.client
+
+    ref = f"{registry}/models/interop:v1"
+    code, r, _ = cli(capsys, "export", "oci", str(published["store"].root), "--ref", published["root"], ref, "--plain-http", "--json")
+    assert code == 0
+    oras.client.OrasClient(hostname=registry, insecure=True).pull(target=ref, outdir=str(tmp_path / "pulled"))
+    for f in published["ckpt"].rglob("*"):
+        if f.is_file():
+            assert (tmp_path / "pulled" / f.relative_to(published["ckpt"])).read_bytes() == f.read_bytes()
