@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import argparse
 
-from concord.cli._common import STORE_HELP, human, readable_store, ref_arg, writable_store
+from concord.cli._common import STORE_HELP, TRUST_HELP, human, readable_store, ref_arg, writable_store
 
 PLAIN_HTTP_HELP = "speak plain HTTP to the registry (HTTPS is the default)"
 REFERENCE_HELP = "REGISTRY/REPOSITORY:TAG, e.g. registry.example.com:5000/models/minilm:v1"
@@ -49,14 +49,16 @@ def cmd_export_oci(args, out) -> int:
 
 def cmd_import_oci(args, out) -> int:
     from concord.oci.importer import import_oci
+    from concord.trust import load_policy
 
+    policy = load_policy(args.trust)
     opened = []
 
     def store():  # opened (a folder created) only once the artifact passed every check
         opened.append(writable_store(args.store))
         return opened[0]
 
-    r = import_oci(args.reference, store, store_ref=args.ref, plain_http=args.plain_http, progress=out.progress)
+    r = import_oci(args.reference, store, store_ref=args.ref, plain_http=args.plain_http, progress=out.progress, trust=policy)
     d = r.to_dict()
     d["store"] = opened[0].uri
     lines = [
@@ -92,4 +94,5 @@ def register(sub, common: list) -> None:
     s.add_argument("--store", required=True, help=STORE_HELP)
     s.add_argument("--ref", type=ref_arg, help="point this ref ([namespace/]name) at the imported snapshot")
     s.add_argument("--plain-http", action="store_true", help=PLAIN_HTTP_HELP)
+    s.add_argument("--trust", metavar="PUB.pem[,...]", help=TRUST_HELP + "; the ref moves only if a trusted key signed the imported root")
     s.set_defaults(func=cmd_import_oci)

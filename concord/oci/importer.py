@@ -28,6 +28,7 @@ from concord.progress import Progress, ensure
 from concord.snapshots.manifest import DEFAULT_CHUNK_SIZE, check_chunk_size
 from concord.snapshots.snapshot import snapshot
 from concord.stores.base import Store, check_writable_ref
+from concord.trust import TrustPolicy, check_root
 
 STAGING_DIR_ENV = "CONCORD_STAGING_DIR"
 
@@ -88,11 +89,14 @@ def import_oci(
     plain_http: bool = False,
     progress: Progress | None = None,
     staging_dir: str | None = None,
+    trust: "TrustPolicy | None" = None,
 ) -> ImportResult:
     """Pull the ModelPack artifact at ``ref`` into ``store`` as a snapshot (and point ``store_ref`` at it).
 
     ``store`` may be a function that opens it: it is called only once the manifest passed every
-    check, so a refused artifact creates no store."""
+    check, so a refused artifact creates no store. With a ``trust`` policy, the imported root must
+    be signed by a trusted key (a signature that came with the artifact) before the ref moves
+    (:class:`~concord.errors.UntrustedRootError` otherwise; the snapshot stays unreferenced)."""
     store_ref = check_writable_ref(store_ref) if store_ref is not None else None
     reference = str(ref)
     prog = ensure(progress)
@@ -138,6 +142,7 @@ def import_oci(
             )
         sigs = pull_signatures(reg, digest)
         keep_signatures(store, snap.root, sigs)
+    check_root(store, snap.root, trust)
     if store_ref:
         store.cas_ref(store_ref, previous, snap.root, f"import of {reference} ({digest[:19]})")
     return ImportResult(

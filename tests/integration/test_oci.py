@@ -160,6 +160,21 @@ def test_signatures_travel_as_referrers(published, registry, tmp_path, capsys):
     # the imported root is trusted by the signer's key, as the original is
     policy = load_policy(str(tmp_path / "key.pub.pem"))
     assert policy.report(target, root).trusted and policy.report(target, root).signed_by == (key.id,)
+    code, r3, _ = cli(capsys, "import", "oci", ref, "--store", str(tmp_path / "trusted"), "--ref", "m/signed",
+                      "--trust", str(tmp_path / "key.pub.pem"), "--plain-http", "--json")
+    assert code == 0 and r3["ref"] == "m/signed"
+    # an unsigned artifact under a trust policy: refused, and the ref does not move
+    other = tmp_path / "other"
+    shutil.copytree(published["ckpt"], other)
+    (other / "README.md").write_text("# an unsigned model\n")
+    unsigned_root = snapshot(other, store, chunk_size=SMALL_CHUNK).root
+    unsigned = f"{registry}/models/unsigned:v1"
+    code, _, _ = cli(capsys, "export", "oci", str(store.root), "--ref", unsigned_root, unsigned, "--plain-http", "--json")
+    assert code == 0
+    code, _, text = cli(capsys, "import", "oci", unsigned, "--store", str(tmp_path / "strict"), "--ref", "m/unsigned",
+                        "--trust", str(tmp_path / "key.pub.pem"), "--plain-http")
+    assert code == 1 and text.count("\n") == 1 and unsigned_root in text
+    assert LocalDirStore(str(tmp_path / "strict")).read_ref("m/unsigned") is None
 
 
 def test_credentials_from_the_environment_or_docker_config_never_shown(published, auth_registry, tmp_path, capsys):
