@@ -44,6 +44,7 @@ def lora_federation(
     out_name: OutName = "federated",
     record_lineage: bool = True,
     tracking_uri: str | None = None,
+    trust_block: str | None = None,
 ) -> dict:
     """Aggregate one tenant's LoRA adapters from the clusters into one adapter, replicate it to
     every cluster, and append the round to the tenant's ledger.
@@ -70,6 +71,8 @@ def lora_federation(
             fails the round: a lineage failure is logged.
         tracking_uri: MLflow tracking URI; empty for the worker's MLFLOW_TRACKING_URI (else the
             embedded sqlite database).
+        trust_block: A saved Concord Trust block: its signing key (this cluster's) signs the
+            round, its trusted keys check every round of the ledger afterwards.
     """
     r = federate_task(
         tenant,
@@ -83,8 +86,9 @@ def lora_federation(
         out_name=out_name,
         record_lineage=record_lineage,
         tracking_uri=tracking_uri or None,
+        trust_block=trust_block or None,
     )
-    ledger = verify_ledger_task(clusters[0], tenant)  # the spec, not the URI: a block's credentials stay with it
+    ledger = verify_ledger_task(clusters[0], tenant, trust_block or None)  # the spec, not the URI: a block's credentials stay with it
     r["ledger_report"] = ledger
 
     create_table_artifact(

@@ -36,6 +36,7 @@ def federate_task(
     ledger_store: str | None = None,
     record_lineage: bool = False,
     tracking_uri: str | None = None,
+    trust_block: str | None = None,
 ) -> dict:
     """One federation round of ``tenant``: aggregate ``adapters`` (refs ``NAME`` or
     ``tenant/NAME``) found in ``clusters``, snapshot the result into the first cluster under
@@ -44,12 +45,19 @@ def federate_task(
     registered as MLflow model version ``<tenant>-<out_name>``; a lineage failure is logged and
     reported in the result, never raised.
 
-    Emits ``concord.federation.completed``. Retried only when a store does not answer; a retry
+    With ``trust_block`` (a saved Concord Trust block holding this cluster's signing key) the
+    round is signed over its hash, so ``verify_ledger_task`` under that block's trusted keys
+    accepts it. Emits ``concord.federation.completed``. Retried only when a store does not answer; a retry
     before the ledger append redoes nothing already done (same result, same root, ref in place).
     """
     from concord.federation.rounds import run_round
 
     specs = list(clusters)
+    key = None
+    if trust_block:
+        from blocks.trust import load_trust_block
+
+        key = load_trust_block(trust_block).get_signing_key()
     lineage = None
     if record_lineage:
         from concord.lineage import Lineage
@@ -70,6 +78,7 @@ def federate_task(
             ledger_store=ledger,
             lineage=lineage,
             progress=PrefectProgress(),
+            key=key,
         )
     log = run_logger()
     if r["lineage"] and "error" in r["lineage"]:
@@ -100,14 +109,17 @@ def federate_task(
 
 
 @task(name="verify-ledger", task_run_name="verify-ledger-{tenant}", **RETRIED)
-def verify_ledger_task(store: str, tenant: str) -> dict:
-    """Check ``tenant``'s ledger in ``store`` (round hashes, chain, head). Returns the report
-    rather than raising: the caller decides what tampering means. Emits
+def verify_ledger_task(store: str, tenant: str, trust_block: str | None = None) -> dict:
+    """Check ``tenant``'s ledger in ``store`` (round hashes, chain, head; under a trust policy,
+    the trust block's keys or ``$CONCORD_TRUSTED_KEYS``, every round's signature too). Returns the
+    report rather than raising: the caller decides what tampering means. Emits
     ``concord.ledger.verified`` or ``concord.ledger.tampered``."""
     from concord.federation.ledger import verify_ledger
+    from tasks.trust import trust_policy
 
+    policy = trust_policy(trust_block)
     with open_stores(store) as (s,):
-        report = verify_ledger(s, tenant)
+        report = verify_ledger(s, tenant, trust=policy)
     out = report.to_dict()
     name = events.LEDGER_VERIFIED if report.ok else events.LEDGER_TAMPERED
     out["event_id"] = events.emit(name, events.tenant(tenant), [events.store(report.store, "ledger")], dict(out))

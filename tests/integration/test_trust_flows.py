@@ -67,3 +67,19 @@ def test_a_deployment_signs_its_snapshots_and_refuses_a_forged_root(checkpoints,
     audit = audit_replicas_task(REF, [us, eu], trust_block=name)
     assert audit["severity"] == "critical"
     assert [(x["cluster"], x["trusted"]) for x in audit["replicas"]] == [("us-east", True), ("eu-central", False)]
+
+
+def test_a_federation_round_is_signed_by_the_deployments_key(tmp_path, store_dirs, trust_block):
+    from test_federation_flow import write_adapter
+
+    from concord.federation.ledger import list_rounds
+    from flows.federation import lora_federation
+
+    name, key_id = trust_block
+    specs = [store_dirs["us-east"], store_dirs["eu-central"]]
+    for i, spec in enumerate(specs):
+        snapshot(write_adapter(tmp_path / "adapters" / str(i), seed=i, r=4, alpha=8), open_store(spec), ref=f"acme/adapter-{i}")
+    r = lora_federation("acme", specs, ["adapter-0", "adapter-1"], record_lineage=False, trust_block=name)
+    assert r["ledger_report"]["ok"]
+    (doc,) = list_rounds(open_store(specs[0]), "acme")
+    assert doc["signature"]["key_id"] == key_id
