@@ -5,7 +5,9 @@ are derived from it with HKDF-SHA256 and the store's random salt: one encrypts o
 chunks, one makes the key check that tells a wrong key from a damaged store. Each object is sealed
 with a fresh random 96-bit nonce (never a deterministic one), and with associated data that binds
 it to its place (``chunk:<id>``, ``object:<key>``), so an object moved to another name does not
-open. A chunk's object name is the HMAC-SHA256 of its id under the naming key: identical chunks
+open; a sealed chunk keeps its encoding byte (raw, zstd, byte planes) beside the nonce, bound
+into the associated data too, so the chunk's bytes are encrypted without being copied into a frame
+first. A chunk's object name is the HMAC-SHA256 of its id under the naming key: identical chunks
 still land on one name (and are stored once), yet the name does not reveal the plaintext hash.
 
 ``cryptography`` is imported on first use.
@@ -21,6 +23,7 @@ import secrets
 #: the first byte of a sealed object
 SEALED = 0x80
 NONCE_BYTES = 12
+TAG_BYTES = 16
 KEY_BYTES = 32
 SALT_BYTES = 16
 ALGORITHM = "AES-256-GCM"
@@ -102,17 +105,33 @@ class Cipher:
         """The object name of chunk ``cid``: a keyed hash, 64 hex characters like an id."""
         return hmac.new(self._names, cid.encode("ascii"), hashlib.sha256).hexdigest()
 
-    def seal(self, data, aad: bytes) -> bytes:
+    def seal(self, data, aad: bytes, kind: int | None = None) -> bytearray:
+        """``0x80``, then ``kind`` (a chunk's encoding byte, also bound into the associated data)
+        if given, a fresh nonce, and ``data`` encrypted with its tag, written in one buffer."""
+        head = bytes((SEALED,)) if kind is None else bytes((SEALED, kind))
+        if kind is not None:
+            aad += bytes((kind,))
         nonce = secrets.token_bytes(NONCE_BYTES)
-        return bytes((SEALED,)) + nonce + self._aead.encrypt(nonce, bytes(data), aad)
+        start = len(head) + NONCE_BYTES
+        out = bytearray(start + len(data) + TAG_BYTES)
+        out[: len(head)] = head
+        out[len(head) : start] = nonce
+        self._aead.encrypt_into(nonce, data, aad, memoryview(out)[start:])
+        return out
 
-    def open(self, blob, aad: bytes) -> bytes:
+    def open(self, blob, aad: bytes, *, framed: bool = False):
+        """The plaintext of a sealed object (with ``framed``: ``(kind, plaintext)``)."""
         from cryptography.exceptions import InvalidTag
 
         view = memoryview(blob)
-        if len(view) < 1 + NONCE_BYTES + 16 or view[0] != SEALED:
+        skip = 2 if framed else 1
+        if len(view) < skip + NONCE_BYTES + TAG_BYTES or view[0] != SEALED:
             raise SealError("not a sealed object" if len(view) and view[0] != SEALED else "sealed object cut short")
+        kind = view[1] if framed else None
+        if framed:
+            aad += bytes((kind,))
         try:
-            return self._aead.decrypt(bytes(view[1 : 1 + NONCE_BYTES]), bytes(view[1 + NONCE_BYTES :]), aad)
+            data = self._aead.decrypt(view[skip : skip + NONCE_BYTES], view[skip + NONCE_BYTES :], aad)
         except InvalidTag:
             raise SealError("it does not decrypt (damaged, or moved from another name)") from None
+        return (kind, data) if framed else data

@@ -155,17 +155,17 @@ def encode_planes(data, width: int) -> bytes:
     return b"".join(out)
 
 
-def decode_planes(frame, size: int) -> bytes:
-    """The ``size`` raw bytes of a byte-plane frame."""
+def decode_planes(payload, size: int) -> bytes:
+    """The ``size`` raw bytes of a byte-plane frame's payload (what follows its ``0x02``)."""
     import numpy as np
 
-    view = memoryview(frame)
-    if len(view) < 2 or view[1] not in _UINT:
+    view = memoryview(payload)
+    if len(view) < 1 or view[0] not in _UINT:
         raise FrameError("byte-plane frame with an unknown element width")
-    width = view[1]
+    width = view[0]
     n = size // width
     planes = []
-    pos = 2
+    pos = 1
     for i in range(width):
         if pos + _PLANE_HEAD.size > len(view):
             raise FrameError("byte-plane frame cut short")
@@ -194,14 +194,14 @@ def encode(data, mode: str, dtype: str | None = None) -> bytes:
     of the tensor the chunk belongs to, if it is part of one). Never larger than ``data`` + 1."""
     view = memoryview(data).cast("B")
     if mode == COMPRESS_NONE or len(view) == 0:
-        return bytes((RAW,)) + bytes(view)
+        return bytes((RAW,)) + view
     width = PLANE_WIDTH.get(dtype or "") if mode == COMPRESS_AUTO else None
     if width and len(view) >= 4 * width:
         frame = encode_planes(view, width)
     else:
         frame = bytes((ZSTD,)) + _zstd_compress(view)
     if len(frame) >= len(view) + 1:
-        return bytes((RAW,)) + bytes(view)
+        return bytes((RAW,)) + view
     return frame
 
 
@@ -216,31 +216,34 @@ def decode(frame, size: int | None = None) -> bytes:
     """The raw bytes of ``frame``. ``size`` (when known) bounds what zstd may produce; without it
     a zstd frame must state its content size. :class:`FrameError` for anything else."""
     kind = frame_kind(frame)
-    view = memoryview(frame)
+    return decode_payload(kind, memoryview(frame)[1:], size)
+
+
+def decode_payload(kind: int, payload, size: int | None = None) -> bytes:
+    """The raw bytes of a frame's ``payload`` (what follows its encoding byte ``kind``)."""
+    view = memoryview(payload)
     if kind == RAW:
-        return bytes(view[1:])
+        return payload if isinstance(payload, bytes) else bytes(view)
     if kind == ZSTD:
         if size is None:
             try:
-                size = _zstd().frame_content_size(view[1:])
+                size = _zstd().frame_content_size(view)
             except _zstd().ZstdError as exc:
                 raise FrameError(f"zstd payload does not decode ({exc})") from None
             if size < 0:
                 raise FrameError("zstd frame does not state its size")
-        return _zstd_decompress(view[1:], size)
+        return _zstd_decompress(view, size)
     if kind == PLANES:
-        if size is None:
-            size = planes_size(view)
-        return decode_planes(view, size)
+        return decode_planes(view, planes_size(view) if size is None else size)
     raise FrameError(f"unknown encoding byte 0x{kind:02x}")
 
 
-def planes_size(frame) -> int:
-    """The raw size a byte-plane frame stands for (read from its planes' headers)."""
-    view = memoryview(frame)
-    if len(view) < 2 or view[1] not in _UINT:
+def planes_size(payload) -> int:
+    """The raw size a byte-plane frame's payload stands for (read from its planes' headers)."""
+    view = memoryview(payload)
+    if len(view) < 1 or view[0] not in _UINT:
         raise FrameError("byte-plane frame with an unknown element width")
-    width, pos, n = view[1], 2, None
+    width, pos, n = view[0], 1, None
     for i in range(width):
         if pos + _PLANE_HEAD.size > len(view):
             raise FrameError("byte-plane frame cut short")

@@ -133,8 +133,14 @@ class Encoding:
     def encode_chunk(self, cid: str, data, dtype: str | None = None):
         if not self.framed:
             return data
-        frame = codec.encode(data, self.compress, dtype)
-        return self.cipher.seal(frame, b"chunk:" + cid.encode()) if self.cipher else frame
+        if self.cipher is None:
+            return codec.encode(data, self.compress, dtype)
+        if self.compress == codec.COMPRESS_NONE:
+            kind, payload = codec.RAW, data
+        else:
+            frame = codec.encode(data, self.compress, dtype)
+            kind, payload = frame[0], memoryview(frame)[1:]
+        return self.cipher.seal(payload, b"chunk:" + cid.encode(), kind)
 
     def decode_chunk(self, cid: str, blob, size: int | None = None) -> bytes:
         """The raw bytes of stored chunk ``cid``; :class:`UnknownEncodingError` naming it if they
@@ -142,8 +148,10 @@ class Encoding:
         if not self.framed:
             return blob
         try:
-            frame = self.cipher.open(blob, b"chunk:" + cid.encode()) if self.cipher else blob
-            return codec.decode(frame, size)
+            if self.cipher is None:
+                return codec.decode(blob, size)
+            kind, payload = self.cipher.open(blob, b"chunk:" + cid.encode(), framed=True)
+            return codec.decode_payload(kind, payload, size)
         except (codec.FrameError, SealError) as exc:
             raise UnknownEncodingError(self.store, f"chunk {cid}", str(exc)) from None
 
