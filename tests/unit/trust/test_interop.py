@@ -93,3 +93,25 @@ def test_concord_bundle_for_one_root_does_not_vouch_for_another(snap, keydir, tm
     shutil.copytree(tmp_path / "c1" / "signatures" / root, dest)  # a signature copied onto another root
     v = load_policy(str(keydir / "alice.pub.pem")).report(store, other)
     assert not v.trusted and f"signs root {root}, not {other}" in next(iter(v.problems.values()))
+
+
+def test_a_model_signing_bundle_copied_onto_a_forged_root_is_caught_by_restore_and_sync(model, keydir, tmp_path):
+    from concord.errors import IntegrityError, UntrustedRootError
+    from concord.snapshots.sync import replicate
+    from concord.trust import signature_key
+
+    sig = tmp_path / "model.sig"
+    oms_sign(model, sig, keydir / "ossl.pem")
+    store = LocalDirStore(tmp_path / "s")
+    policy = load_policy(str(keydir / "ossl.pub.pem"))
+    r, checked = snapshot_signed(model, store, sig.read_bytes(), policy.keys, ref="models/m")
+    # the same file names, other bytes, and the trusted bundle (which names no root) copied onto it
+    (model / "weights.bin").write_bytes(b"forged" * 1000)
+    forged = snapshot(model, store, ref="models/m").root
+    store.put_document(signature_key(forged, checked.key_id), sig.read_bytes())
+    with pytest.raises(IntegrityError, match="weights.bin.*checked against its signature"):
+        restore(store, load_manifest(store, forged), tmp_path / "out", check_root=policy.restore_check)
+    assert not (tmp_path / "out").exists() and not list(tmp_path.glob(".out.concord-tmp-*"))
+    with pytest.raises(UntrustedRootError, match="differ from what was signed"):
+        replicate(store, [LocalDirStore(tmp_path / "t")], ref="models/m", check_root=policy.require)
+    assert policy.require(store, r.root).trusted  # the real one still is
