@@ -89,3 +89,31 @@ def test_server_side_encryption_is_applied_to_every_object(s3_store, tmp_path, s
         assert head.get("ServerSideEncryption") == sse, k
         if kms:
             assert kms in head.get("SSEKMSKeyId", ""), k
+
+
+def test_the_s3_store_block_takes_sse_kms_and_the_store_key_from_a_secret_block(s3_store, tmp_path):
+    from prefect.blocks.system import Secret
+
+    from blocks.stores import S3Store
+
+    block = S3Store(
+        bucket=s3_store.bucket,
+        prefix=f"block-{uuid.uuid4().hex[:8]}",
+        endpoint_url=s3_store.endpoint_url,
+        server_side_encryption="aws:kms",
+        sse_kms_key_id="alias/concord-block",
+        store_key=Secret(value=KEY.hex()),
+    )
+    store = block.get_store()
+    configure(store, compress="auto", encrypt=True)
+    ckpt = make_checkpoint(tmp_path / "ckpt", layers=1)
+    root = snapshot(ckpt, store, chunk_size=SMALL_CHUNK, ref="m").root
+    client = store._client()
+    key = client.list_objects_v2(Bucket=store.bucket, Prefix=f"{store.prefix}/chunks/")["Contents"][0]["Key"]
+    head = client.head_object(Bucket=store.bucket, Key=key)
+    assert head["ServerSideEncryption"] == "aws:kms" and "alias/concord-block" in head["SSEKMSKeyId"]
+    assert KEY.hex() not in repr(block) and KEY.hex() not in str(block.model_dump())
+    restore(store, load_manifest(store, root), tmp_path / "out")
+    assert files_equal(ckpt, tmp_path / "out")
+    with pytest.raises(ValueError, match="sse_kms_key_id goes with server_side_encryption='aws:kms'"):
+        S3Store(bucket=s3_store.bucket, sse_kms_key_id="alias/x")
