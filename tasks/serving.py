@@ -108,7 +108,7 @@ def node_run_task(action: str, node: str, parameters: dict, timeout: float) -> d
     from prefect.deployments import run_deployment
 
     name = CHECKOUT_DEPLOYMENT if action == "checkout" else ROLLBACK_DEPLOYMENT
-    run = run_deployment(name, parameters=parameters, work_queue_name=node, timeout=timeout)
+    run = run_deployment(name, parameters=parameters, work_queue_name=node, timeout=timeout, poll_interval=1)
     state = run.state
     ok = bool(state is not None and state.is_completed())
     return {
