@@ -92,21 +92,6 @@ def _planes_compressor():
     return c
 
 
-def _split(view, width: int) -> list:
-    """The ``width`` byte planes of the elements of ``view`` (each rotated left by one bit),
-    low byte first, as contiguous uint8 arrays: shifts and casts over whole arrays, no strides."""
-    import numpy as np
-
-    kind = np.dtype(_UINT[width])
-    n = len(view) // width
-    a = np.frombuffer(view, dtype=kind, count=n)
-    r = (a << kind.type(1)) | (a >> kind.type(width * 8 - 1))
-    planes = [r.astype(np.uint8)]
-    for i in range(1, width):
-        planes.append((r >> kind.type(8 * i)).astype(np.uint8))
-    return planes
-
-
 def _scratch(kind, n: int, slot: int):
     """A reusable array of ``n`` elements of ``kind`` for this thread: fresh arrays of megabytes
     cost a page fault per page on every chunk, which is most of a decode's time."""
@@ -120,6 +105,28 @@ def _scratch(kind, n: int, slot: int):
     if arr is None or len(arr) < n:
         arr = pool[key] = np.empty(n, dtype=kind)
     return arr[:n]
+
+
+def _split(view, width: int) -> list:
+    """The ``width`` byte planes of the elements of ``view`` (each rotated left by one bit),
+    low byte first, as contiguous uint8 arrays: shifts and casts over whole arrays, no strides."""
+    import numpy as np
+
+    kind = np.dtype(_UINT[width])
+    n = len(view) // width
+    a = np.frombuffer(view, dtype=kind, count=n)
+    r, t = _scratch(kind, n, 0), _scratch(kind, n, 1)
+    np.left_shift(a, kind.type(1), out=r)
+    np.right_shift(a, kind.type(width * 8 - 1), out=t)
+    r |= t
+    planes = []
+    for i in range(width):
+        plane = _scratch(np.uint8, n, 2 + i)
+        if i:
+            np.right_shift(r, kind.type(8 * i), out=t)
+        np.copyto(plane, t if i else r, casting="unsafe")  # the low byte of each element
+        planes.append(plane)
+    return planes
 
 
 def _join(planes: list, width: int) -> bytes:
