@@ -1,18 +1,23 @@
 """Run Concord for real on one machine, and stop exactly what was started.
 
     python -m deployments.serve [--dir data/serve] start [--port 4200] [--watch DIR ...] [--interval 30]
-                                                         [--project-dir .]
+                                                         [--project-dir .] [--seed-from CHECKPOINT_DIR]
     python -m deployments.serve [--dir data/serve] status
     python -m deployments.serve [--dir data/serve] restart NAME [NAME ...] [--timeout 15]
     python -m deployments.serve [--dir data/serve] stop [--timeout 15]
 
-``start`` uses the Prefect server at ``$PREFECT_API_URL`` when it is set, otherwise starts
+``start`` first seeds what the deployments' default parameters name into ``<project>/data``
+where it is missing (:mod:`deployments.seed`; ``--seed-from DIR`` for another checkpoint than
+all-MiniLM-L6-v2), and gives every process it starts ``MLFLOW_TRACKING_URI`` (``$MLFLOW_TRACKING_URI``,
+else ``<project>/data/mlflow.db``, the database ``make demo`` writes too). Then it uses the
+Prefect server at ``$PREFECT_API_URL`` when it is set, otherwise starts
 ``prefect server start`` on 127.0.0.1 (its home, database included, under ``<dir>/prefect``,
 analytics off) and waits until it is healthy. Then it creates the ``concord-process`` work pool
 if missing, registers the project's blocks, deploys everything in ``prefect.yaml`` (their
 triggers included), applies the automations (``deployments.automations``, notifying the block
 named by ``$CONCORD_NOTIFY_BLOCK`` if set), and starts a process worker and the checkpoint
-watcher. Every process it starts runs in its own process group, logs to ``<dir>/logs/<name>.log``
+watcher; it ends by printing the UI's address and the ``mlflow ui`` command of that database.
+Every process it starts runs in its own process group, logs to ``<dir>/logs/<name>.log``
 and is recorded (pid, start time, command, folder, log) in ``<dir>/processes.json`` the moment it
 starts, so ``stop`` can end it even after a failed start; the environment variables it sets for
 them are recorded there too. Flow runs send a heartbeat every 30 s (Prefect's shortest;

@@ -1,0 +1,82 @@
+"""What ``make serve`` seeds (deployments/seed.py): everything the deployments' defaults name, once,
+and nothing of the user's overwritten."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from deployments.seed import CLUSTERS, POLICY_HEADER, Seeder
+
+pytestmark = pytest.mark.integration
+
+USER_POLICY = """\
+# the user's own policy: never rewritten, its tiers left alone
+namespace: mine
+hot: {store: ../mine/hot, keep: 1}
+warm: {store: ../mine/warm, keep: 2, media: nas}
+cold: {store: ../mine/cold, media: tape, offsite: true}
+"""
+
+
+def _checkpoint(folder):
+    from safetensors.numpy import save_file
+
+    folder.mkdir(parents=True)
+    g = np.random.default_rng(3)
+    save_file({"encoder.layer.0.attention.self.query.weight": g.standard_normal((16, 16)).astype(np.float32)},
+              str(folder / "model.safetensors"), metadata={"format": "pt"})
+    (folder / "config.json").write_text(json.dumps({"hidden_size": 16, "num_hidden_layers": 1}))
+    return folder
+
+
+def test_seeding_makes_what_is_missing_once_and_leaves_what_is_there(tmp_path):
+    from mlflow import MlflowClient
+
+    from concord.stores import open_store
+
+    project = tmp_path / "project"
+    policy = project / "data" / "tiering" / "policy.yaml"
+    policy.parent.mkdir(parents=True)
+    policy.write_text(USER_POLICY)
+    uri = f"sqlite:///{project / 'data' / 'mlflow.db'}"
+    said: list[str] = []
+    seeder = Seeder(project, source=_checkpoint(tmp_path / "base"), tracking_uri=uri,
+                    watcher_state=tmp_path / "watcher.json", say=said.append)
+    seeder.run()
+
+    data = project / "data"
+    for step in ("step-0", "step-100"):
+        assert (data / "checkpoints" / "minilm" / step / "COMPLETE").is_file()
+    assert sorted(json.loads((tmp_path / "watcher.json").read_text())["announced"]) == [
+        str(data / "checkpoints" / "minilm" / s) for s in ("step-0", "step-100")]
+    refs = {c: open_store(str(data / "stores" / c)).read_ref("models/minilm") for c in CLUSTERS}
+    assert refs["us-east"].version == 2 and len({r.root for r in refs.values()}) == 1, refs
+    assert all(open_store(str(data / "stores" / c)).read_ref(f"acme/adapter-{c}") for c in CLUSTERS)
+    assert open_store(str(data / "stores" / "us-east")).read_ref("data/penguins") is not None
+    assert (data / "datasets" / "penguins.csv").is_file()
+    assert policy.read_text() == USER_POLICY and not (data / "mine").exists() and not (data / "tiers").exists()
+    assert any("yours, left as it is" in line for line in said), said
+    mlflow = MlflowClient(tracking_uri=uri, registry_uri=uri)
+    [v1] = mlflow.search_model_versions("name = 'minilm'")
+    assert str(mlflow.get_model_version_by_alias("minilm", "champion").version) == str(v1.version) == "1"
+
+    said.clear()
+    seeder.run()  # again: nothing new, nothing moved
+    assert all(("there already" in line or "already" in line or "left as it is" in line) for line in said), said
+    again = {c: open_store(str(data / "stores" / c)).read_ref("models/minilm") for c in CLUSTERS}
+    assert {c: (r.root, r.version) for c, r in again.items()} == {c: (r.root, r.version) for c, r in refs.items()}
+    assert len(mlflow.search_model_versions("name = 'minilm'")) == 1
+
+
+def test_a_seeded_policy_says_so_and_gets_the_seeded_checkpoints(tmp_path, monkeypatch):
+    from deployments.seed import policy_text
+
+    monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)
+    monkeypatch.delenv("AWS_ENDPOINT_URL_S3", raising=False)
+    text = policy_text()
+    assert text.startswith(POLICY_HEADER) and "s3://" not in text
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:1")
+    assert "s3://concord-warm" in policy_text() and "s3://concord-cold" in policy_text()
