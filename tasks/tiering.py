@@ -167,7 +167,7 @@ def tier_status_task(policy: "TierPolicy", stores: dict[str, "Store"], pinned_ro
 
 @task(name="promoted-roots", cache_policy=NO_CACHE)
 def promoted_roots_task(tracking_uri: str | None = None) -> list[str]:
-    """The snapshot roots of every MLflow model version an alias points at (``concord.root``
+    """The snapshot roots of every MLflow model version an alias points at (``root``
     tag), to keep them hot and warm like pinned checkpoints.
 
     Never fails: when MLflow cannot be read, a warning is logged and no root is returned, so

@@ -247,7 +247,7 @@ def store_labels(specs: Sequence[str]) -> list[str]:
 
 def model_holders(lineage: Any, name: str, version: "str | int") -> dict:
     """The snapshot root of model version ``name``/``version`` (a number, or an alias such as
-    ``champion``) and the stores lineage records as holding it (``concord.held_by``; the store its
+    ``champion``) and the stores lineage records as holding it (``held_by``; the store its
     source points into when none is recorded): ``{name, version, root, stores}``."""
     from concord.errors import LineageError
 

@@ -90,10 +90,13 @@ class Lineage(Tracking):
         contracts_store: "Store | None" = None,
     ) -> dict:
         """Register snapshot ``root`` as a new version of model ``name``
-        (:func:`concord.lineage.registry.register_model_version`)."""
+        (:func:`concord.lineage.registry.register_model_version`): its description links to its
+        parents and data snapshot, and the run that registered it holds its lineage picture,
+        ``lineage/lineage.png`` (:func:`concord.lineage.graph.log_lineage_picture`)."""
         return registry.register_model_version(
             self, name, root, stores, data_snapshot=data_snapshot, contract=contract, parents=parents,
             tiers=tiers, description=description, data_store=data_store, contracts_store=contracts_store,
+            on_registered=lambda n, v, run_id: graph.log_lineage_picture(self, n, v, run_id),
         )
 
     def record_replica(self, root: str, store: "str | Store", tier: str = "hot") -> list[str]:
@@ -119,6 +122,10 @@ class Lineage(Tracking):
     def promoted_roots(self) -> list[str]:
         """The snapshot roots of every model version that holds an alias (e.g. champion)."""
         return registry.promoted_roots(self)
+
+    def version_graph(self, name: str, version: "str | int") -> dict:
+        """Nodes and edges of one version's lineage (:func:`concord.lineage.graph.version_graph`)."""
+        return graph.version_graph(self, name, version)
 
     def lineage_graph(self, name: str) -> dict:
         """Nodes and edges of model ``name``'s lineage (:func:`concord.lineage.graph.lineage_graph`)."""

@@ -1,14 +1,16 @@
 """The lineage graph of a model: every version, the versions they derive from, their data snapshots
-and contracts; drawn as a Mermaid flowchart or a PNG."""
+and contracts; drawn as a Mermaid flowchart, a PNG or a table. The lineage of one version
+(:func:`version_graph`) is drawn when it is registered and kept as ``lineage/lineage.png`` in the
+run that registered it (:func:`log_lineage_picture`)."""
 
 from __future__ import annotations
 
 import os
 
 from concord.errors import LineageError
-from concord.lineage.client import Tracking, shown_uri
+from concord.lineage.client import Tracking, retry_locked, shown_uri
 from concord.lineage.registry import get_version, parents_of, quote, search_versions, split_version, version_aliases
-from concord.lineage.tags import TAG_CONTRACT, TAG_DATA, TAG_DATA_NAME, TAG_ROOT
+from concord.lineage.tags import LINEAGE_PNG, TAG_CONTRACT, TAG_DATA, TAG_DATA_NAME, TAG_ROOT, read_tags
 
 
 def lineage_graph(tracking: Tracking, name: str) -> dict:
@@ -18,22 +20,37 @@ def lineage_graph(tracking: Tracking, name: str) -> dict:
     versions = search_versions(tracking, f"name = '{quote(name)}'")
     if not versions:
         raise LineageError(f"model {name!r} has no versions in {shown_uri(tracking.tracking_uri)}")
+    return _walk(tracking, name, versions, version_aliases(tracking, {name}))
+
+
+def version_graph(tracking: Tracking, name: str, version: "str | int") -> dict:
+    """The lineage of one version: it, the versions it derives from (and theirs, any model),
+    their data snapshots and contracts. ``model`` is ``name/version``."""
+    tracking.ensure_ready()
+    mv = get_version(tracking, name, str(version))
+    graph = _walk(tracking, name, [mv], version_aliases(tracking, {name}), only=str(mv.version))
+    return graph | {"model": f"{name}/{mv.version}"}
+
+
+def _walk(tracking: Tracking, name: str, versions: list, aliases: dict, only: str | None = None) -> dict:
+    """The graph reached from ``versions`` through their parents. A version of ``name`` is a
+    ``version`` node (the one ``only`` names, when given; its other versions are ``parent``s)."""
     nodes: dict[str, dict] = {}
     edges: list[dict] = []
     pending = list(versions)
     seen: set[str] = set()
-    aliases = version_aliases(tracking, {name})
     while pending:
         mv = pending.pop()
         key = f"{mv.name}/{mv.version}"
         if key in seen:
             continue
         seen.add(key)
-        tags = dict(mv.tags)
+        tags = read_tags(mv.tags)
         vid = f"version:{key}"
+        own = mv.name == name and (only is None or str(mv.version) == only)
         nodes[vid] = {
             "id": vid,
-            "kind": "version" if mv.name == name else "parent",
+            "kind": "version" if own else "parent",
             "label": f"{mv.name} v{mv.version}",
             "name": mv.name,
             "version": str(mv.version),
@@ -77,6 +94,27 @@ def _node_order(node: dict):
 # ---------------------------------------------------------------------- pictures
 
 
+def log_lineage_picture(tracking: Tracking, name: str, version: str, run_id: str) -> str | None:
+    """Draw the lineage of ``name``/``version`` (:func:`concord.lineage.graph.version_graph`)
+    and log it as the artifact ``lineage/lineage.png`` of run ``run_id``; return the artifact's
+    path. The version is registered already: a picture that cannot be drawn or stored is a
+    warning, not a failed registration (``None``)."""
+    import tempfile
+    import warnings
+
+    try:
+        graph = version_graph(tracking, name, version)
+        with tempfile.TemporaryDirectory(prefix="concord-lineage-") as tmp:
+            png = render_png(graph, os.path.join(tmp, os.path.basename(LINEAGE_PNG)))
+            retry_locked(tracking.client.log_artifact, run_id, png, os.path.dirname(LINEAGE_PNG))
+    except Exception as exc:  # noqa: BLE001 - the version stands without its picture
+        warnings.warn(f"{name}/{version}: its lineage picture was not logged to run {run_id} ({exc})", stacklevel=2)
+        return None
+    return LINEAGE_PNG
+
+
+
+
 def to_mermaid(graph: dict) -> str:
     """A Mermaid flowchart of a :meth:`Lineage.lineage_graph` result."""
     ids = {n["id"]: f"n{i}" for i, n in enumerate(graph["nodes"])}
@@ -90,6 +128,39 @@ def to_mermaid(graph: dict) -> str:
         if e["source"] in ids and e["target"] in ids:
             lines.append(f'  {ids[e["source"]]} -->|{e["kind"]}| {ids[e["target"]]}')
     return "\n".join(lines) + "\n"
+
+
+def to_table(graph: dict) -> tuple[list[str], list[list[str]]]:
+    """The versions of a lineage graph as a table (headers, rows), oldest first: each version's
+    snapshot root, the versions it derives from, its data snapshot, its contract and its aliases.
+    What a markdown artifact shows in place of a drawing."""
+    incoming: dict[str, dict[str, list[str]]] = {}
+    by_id = {n["id"]: n for n in graph["nodes"]}
+    for e in graph["edges"]:
+        src = by_id.get(e["source"])
+        if src is None:
+            continue
+        shown = {
+            "parent": f"{src.get('name')}/{src.get('version')}" + (" (missing)" if src["kind"] == "missing" else ""),
+            "data": f"{src['label'][len('data '):] or 'data'} {(src.get('snapshot') or '')[:12]}".strip(),
+            "contract": src.get("ref") or src["label"],
+        }.get(e["kind"], src["label"])
+        incoming.setdefault(e["target"], {}).setdefault(e["kind"], []).append(shown)
+    headers = ["version", "snapshot", "derived from", "data", "contract", "aliases"]
+    rows = []
+    for n in graph["nodes"]:
+        if n["kind"] not in ("version", "parent", "missing"):
+            continue
+        into = incoming.get(n["id"], {})
+        rows.append([
+            f"{n['name']}/{n['version']}" + (" (missing)" if n["kind"] == "missing" else ""),
+            (n.get("root") or "")[:12],
+            ", ".join(into.get("parent", [])),
+            ", ".join(into.get("data", [])),
+            ", ".join(into.get("contract", [])),
+            " ".join(f"@{a}" for a in n.get("aliases") or []),
+        ])
+    return headers, rows
 
 
 _COLORS = {

@@ -22,13 +22,14 @@ import urllib.parse
 from contextlib import suppress
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 from concord.errors import ConcordError, LineageError, PromotionRefused
 from concord.hashing import is_digest
 from concord.lineage.client import Tracking, error_code, retry_locked, shown_uri
 from concord.lineage.runs import dataset_input, log_dataset_run
 from concord.lineage.tags import (
+    EXPERIMENT_DATA,
     EXPERIMENT_LINEAGE,
     TAG_CONTRACT,
     TAG_CONTRACT_DIGEST,
@@ -42,6 +43,9 @@ from concord.lineage.tags import (
     TAG_PROMOTED,
     TAG_ROOT,
     TAG_STORE,
+    LEGACY,
+    LINEAGE_PNG,
+    read_tags,
 )
 from concord.stores.base import Store
 
@@ -75,10 +79,16 @@ def register_model_version(
     description: str = "",
     data_store: Store | None = None,
     contracts_store: Store | None = None,
+    on_registered: "Callable[[str, str, str], Any] | None" = None,
 ) -> dict:
     """Register snapshot ``root`` as a new version of model ``name``, pointing at the first store
     in ``stores`` that holds it. ``data_snapshot`` and the ``contract`` (``name@version``) are
-    looked up in ``data_store`` / ``contracts_store`` when given, else in ``stores``."""
+    looked up in ``data_store`` / ``contracts_store`` when given, else in ``stores``.
+
+    The version's description is ``description`` followed by its lineage as links
+    (:func:`version_description`). ``on_registered(name, version, run_id)`` is called once the
+    version exists, before the run that registered it ends (:class:`concord.lineage.Lineage`
+    logs the lineage picture there)."""
     if not isinstance(name, str) or not name.strip() or "/" in name:
         raise LineageError(f"model name {name!r}: give a non-empty name without '/'")
     if not is_digest(root):
@@ -134,6 +144,7 @@ def register_model_version(
     run_tags = {TAG_MODEL: name, **{k: v for k, v in tags.items() if k != TAG_HELD_BY}}
     run_id = log_dataset_run(tracking, EXPERIMENT_LINEAGE, f"register {name}", run_tags, inputs)
     try:
+        note = version_description(tracking, description, tags, run_id)
         try:
             retry_locked(client.create_registered_model, name)
         except Exception as exc:
@@ -145,7 +156,7 @@ def register_model_version(
             source,
             run_id=run_id,
             tags=tags,
-            description=description or None,
+            description=note,
             await_creation_for=None,
         )
     except BaseException:
@@ -154,8 +165,62 @@ def register_model_version(
         raise
     version = str(mv.version)
     retry_locked(client.set_tag, run_id, TAG_MODEL_VERSION, f"{name}/{version}")
+    if on_registered is not None:
+        on_registered(name, version, run_id)
     retry_locked(client.set_terminated, run_id)
     return {"name": name, "version": version, "root": root, "source": source, "run_id": run_id, "tags": tags}
+
+
+# ---------------------------------------------------------------------- what MLflow's UI shows
+
+
+def ui_link(*parts: str) -> str:
+    """A link into MLflow's UI, relative to the page it is shown on (``#/models/<name>/versions/<n>``),
+    so it works on whichever host and port the tracking server is reached at."""
+    return "#/" + "/".join(urllib.parse.quote(str(p), safe="") for p in parts)
+
+
+def version_description(tracking: Tracking, note: str, tags: dict[str, str], run_id: str) -> str:
+    """A model version's description (markdown, which MLflow's UI renders): ``note`` first, then
+    its lineage as links: the versions it derives from, its data snapshot's run (else the run
+    that registered it, which has the data as its input), its contract and snapshot, and its
+    lineage picture, the artifact ``lineage/lineage.png`` of the run that registered it."""
+    exp_id = tracking.experiment_id(EXPERIMENT_LINEAGE)
+    run = ui_link("experiments", exp_id, "runs", run_id)
+    lines = ["#### Lineage", ""]
+    parents = [split_version(p) for p in parents_of(tags)]
+    if parents:
+        shown = ", ".join(f"[{n}/{v}]({ui_link('models', n, 'versions', v)})" for n, v in parents)
+        lines.append(f"- **derived from**: {shown}")
+    if tags.get(TAG_DATA):
+        found = _data_run(tracking, tags[TAG_DATA])
+        where = ui_link("experiments", found[0], "runs", found[1]) if found else run
+        name = tags.get(TAG_DATA_NAME) or "data"
+        lines.append(f"- **data snapshot**: [{name} `{tags[TAG_DATA][:12]}`]({where}) (`{tags[TAG_DATA]}`)")
+    if tags.get(TAG_CONTRACT):
+        lines.append(f"- **schema contract**: `{tags[TAG_CONTRACT]}`")
+    lines.append(f"- **weights**: snapshot `{tags[TAG_ROOT]}` in `{tags[TAG_STORE]}`")
+    lines.append(
+        f"- **picture**: [{LINEAGE_PNG}]({run}/artifacts/{LINEAGE_PNG}) of [the run that registered this version]({run})"
+    )
+    text = "\n".join(lines) + "\n"
+    return f"{note.rstrip()}\n\n{text}" if note and note.strip() else text
+
+
+def _data_run(tracking: Tracking, snapshot_id: str) -> tuple[str, str] | None:
+    """The experiment and run id of the newest run that logged data snapshot ``snapshot_id``."""
+    client = tracking.client
+    exp = retry_locked(client.get_experiment_by_name, EXPERIMENT_DATA)
+    if exp is None:
+        return None
+    for key in (TAG_DATA, LEGACY[TAG_DATA]):
+        runs = retry_locked(
+            client.search_runs, [exp.experiment_id], f"tags.`{key}` = '{quote(snapshot_id)}'",
+            max_results=1, order_by=["attributes.start_time DESC"],
+        )
+        if runs:
+            return exp.experiment_id, runs[0].info.run_id
+    return None
 
 
 def _source(tracking: Tracking, holders: list[Store], root: str) -> tuple[Store, str]:
@@ -183,8 +248,8 @@ def record_replica(tracking: Tracking, root: str, store: "str | Store", tier: st
     uri = store.uri if isinstance(store, Store) else _open(store).uri
     client = tracking.client
     updated = []
-    for mv in search_versions(tracking, f"tags.`{TAG_ROOT}` = '{root}'"):
-        held = _held_by(mv.tags)
+    for mv in search_tagged(tracking, TAG_ROOT, root):
+        held = _held_by(read_tags(mv.tags))
         held = [h for h in held if h.get("store") != uri] + [{"store": uri, "tier": tier}]
         value = json.dumps(sorted(held, key=lambda h: h["store"]))
         retry_locked(client.set_model_version_tag, mv.name, str(mv.version), TAG_HELD_BY, value)
@@ -212,7 +277,7 @@ def promote(tracking: Tracking, name: str, version: "str | int", alias: str, *, 
     client = tracking.client
     version = str(version)
     mv = get_version(tracking, name, version)
-    tags = dict(mv.tags)
+    tags = read_tags(mv.tags)
     reasons: list[str] = []
     checks: dict[str, Any] = {}
 
@@ -254,7 +319,7 @@ def promote(tracking: Tracking, name: str, version: "str | int", alias: str, *, 
     current = _alias_holder(tracking, name, alias)
     checks["previous"] = f"{name}/{current.version}" if current is not None else None
     if current is not None and str(current.version) != version and contract is not None:
-        old_ref = dict(current.tags).get(TAG_CONTRACT)
+        old_ref = read_tags(current.tags).get(TAG_CONTRACT)
         if old_ref:
             try:
                 old = contract_lib.load_contract(contracts, old_ref)
@@ -324,7 +389,7 @@ def model_lineage(tracking: Tracking, name: str, version: "str | int") -> dict:
     recursively), replicas, aliases and the digests of its run's dataset inputs."""
     tracking.ensure_ready()
     mv = get_version(tracking, name, str(version))
-    tags = dict(mv.tags)
+    tags = read_tags(mv.tags)
     out = _version_summary(mv)
     out["data_snapshots"] = [tags[TAG_DATA]] if tags.get(TAG_DATA) else []
     out["contract"] = (
@@ -337,7 +402,7 @@ def model_lineage(tracking: Tracking, name: str, version: "str | int") -> dict:
     if mv.run_id:
         run = retry_locked(tracking.client.get_run, mv.run_id)
         for di in run.inputs.dataset_inputs:
-            itags = {t.key: t.value for t in di.tags}
+            itags = read_tags({t.key: t.value for t in di.tags})
             out["inputs"].append(
                 {
                     "name": di.dataset.name,
@@ -357,7 +422,7 @@ def data_lineage(tracking: Tracking, snapshot_id: str) -> list[dict]:
     if not is_digest(snapshot_id):
         raise LineageError(f"data snapshot id {snapshot_id!r}: give the 64-hex id register_data returned")
     tracking.ensure_ready()
-    versions = search_versions(tracking, f"tags.`{TAG_DATA}` = '{snapshot_id}'")
+    versions = search_tagged(tracking, TAG_DATA, snapshot_id)
     aliases = version_aliases(tracking, {mv.name for mv in versions})
     out = []
     for mv in versions:
@@ -382,7 +447,7 @@ def promoted_roots(tracking: Tracking) -> list[str]:
     roots: set[str] = set()
     for n in names:
         for version in (client.get_registered_model(n).aliases or {}).values():
-            root = (client.get_model_version(n, str(version)).tags or {}).get(TAG_ROOT)
+            root = read_tags(client.get_model_version(n, str(version)).tags).get(TAG_ROOT)
             if root:
                 roots.add(root)
     return sorted(roots)
@@ -429,6 +494,17 @@ def search_versions(tracking: Tracking, filter_string: str) -> list:
             return out
 
 
+def search_tagged(tracking: Tracking, key: str, value: str) -> list:
+    """Every model version whose tag ``key`` is ``value``, under its name today or its old one
+    (:data:`~concord.lineage.tags.LEGACY`), each version once."""
+    found: dict[tuple[str, str], Any] = {}
+    for k in (key, LEGACY.get(key)):
+        if k:
+            for mv in search_versions(tracking, f"tags.`{k}` = '{quote(value)}'"):
+                found.setdefault((mv.name, str(mv.version)), mv)
+    return list(found.values())
+
+
 def _resolve_parents(tracking: Tracking, tags: dict, seen: set[str]) -> list[dict]:
     out = []
     for p in parents_of(tags):
@@ -443,7 +519,7 @@ def _resolve_parents(tracking: Tracking, tags: dict, seen: set[str]) -> list[dic
         except LineageError:
             entry["missing"] = True
         else:
-            ptags = dict(pmv.tags)
+            ptags = read_tags(pmv.tags)
             entry["root"] = ptags.get(TAG_ROOT)
             entry["parents"] = _resolve_parents(tracking, ptags, seen | {p})
         out.append(entry)
@@ -480,7 +556,7 @@ def _held_by(tags: dict) -> list[dict]:
 
 
 def _version_summary(mv) -> dict:
-    tags = dict(mv.tags)
+    tags = read_tags(mv.tags)
     return {
         "name": mv.name,
         "version": str(mv.version),

@@ -1,36 +1,76 @@
 """The names Concord writes into MLflow: its experiments, and the tags on model versions and runs.
 
-Tags on a model version (and on the run that registered it, except ``concord.held_by``):
+Tag keys are short, so MLflow's version and run lists show them whole (the lists cut a tag's
+chip at about 20 characters, key and value together, and cut the key first when it is long).
+Tags on a model version (and on the run that registered it, except ``held_by``):
 
-- ``concord.root``: the snapshot root (the Merkle root of the weights);
-- ``concord.store``: URI of the store the version's ``source`` points into;
-- ``concord.data_snapshot``, ``concord.data_name``, ``concord.digest``: the data snapshot it was
-  trained or evaluated on (id, name, BLAKE3 of the file);
-- ``concord.contract`` (``name@version``) and ``concord.contract_digest``: its schema contract;
-- ``concord.parents``: comma-separated ``name/version`` of the versions it derives from;
-- ``concord.held_by``: JSON list of ``{"store": …, "tier": …}``, every replica;
-- ``concord.promoted.<alias>``: when the promotion gate let the version take that alias.
+- ``root``: the snapshot root (the Merkle root of the weights);
+- ``store``: URI of the store the version's ``source`` points into;
+- ``data``, ``data_name``, ``digest``: the data snapshot it was trained or evaluated on (id,
+  name, BLAKE3 of the file);
+- ``contract`` (``name@version``) and ``c_digest``: its schema contract and the contract's digest;
+- ``parents``: comma-separated ``name/version`` of the versions it derives from;
+- ``held_by``: JSON list of ``{"store": …, "tier": …}``, every replica;
+- ``promoted.<alias>``: when the promotion gate let the version take that alias.
+
+The run that registered a version also has ``model`` and ``version`` (``name/N``), and its lineage
+picture as the artifact ``lineage/lineage.png``. Versions written before these names carry the
+same facts under ``concord.<old name>`` (:data:`LEGACY`); :func:`read_tags` reads either.
 """
 
 from __future__ import annotations
+
+from typing import Mapping
 
 #: one run per data snapshot logged, its table as the run's dataset input
 EXPERIMENT_DATA = "concord-data"
 #: one run per model version registered
 EXPERIMENT_LINEAGE = "concord-lineage"
 
-TAG_ROOT = "concord.root"
-TAG_STORE = "concord.store"
-TAG_DATA = "concord.data_snapshot"
-TAG_DATA_NAME = "concord.data_name"
-TAG_DIGEST = "concord.digest"
-TAG_CONTRACT = "concord.contract"
-TAG_CONTRACT_DIGEST = "concord.contract_digest"
-TAG_PARENTS = "concord.parents"
-TAG_HELD_BY = "concord.held_by"
-TAG_MODEL = "concord.model"
-TAG_MODEL_VERSION = "concord.model_version"
-TAG_PROMOTED = "concord.promoted."
+TAG_ROOT = "root"
+TAG_STORE = "store"
+TAG_DATA = "data"
+TAG_DATA_NAME = "data_name"
+TAG_DIGEST = "digest"
+TAG_CONTRACT = "contract"
+TAG_CONTRACT_DIGEST = "c_digest"
+TAG_PARENTS = "parents"
+TAG_HELD_BY = "held_by"
+TAG_MODEL = "model"
+TAG_MODEL_VERSION = "version"
+TAG_PROMOTED = "promoted."
+
+#: the names the same tags had before (``concord.root`` …), still read
+LEGACY = {
+    TAG_ROOT: "concord.root",
+    TAG_STORE: "concord.store",
+    TAG_DATA: "concord.data_snapshot",
+    TAG_DATA_NAME: "concord.data_name",
+    TAG_DIGEST: "concord.digest",
+    TAG_CONTRACT: "concord.contract",
+    TAG_CONTRACT_DIGEST: "concord.contract_digest",
+    TAG_PARENTS: "concord.parents",
+    TAG_HELD_BY: "concord.held_by",
+    TAG_MODEL: "concord.model",
+    TAG_MODEL_VERSION: "concord.model_version",
+}
+LEGACY_PROMOTED = "concord.promoted."
+
+#: the run artifact holding a registered version's lineage picture
+LINEAGE_PNG = "lineage/lineage.png"
 
 #: MLflow's tag holding a run's description (shown as its notes)
 TAG_NOTE = "mlflow.note.content"
+
+
+def read_tags(tags: Mapping[str, str] | None) -> dict[str, str]:
+    """A version's (or run's) tags under today's names: a fact recorded under its old
+    ``concord.…`` name is read as if written under the new one (the new one wins)."""
+    out = dict(tags or {})
+    for new, old in LEGACY.items():
+        if old in out and new not in out:
+            out[new] = out[old]
+    for key in list(out):
+        if key.startswith(LEGACY_PROMOTED):
+            out.setdefault(TAG_PROMOTED + key[len(LEGACY_PROMOTED):], out[key])
+    return out

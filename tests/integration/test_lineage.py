@@ -151,8 +151,8 @@ def test_log_data_snapshot(lineage, mlflow_client, data_snap, penguins):
     run_id = lineage.log_data_snapshot(data_snap)
     run = mlflow_client.get_run(run_id)
     assert mlflow_client.get_experiment(run.info.experiment_id).name == "concord-data"
-    assert run.data.tags["concord.data_snapshot"] == data_snap.id
-    assert run.data.tags["concord.digest"] == data_snap.digest
+    assert run.data.tags["data"] == data_snap.id
+    assert run.data.tags["digest"] == data_snap.digest
     (di,) = run.inputs.dataset_inputs
     assert di.dataset.name == "penguins"
     # MLflow keeps 36 characters of a digest: the start of ours; the full one is an input tag
@@ -160,8 +160,8 @@ def test_log_data_snapshot(lineage, mlflow_client, data_snap, penguins):
     tags = {t.key: t.value for t in di.tags}
     assert tags == {
         "mlflow.data.context": "snapshot",
-        "concord.data_snapshot": data_snap.id,
-        "concord.digest": data_snap.digest,
+        "data": data_snap.id,
+        "digest": data_snap.digest,
     }
     assert json.loads(di.dataset.profile)["num_rows"] == len(penguins) == data_snap.rows
     assert data_snap.id in di.dataset.source
@@ -171,6 +171,7 @@ def test_register_points_at_the_store_and_copies_nothing(
     lineage, mlflow_client, backend, stores, root, data_snap, contract_v1
 ):
     name = _name()
+    data_run = mlflow_client.get_run(lineage.log_data_snapshot(data_snap))
     out = lineage.register_model_version(
         name,
         root,
@@ -184,7 +185,13 @@ def test_register_points_at_the_store_and_copies_nothing(
     )
     mv = mlflow_client.get_model_version(name, out["version"])
     assert out["version"] == str(mv.version) == "1"
-    assert mv.description == "tiny test model"
+    # the description: the note, then the lineage as links MLflow's UI follows
+    assert mv.description.startswith("tiny test model\n\n#### Lineage\n")
+    # the data snapshot's link opens the run that logged it (the newest, when logged more than once)
+    assert f"(#/experiments/{data_run.info.experiment_id}/runs/{data_run.info.run_id})" in mv.description
+    assert "**schema contract**: `penguins@1`" in mv.description and "derived from" not in mv.description
+    # tag keys are short enough for MLflow's version list to show them whole
+    assert max(len(k) for k in mv.tags) <= 10
     assert mv.run_id == out["run_id"]
     assert mv.source == out["source"]
     manifest_file = Path(stores["weights"].root).resolve() / "manifests" / f"{root}.json"
@@ -196,17 +203,18 @@ def test_register_points_at_the_store_and_copies_nothing(
         assert Path(parsed.path) == manifest_file
     assert manifest_file.read_bytes() == stores["weights"].get_manifest_bytes(root)
     assert mv.tags == out["tags"]
-    assert mv.tags["concord.root"] == root
-    assert mv.tags["concord.store"] == stores["weights"].uri
-    assert mv.tags["concord.data_snapshot"] == data_snap.id
-    assert mv.tags["concord.contract"] == "penguins@1"
-    assert mv.tags["concord.contract_digest"] == contract_v1.digest()
-    assert json.loads(mv.tags["concord.held_by"]) == [{"store": stores["weights"].uri, "tier": "warm"}]
-    # an external model: no artifact was logged, the weights stay in the store
-    assert mlflow_client.list_artifacts(out["run_id"]) == []
+    assert mv.tags["root"] == root
+    assert mv.tags["store"] == stores["weights"].uri
+    assert mv.tags["data"] == data_snap.id
+    assert mv.tags["contract"] == "penguins@1"
+    assert mv.tags["c_digest"] == contract_v1.digest()
+    assert json.loads(mv.tags["held_by"]) == [{"store": stores["weights"].uri, "tier": "warm"}]
+    # an external model: the weights stay in the store; the run holds only the lineage picture
+    assert [a.path for a in mlflow_client.list_artifacts(out["run_id"])] == ["lineage"]
+    assert [a.path for a in mlflow_client.list_artifacts(out["run_id"], "lineage")] == ["lineage/lineage.png"]
     run = mlflow_client.get_run(out["run_id"])
     assert mlflow_client.get_experiment(run.info.experiment_id).name == "concord-lineage"
-    assert run.data.tags["concord.model_version"] == f"{name}/1"
+    assert run.data.tags["version"] == f"{name}/1"
     assert [d.dataset.digest for d in run.inputs.dataset_inputs] == [data_snap.digest[:MLFLOW_DIGEST_CHARS]]
 
 
@@ -291,7 +299,7 @@ def test_two_processes_register_at_once(fresh_tracking_uri, stores, root, tmp_pa
     client = MlflowClient(tracking_uri=fresh_tracking_uri, registry_uri=fresh_tracking_uri)
     versions = client.search_model_versions(f"name = '{name}'")
     assert sorted(str(v.version) for v in versions) == ["1", "2"]
-    assert {v.tags["concord.root"] for v in versions} == {root}
+    assert {v.tags["root"] for v in versions} == {root}
 
 
 # ----------------------------------------------------------------------------- queries
@@ -318,12 +326,12 @@ def test_model_lineage_matches_mlflow(lineage, mlflow_client, family, stores, ro
     got = lineage.model_lineage(name, 2)
     mv = mlflow_client.get_model_version(name, "2")
     assert (got["name"], got["version"]) == (name, "2")
-    assert got["root"] == mv.tags["concord.root"] == root
+    assert got["root"] == mv.tags["root"] == root
     assert got["source"] == mv.source
     assert got["run_id"] == mv.run_id
-    assert got["data_snapshots"] == [mv.tags["concord.data_snapshot"]] == [data_snap.id]
+    assert got["data_snapshots"] == [mv.tags["data"]] == [data_snap.id]
     assert got["contract"] == {"ref": "penguins@1", "digest": contract_v1.digest()}
-    assert got["replicas"] == json.loads(mv.tags["concord.held_by"])
+    assert got["replicas"] == json.loads(mv.tags["held_by"])
     assert got["aliases"] == sorted(mv.aliases)
     run = mlflow_client.get_run(mv.run_id)
     assert got["dataset_digests"] == [d.dataset.digest for d in run.inputs.dataset_inputs]
@@ -335,13 +343,13 @@ def test_model_lineage_matches_mlflow(lineage, mlflow_client, family, stores, ro
     assert (parent["name"], parent["version"], parent["root"]) == (name, "1", root)
     (grand,) = parent["parents"]
     base = mlflow_client.get_model_version(family["base"]["name"], "1")
-    assert (grand["name"], grand["version"], grand["root"]) == (base.name, "1", base.tags["concord.root"])
+    assert (grand["name"], grand["version"], grand["root"]) == (base.name, "1", base.tags["root"])
     assert grand["parents"] == []
 
 
 def test_data_lineage_matches_mlflow(lineage, mlflow_client, family, data_snap):
     got = lineage.data_lineage(data_snap.id)
-    theirs = mlflow_client.search_model_versions(f"tags.`concord.data_snapshot` = '{data_snap.id}'")
+    theirs = mlflow_client.search_model_versions(f"tags.`data` = '{data_snap.id}'")
     assert [(d["name"], d["version"]) for d in got] == sorted(
         ((v.name, str(v.version)) for v in theirs), key=lambda nv: (nv[0], int(nv[1]))
     )
@@ -350,18 +358,18 @@ def test_data_lineage_matches_mlflow(lineage, mlflow_client, family, data_snap):
     by_key = {(v.name, str(v.version)): v for v in theirs}
     for d in got:
         v = by_key[(d["name"], d["version"])]
-        assert (d["root"], d["source"], d["run_id"]) == (v.tags["concord.root"], v.source, v.run_id)
+        assert (d["root"], d["source"], d["run_id"]) == (v.tags["root"], v.source, v.run_id)
     assert all(d["name"] != family["base"]["name"] for d in got)  # registered without data
     assert lineage.data_lineage("0" * 64) == []
 
 
 def test_record_replica_updates_every_version_of_the_root(lineage, mlflow_client, family, stores, root):
     updated = lineage.record_replica(root, stores["replica"].root, "cold")
-    theirs = mlflow_client.search_model_versions(f"tags.`concord.root` = '{root}'")
+    theirs = mlflow_client.search_model_versions(f"tags.`root` = '{root}'")
     assert updated == sorted(f"{v.name}/{v.version}" for v in theirs)
     assert len(updated) == 3
     for v in theirs:
-        held = json.loads(mlflow_client.get_model_version(v.name, v.version).tags["concord.held_by"])
+        held = json.loads(mlflow_client.get_model_version(v.name, v.version).tags["held_by"])
         assert {"store": stores["replica"].uri, "tier": "cold"} in held
         assert {"store": stores["weights"].uri, "tier": "hot"} in held
     # recording the same store again changes its tier, never duplicates it
@@ -391,6 +399,59 @@ def test_graph_mermaid_and_png(lineage, family, tmp_path, data_snap):
     assert len(data) > 1024
     with pytest.raises(LineageError, match="no versions"):
         lineage.lineage_graph(_name("nobody"))
+
+
+def test_each_version_carries_its_lineage_picture_and_links(lineage, mlflow_client, family, stores, root, data_snap, tmp_path):
+    """What a person opening MLflow sees: every version's run holds ``lineage/lineage.png`` (that
+    version's lineage, drawn), and its description links to its parents and data snapshot."""
+    from PIL import Image
+
+    name, base = family["name"], family["base"]["name"]
+    for n, v in ((base, "1"), (name, "1"), (name, "2")):
+        mv = mlflow_client.get_model_version(n, v)
+        assert [a.path for a in mlflow_client.list_artifacts(mv.run_id, "lineage")] == ["lineage/lineage.png"]
+        local = mlflow_client.download_artifacts(mv.run_id, "lineage/lineage.png", str(tmp_path / f"{n}-{v}"))
+        with Image.open(local) as img:
+            assert img.format == "PNG" and img.size[0] > 300 and img.size[1] > 200
+        assert mv.description.startswith("#### Lineage\n")
+        assert f"#/experiments/{mlflow_client.get_run(mv.run_id).info.experiment_id}/runs/{mv.run_id}/artifacts/lineage/lineage.png" in mv.description
+        assert max(len(k) for k in mv.tags) <= 10
+    v1, v2 = (mlflow_client.get_model_version(name, v).description for v in ("1", "2"))
+    assert f"**derived from**: [{base}/1](#/models/{base}/versions/1)" in v1
+    assert f"**derived from**: [{name}/1](#/models/{name}/versions/1)" in v2
+    assert f"[penguins `{data_snap.id[:12]}`](#/experiments/" in v2 and "**schema contract**: `penguins@1`" in v2
+    assert "derived from" not in mlflow_client.get_model_version(base, "1").description
+
+    # the picture of v2 is v2's lineage: it, its ancestors, their data and contract; not later versions
+    graph = lineage.version_graph(name, 2)
+    kinds = {n["id"]: n["kind"] for n in graph["nodes"]}
+    assert graph["model"] == f"{name}/2"
+    assert kinds == {
+        f"version:{name}/2": "version", f"version:{name}/1": "parent", f"version:{base}/1": "parent",
+        f"data:{data_snap.id}": "data", "contract:penguins@1": "contract",
+    }
+    assert set(lineage.version_graph(name, 1)["nodes"][i]["id"] for i in range(3)) >= {f"version:{base}/1", f"version:{name}/1"}
+    assert f"version:{name}/2" not in {n["id"] for n in lineage.version_graph(name, 1)["nodes"]}
+
+    # Concord's experiments open on MLflow's classic runs list
+    exp = mlflow_client.get_experiment_by_name("concord-lineage")
+    assert exp.tags["mlflow.experimentKind"] == "custom_model_development"
+
+    # a version whose tags are concord.root … (as Concord wrote them before) is read the same
+    name, replica = _name("old"), stores["replica"].uri
+    mlflow_client.create_registered_model(name)
+    mlflow_client.create_model_version(name, "s3://concord-old/p/manifests/x.json", tags={
+        "concord.root": root, "concord.data_snapshot": data_snap.id, "concord.data_name": "penguins",
+        "concord.parents": f"{family['name']}/2", "concord.held_by": json.dumps([{"store": replica, "tier": "cold"}]),
+    })
+    got = lineage.model_lineage(name, 1)
+    assert got["root"] == root and got["data_snapshots"] == [data_snap.id]
+    assert got["parents"][0]["name"] == family["name"] and got["replicas"] == [{"store": replica, "tier": "cold"}]
+    assert (name, "1") in {(d["name"], d["version"]) for d in lineage.data_lineage(data_snap.id)}
+    assert f"{name}/1" in lineage.record_replica(root, stores["replica"], "warm")
+    assert json.loads(mlflow_client.get_model_version(name, "1").tags["held_by"]) == [{"store": replica, "tier": "warm"}]
+    edges = {(e["source"], e["target"]) for e in lineage.lineage_graph(name)["edges"]}
+    assert (f"version:{family['name']}/2", f"version:{name}/1") in edges
 
 
 # ----------------------------------------------------------------------------- the promotion gate
@@ -437,7 +498,7 @@ def test_promotion_succeeds_and_mlflow_sees_the_alias(lineage, mlflow_client, ga
     assert out["checks"]["previous"] is None
     mv = mlflow_client.get_model_version_by_alias(gate["name"], "champion")
     assert str(mv.version) == v1
-    assert mv.tags["concord.promoted.champion"] == out["time"]
+    assert mv.tags["promoted.champion"] == out["time"]
     assert lineage.model_lineage(gate["name"], v1)["aliases"] == ["champion"]
     # a compatible contract (a bound removed) takes the alias over
     v2 = gate["register"]("penguins@3")
@@ -459,7 +520,7 @@ def test_promotion_refused_for_data_that_violates_the_contract(lineage, mlflow_c
     with pytest.raises(Exception) as missing:
         mlflow_client.get_model_version_by_alias(gate["name"], "staging")
     assert getattr(missing.value, "error_code", None) in ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE")
-    assert "concord.promoted.staging" not in mlflow_client.get_model_version(gate["name"], version).tags
+    assert "promoted.staging" not in mlflow_client.get_model_version(gate["name"], version).tags
 
 
 def test_promotion_refused_for_an_incompatible_contract(lineage, mlflow_client, gate):

@@ -62,20 +62,20 @@ def test_lineage_answers_match_mlflow(tmp_path, tracking):
     client = MlflowClient(tracking)
     [version] = client.search_model_versions(f"name = '{model}'")
     assert str(version.version) == str(mv["version"])
-    assert version.tags["concord.root"] == snap["root"]
+    assert version.tags["root"] == snap["root"]
     assert str(client.get_model_version_by_alias(model, "champion").version) == str(version.version)
 
     lin = concord("lineage", "model", model, str(mv["version"]))
-    assert lin["root"] == version.tags["concord.root"]
-    assert lin["contract"]["ref"] == version.tags["concord.contract"] == "penguins@1"
-    assert lin["data_snapshots"] == [version.tags["concord.data_snapshot"]] == [data["id"]]
-    assert sorted(r["store"] for r in lin["replicas"]) == sorted(r["store"] for r in json.loads(version.tags["concord.held_by"]))
+    assert lin["root"] == version.tags["root"]
+    assert lin["contract"]["ref"] == version.tags["contract"] == "penguins@1"
+    assert lin["data_snapshots"] == [version.tags["data"]] == [data["id"]]
+    assert sorted(r["store"] for r in lin["replicas"]) == sorted(r["store"] for r in json.loads(version.tags["held_by"]))
     assert "champion" in lin["aliases"]
     run_inputs = client.get_run(version.run_id).inputs.dataset_inputs
     assert data["digest"][:36] in {d.dataset.digest for d in run_inputs}
 
     users = concord("lineage", "data", data["id"])["model_versions"]
-    mlflow_users = client.search_model_versions(f"tags.`concord.data_snapshot` = '{data['id']}'")
+    mlflow_users = client.search_model_versions(f"tags.`data` = '{data['id']}'")
     assert {(u["name"], str(u["version"])) for u in users} >= {(m.name, str(m.version)) for m in mlflow_users if m.name == model}
     assert (model, str(mv["version"])) in {(u["name"], str(u["version"])) for u in users}
 

@@ -93,7 +93,7 @@ def test_register_validate_register_and_promote(tracking_uri, lineage_setup, sto
     summary = _by_key(artifacts_of(state.state_details.flow_run_id), "data-snapshot").data
     assert data["id"] in summary and "| rows | 344 |" in summary and "| columns | 8 |" in summary
     assert "| body_mass_g | float64 |" in summary and "| year | int64 |" in summary
-    assert mlflow_client.get_run(data["run_id"]).data.tags["concord.data_snapshot"] == data["id"]
+    assert mlflow_client.get_run(data["run_id"]).data.tags["data"] == data["id"]
 
     # validate it against the contract inferred from it
     state = validate_contract("penguins@1", registry, "data/penguins", us, return_state=True)
@@ -111,14 +111,16 @@ def test_register_validate_register_and_promote(tracking_uri, lineage_setup, sto
     assert {h["store"] for h in v1["held_by"]} == {us, eu}
     report = _by_key(artifacts_of(state.state_details.flow_run_id), "model-lineage").data
     assert f"## `{name}` version 1" in report and f"`{eu}` (hot)" in report and "`penguins@1`" in report
-    assert "```mermaid\nflowchart LR" in report and f"{name} v1" in report
+    # the lineage as a table, one row per version, not as Mermaid source
+    assert "```mermaid" not in report and "| version | snapshot | derived from | data | contract | aliases |" in report
+    assert f"| `{name}/1` | {root[:12]} |  | penguins {data['id'][:12]} | penguins@1 |  |" in report
 
     state = register_model_version(name, contract="penguins@1", parents=[f"{name}/1"], return_state=True, **common)
     assert state.result()["version"] == "2"
     report = _by_key(artifacts_of(state.state_details.flow_run_id), "model-lineage").data
-    assert f"`{name}/1`" in report and "-->|parent|" in report and f"{name} v2" in report
+    assert f"| `{name}/2` | {root[:12]} | {name}/1 | penguins {data['id'][:12]} | penguins@1 |  |" in report
     mv = mlflow_client.get_model_version(name, "2")
-    assert (mv.tags["concord.parents"], mv.tags["concord.contract"]) == (f"{name}/1", "penguins@1")
+    assert (mv.tags["parents"], mv.tags["contract"]) == (f"{name}/1", "penguins@1")
 
     # promote version 1: the gate passes
     state = promote_model(name, 1, "champion", us, registry, tracking_uri=tracking_uri, return_state=True)

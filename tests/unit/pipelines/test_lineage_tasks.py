@@ -127,9 +127,9 @@ def test_register_data_task_snapshots_the_table_and_logs_it_to_mlflow(data, peng
     assert open_store(stores["us"]).read_ref("data/penguins").root == data["id"]
 
     run = mlflow_client.get_run(data["run_id"])
-    assert run.data.tags["concord.data_snapshot"] == data["id"] and run.data.tags["concord.digest"] == data["digest"]
+    assert run.data.tags["data"] == data["id"] and run.data.tags["digest"] == data["digest"]
     (di,) = run.inputs.dataset_inputs
-    assert {t.key: t.value for t in di.tags}["concord.data_snapshot"] == data["id"]
+    assert {t.key: t.value for t in di.tags}["data"] == data["id"]
     assert data["digest"].startswith(di.dataset.digest)
 
     (e,) = events("concord.data.registered")
@@ -193,7 +193,7 @@ def test_register_model_task_records_data_contract_parents_and_holders(data, con
     assert v1["source"].endswith(f"/manifests/{weights}.json") and v1["store"] == stores["us"]
 
     mv = mlflow_client.get_model_version(name, "1")
-    assert (mv.tags["concord.root"], mv.tags["concord.data_snapshot"], mv.tags["concord.contract"]) == (weights, data["id"], "penguins@1")
+    assert (mv.tags["root"], mv.tags["data"], mv.tags["contract"]) == (weights, data["id"], "penguins@1")
     assert mv.source == v1["source"]
 
     v2 = register_model_task.fn(name, stores["us"], weights, parents=[f"{name}/1"], tiers={stores["us"]: "warm"}, tracking_uri=tracking_uri)
