@@ -250,3 +250,14 @@ def test_a_tier_policy_sets_compression_per_tier(tmp_path):
         policy("brotli")
     with pytest.raises(StoreConfigError, match="already configured"):
         policy("zstd").cold.open()
+
+
+def test_ledger_rounds_in_an_encrypted_store_are_sealed_and_still_verify(tmp_path):
+    from concord.federation.ledger import append_round, verify_ledger
+
+    s = _store(tmp_path / "sealed", encrypt=True)
+    for i in range(3):
+        append_round(s, "acme", {"method": "exact", "inputs": [f"adapter-secret-{i}"]})
+    assert verify_ledger(s, "acme").ok and verify_ledger(s, "acme").rounds == 3
+    blobs = b"".join(p.read_bytes() for p in (tmp_path / "sealed").rglob("*") if p.is_file())
+    assert b"adapter-secret" not in blobs and b"exact" not in blobs
