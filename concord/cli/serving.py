@@ -68,7 +68,7 @@ def cmd_checkout(args, out) -> int:
     check_root(store, root, policy)  # an untrusted root: refused before its manifest is even read
     r = checkout(
         store, load_manifest(store, root), args.dest, cache=cache, keep=args.keep, health=health, trust=policy,
-        wait=args.wait, fsync=not args.no_fsync, progress=out.progress,
+        wait=args.wait, fsync=not args.no_fsync, rehash=args.rehash, progress=out.progress,
     )
     if r.switched:
         lines = [
@@ -150,5 +150,7 @@ def register(sub, common: list[argparse.ArgumentParser]) -> None:
     s.add_argument("--wait", type=positive_float, default=600.0, metavar="S",
                    help="how long to wait for another checkout of DEST to finish (default 600)")
     s.add_argument("--no-fsync", action="store_true", help="do not flush the new files to disk before the flip")
+    s.add_argument("--rehash", action="store_true", help="also read back and hash the bytes copied from versions on "
+                   "the node whose files are unchanged since they were verified")
     s.set_defaults(func=cmd_checkout)
     _intermixed(s)

@@ -6,9 +6,11 @@ chunk, and the manifests of the versions already on the node say where each of t
 lies, so every chunk the node already holds is copied from there with ``copy_file_range`` (a
 reflink where the filesystem can share blocks, a copy in the kernel elsewhere) and only the others
 are fetched: from the cache store if one is given and holds them, else from the store (and then
-kept in the cache for the next node of the host). Every byte is verified: a copied range is read
-back and hashed, a fetched chunk is hashed as it arrives. Only a whole, verified version is
-renamed to ``<root>/``, and only then is the link flipped.
+kept in the cache for the next node of the host). Every byte is verified: a fetched chunk is
+hashed as it arrives; a copied range comes from a file whose bytes were verified when it was
+written and whose size, times and inode are unchanged since (``.manifests/<root>.files.json``),
+and any other copied range is read back and hashed (``rehash`` reads back every one). Only a
+whole, verified version is renamed to ``<root>/``, and only then is the link flipped.
 
 Crash safety: a checkout killed at any point leaves the link on the version it named and no
 half version under any name the link can point to; a re-run finds ``.partial-<root>/`` and keeps
@@ -19,6 +21,7 @@ says so. Checkouts, rollbacks and prunes of one link take its lock in turn.
 from __future__ import annotations
 
 import errno
+import json
 import os
 import shutil
 import threading
@@ -92,10 +95,46 @@ def _target_paths(manifest: Manifest, base: str) -> list[str]:
     return out
 
 
-def _local_sources(layout: Layout, order: list[str]) -> dict[str, tuple[str, int]]:
-    """Where each chunk lies in the versions already on this node: ``cid -> (file, offset)``.
-    Versions earlier in ``order`` win (the current one first: its pages are warm)."""
-    out: dict[str, tuple[str, int]] = {}
+def _stat_key(st: os.stat_result) -> list[int]:
+    """What changes when a file's bytes are written through the filesystem (ctime cannot be set back)."""
+    return [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
+
+
+def _record_files(layout: Layout, root: str, base: str, manifest: Manifest, fsync: bool) -> None:
+    """Note each verified file's size, times and inode beside the manifest: while they are the
+    same, the file holds the bytes that were verified, and a later checkout copies from it
+    without reading it back (``rehash`` reads everything again)."""
+    files = {f.path: _stat_key(os.stat(os.path.join(base, *f.path.split("/")))) for f in manifest.files}
+    atomic_write(_files_path(layout, root), json.dumps({"root": root, "files": files}).encode(), fsync=fsync)
+
+
+def _files_path(layout: Layout, root: str) -> str:
+    return layout.manifest_path(root)[: -len(".json")] + ".files.json"
+
+
+def _verified_files(layout: Layout, root: str, base: str) -> set[str]:
+    """The paths of ``root``'s files under ``base`` still as they were when verified."""
+    try:
+        with open(_files_path(layout, root), "rb") as f:
+            doc = json.loads(f.read())
+        recorded = doc["files"] if doc.get("root") == root else {}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return set()
+    out = set()
+    for rel, key in recorded.items():
+        try:
+            if _stat_key(os.stat(os.path.join(base, *str(rel).split("/")))) == key:
+                out.add(rel)
+        except (OSError, ValueError):
+            pass
+    return out
+
+
+def _local_sources(layout: Layout, order: list[str], rehash: bool) -> dict[str, tuple[str, int, bool]]:
+    """Where each chunk lies in the versions already on this node: ``cid -> (file, offset,
+    verified)``, ``verified`` when the file is unchanged since it was verified. Versions earlier in
+    ``order`` win (the current one first: its pages are warm), and a verified copy over another."""
+    out: dict[str, tuple[str, int, bool]] = {}
     for root in reversed(order):
         vdir = layout.version_dir(root)
         try:
@@ -103,11 +142,14 @@ def _local_sources(layout: Layout, order: list[str]) -> dict[str, tuple[str, int
                 m = Manifest.from_json(f.read(), expected_root=root)
         except (OSError, ValueError):
             continue  # a version without its manifest is served, but not copied from
+        good = set() if rehash else _verified_files(layout, root, vdir)
         for fe in m.files:
             path = os.path.join(vdir, *fe.path.split("/"))
+            ok = fe.path in good
             for p in fe.parts:
                 for cid, offset, _ in p.chunk_spans(m.chunk_size):
-                    out[cid] = (path, offset)
+                    if ok or not out.get(cid, (None, None, False))[2]:
+                        out[cid] = (path, offset, ok)
     return out
 
 
@@ -155,13 +197,18 @@ def materialise(
     sources: list[str],
     cache: Store | None = None,
     fsync: bool = True,
+    rehash: bool = False,
     progress: Progress | None = None,
 ) -> _Tally:
     """Write ``manifest`` into ``<versions>/<root>/``, whole and verified (see the module's doc).
-    ``sources`` are the roots of versions on this node to copy from, most preferred first."""
+    ``sources`` are the roots of versions on this node to copy from, most preferred first. With
+    ``rehash``, bytes copied from files unchanged since they were verified are hashed again too."""
     root = manifest.root
     part_dir = layout.partial_dir(root)
     resuming = os.path.isdir(part_dir)
+    # a kept version moved back to be checked out again: its files unchanged since they were
+    # verified are kept as they are; everything else in a partial version is hashed
+    intact = _verified_files(layout, root, part_dir) if resuming and not rehash else set()
     os.makedirs(part_dir, exist_ok=True)
     tally = _Tally()
     prog = ensure(progress)
@@ -179,10 +226,14 @@ def materialise(
                     os.ftruncate(fd, f.size)
             finally:
                 os.close(fd)
+            whole = f.path in intact
             for p in f.parts:
                 for cid, offset, length in p.chunk_spans(manifest.chunk_size):
+                    if whole:
+                        tally.add("reused", length)
+                        continue
                     places.setdefault(cid, []).append((path, offset, length))
-        local = _local_sources(layout, sources)
+        local = _local_sources(layout, sources, rehash)
         in_cache = cache.has_chunks([c for c in places if c not in local]) if cache is not None else set()
         prog.start(manifest.total_bytes, "checkout")
 
@@ -201,8 +252,14 @@ def materialise(
             data = None
             path, offset, length = todo[0]
             if cid in local:
-                spath, soff = local[cid]
+                spath, soff, verified = local[cid]
                 try:
+                    if verified:  # unchanged since it was verified: copied in the kernel, not read
+                        for t in todo:
+                            _copy(src.fd(spath), soff, dst.fd(t[0]), t[1], t[2])
+                            tally.add("reused", t[2])
+                        prog.advance(sum(t[2] for t in places[cid]))
+                        return
                     _copy(src.fd(spath), soff, dst.fd(path), offset, length)
                     data = read(path, offset, length)
                     if chunk_id(data) == cid:
@@ -239,6 +296,7 @@ def materialise(
                 os.fsync(fd)
         dst.close()
         atomic_write(layout.manifest_path(root), manifest.to_json(), fsync=fsync)
+        _record_files(layout, root, part_dir, manifest, fsync)
         os.rename(part_dir, layout.version_dir(root))
     except OSError as exc:
         if exc.errno in DISK_FULL:
@@ -264,6 +322,7 @@ def checkout(
     trust: "TrustPolicy | None" = None,
     wait: float = DEFAULT_WAIT,
     fsync: bool = True,
+    rehash: bool = False,
     progress: Progress | None = None,
 ) -> CheckoutResult:
     """Make ``dest`` (a symlink) name ``manifest``'s snapshot, written whole and verified beside it.
@@ -296,7 +355,9 @@ def checkout(
                 shutil.rmtree(layout.partial_dir(root))
             os.rename(layout.version_dir(root), layout.partial_dir(root))
         order = ([current] if current else []) + [r for r in reversed(layout.versions()) if r != current]
-        tally = materialise(store, manifest, layout, sources=order, cache=cache, fsync=fsync, progress=progress)
+        tally = materialise(
+            store, manifest, layout, sources=order, cache=cache, fsync=fsync, rehash=rehash, progress=progress
+        )
         layout.flip(root)
         layout.record(root, "checkout")
         if health is not None:

@@ -8,6 +8,7 @@ folder beside it on the same filesystem::
         <root>/                 a complete, verified version (renamed into place whole)
         .partial-<root>/        a version being written (never named by the link; a re-run resumes it)
         .manifests/<root>.json  each version's manifest (which byte ranges are which chunk)
+        .manifests/<root>.files.json  each file's size, times and inode once verified
         history.json            every flip, oldest first: which version was current before which
         .lock                   held (flock) by a checkout, rollback or prune of this link
 
@@ -340,10 +341,11 @@ def prune(layout: Layout, keep: int, *, spare: str | None = None) -> list[str]:
         if root in kept:
             continue
         remove_tree(layout.version_dir(root))
-        try:
-            os.unlink(layout.manifest_path(root))
-        except FileNotFoundError:
-            pass
+        for doc in (layout.manifest_path(root), layout.manifest_path(root)[: -len(".json")] + ".files.json"):
+            try:
+                os.unlink(doc)
+            except FileNotFoundError:
+                pass
         removed.append(root)
     for name in os.listdir(layout.folder):
         if name.startswith(TRASH_PREFIX) or (name.startswith(PARTIAL_PREFIX) and name[len(PARTIAL_PREFIX):] != spare):
