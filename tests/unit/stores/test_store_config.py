@@ -261,3 +261,12 @@ def test_ledger_rounds_in_an_encrypted_store_are_sealed_and_still_verify(tmp_pat
     assert verify_ledger(s, "acme").ok and verify_ledger(s, "acme").rounds == 3
     blobs = b"".join(p.read_bytes() for p in (tmp_path / "sealed").rglob("*") if p.is_file())
     assert b"adapter-secret" not in blobs and b"exact" not in blobs
+
+
+def test_an_encrypted_store_travels_to_a_task_runner_with_its_key_not_its_derived_keys(tmp_path, ckpt):
+    import pickle
+
+    s = _store(tmp_path / "sealed", "auto", encrypt=True)
+    root = snapshot(ckpt, s, chunk_size=SMALL_CHUNK, ref="m").root
+    copy = pickle.loads(pickle.dumps(s))
+    assert copy._store_encoding is None and copy.read_ref("m").root == root
