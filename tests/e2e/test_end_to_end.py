@@ -48,9 +48,13 @@ def test_the_nightly_audit_is_scheduled(client):
 
 
 def test_every_deployment_is_on_the_process_pool(client):
+    from .test_defaults import AFTER, AT_ONCE
+
     deployments = client.read_deployments()
     assert len(deployments) >= 10
-    assert {d.work_pool_name for d in deployments} == {"concord-process"}
+    pools = {f"{client.read_flow(d.flow_id).name}/{d.name}": d.work_pool_name for d in deployments}
+    assert {pools[n] for n in AT_ONCE + AFTER} == {"concord-process"}  # the pipelines; serving nodes have a pool of their own
+    assert set(pools.values()) <= {"concord-process", "concord-serving"}, pools
 
 
 def test_the_automations_and_the_triggers_are_on_the_server(client):
