@@ -80,3 +80,18 @@ def test_a_seeded_policy_says_so_and_gets_the_seeded_checkpoints(tmp_path, monke
     assert text.startswith(POLICY_HEADER) and "s3://" not in text
     monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:1")
     assert "s3://concord-warm" in policy_text() and "s3://concord-cold" in policy_text()
+
+
+def test_with_an_s3_endpoint_warm_and_cold_are_seeded_on_s3(moto_server, tmp_path, monkeypatch):
+    from concord.tiering import load_policy, tier_status
+
+    monkeypatch.setenv("AWS_ENDPOINT_URL", moto_server)
+    seeder = Seeder(tmp_path / "project", source=_checkpoint(tmp_path / "base"),
+                    tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}", say=lambda line: None)
+    seeder.seed_checkpoints()
+    seeder.seed_tiers()
+    status = tier_status(load_policy(str(seeder.policy_path)))
+    assert status["stores"]["warm"].startswith("s3://concord-warm") and status["stores"]["cold"].startswith("s3://concord-cold")
+    rows = {c["name"]: c for c in status["checkpoints"]}
+    assert set(rows) == {"minilm-step-0", "minilm-step-100"} and status["violations"] == []
+    assert all(rows[n]["tiers"]["cold"]["present"] for n in rows)
