@@ -122,7 +122,8 @@ def run(opts: Options) -> list[Table]:
     table.notes += [
         f"the checkout fetched {res.bytes_fetched / MB:.1f} MB and copied {res.bytes_reused / MB:.0f} MB from the "
         "served version with copy_file_range (a reflink where the filesystem shares blocks, a copy in the "
-        f"kernel elsewhere: {_fs(dest.parent)}), and read every byte back to verify it",
+        f"kernel elsewhere: {_fs(dest.parent)}); the served version's files were unchanged since they were "
+        "verified, so the copies were not read back (`--rehash` would)",
         f"rollback: {len(flips)} flips, slowest {max(flips) * 1000:.1f} ms",
         times_note(cases),
     ]
