@@ -8,7 +8,8 @@ The wing's modules, each usable alone:
 - :mod:`~concord.lineage.client`: the tracking server (URI, readiness, client, experiments);
 - :mod:`~concord.lineage.runs`: runs (any run; data snapshots as dataset inputs);
 - :mod:`~concord.lineage.registry`: model versions, the promotion gate, what is recorded;
-- :mod:`~concord.lineage.graph`: the lineage graph of a model, as Mermaid or a PNG.
+- :mod:`~concord.lineage.graph`: the lineage graph of a model (or of one version), as Mermaid, a
+  PNG or a table; each registered version's picture kept in MLflow.
 
 :class:`Lineage` is what callers hold: one tracking server, with every operation as a method.
 Nothing here imports mlflow, pandas or great-expectations until a method needs them.

@@ -1,7 +1,8 @@
 """The names Concord writes into MLflow: its experiments, and the tags on model versions and runs.
 
-Tag keys are short, so MLflow's version and run lists show them whole (the lists cut a tag's
-chip at about 20 characters, key and value together, and cut the key first when it is long).
+Tag keys are short, so MLflow's version list shows them whole: it cuts a tag's chip once key and
+value pass 30 characters, the longer of the two only, but both when each is over 15 (a 64-hex root
+under ``concord.data_snapshot`` read ``concord.…``); a key of at most 10 characters is never cut.
 Tags on a model version (and on the run that registered it, except ``held_by``):
 
 - ``root``: the snapshot root (the Merkle root of the weights);
