@@ -12,7 +12,8 @@ Tags on a model version (and on the run that registered it, except ``held_by``):
 - ``contract`` (``name@version``) and ``c_digest``: its schema contract and the contract's digest;
 - ``parents``: comma-separated ``name/version`` of the versions it derives from;
 - ``held_by``: JSON list of ``{"store": …, "tier": …}``, every replica;
-- ``promoted.<alias>``: when the promotion gate let the version take that alias.
+- ``promoted.<alias>``: when the promotion gate let the version take that alias (whole in the
+  list for an alias of up to 6 characters; longer ones show their start).
 
 The run that registered a version also has ``model`` and ``version`` (``name/N``), and its lineage
 picture as the artifact ``lineage/lineage.png``. Versions written before these names carry the

@@ -15,7 +15,7 @@ ROOT, DATA = "ab" * 32, "cd" * 32
 
 def test_every_version_tag_key_fits_mlflows_version_list():
     # MLflow's version list cuts a chip past 30 characters: the key too when it is over 15
-    assert all(len(new) <= 10 for new in LEGACY) and len(TAG_PROMOTED + "champion") <= 15
+    assert all(len(new) <= 10 for new in LEGACY) and len(TAG_PROMOTED + "stable") <= 15
 
 
 def test_old_tag_names_are_read_under_the_new_ones_and_the_new_ones_win():
