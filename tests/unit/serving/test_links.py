@@ -264,3 +264,18 @@ def test_under_a_trust_policy_an_unsigned_root_is_never_written(versions, tmp_pa
     assert main(["checkout", store.uri, "--root", m2.root, str(dest), "--trust", str(tmp_path / "keys" / "release.pub.pem")]) == 1
     assert m2.root in capsys.readouterr().err
     assert files_equal(dest, d1)
+
+
+def test_the_serving_wing_loads_no_heavy_library_and_a_health_check_is_one_thing():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, concord.serving.checkout, concord.serving.versions, concord.serving.health, concord.cli.serving;"
+        "bad = [m for m in ('prefect', 'torch', 'boto3', 'mlflow') if m in sys.modules]; print(bad); sys.exit(1 if bad else 0)"
+    )
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert res.returncode == 0, res.stdout + res.stderr
+    for bad in (dict(), dict(cmd="true", url="http://127.0.0.1:1/"), dict(url="file:///etc/passwd"), dict(cmd="true", attempts=0)):
+        with pytest.raises(ValueError):
+            HealthCheck(**bad)
