@@ -35,7 +35,7 @@ from concord.files import atomic_write
 from concord.hashing import chunk_id
 from concord.progress import Progress, ensure
 from concord.serving.health import HealthCheck
-from concord.serving.versions import DEFAULT_WAIT, Layout, prune
+from concord.serving.versions import DEFAULT_WAIT, Layout, fsync_dir, prune
 from concord.snapshots.manifest import Manifest, safe_relpath
 from concord.stores.base import Store
 from concord.text import control_char
@@ -313,6 +313,8 @@ def materialise(
         atomic_write(layout.manifest_path(root), manifest.to_json(), fsync=fsync)
         _record_files(layout, root, part_dir, manifest, fsync)
         os.rename(part_dir, layout.version_dir(root))
+        if fsync:
+            fsync_dir(layout.folder)  # the rename itself survives a power cut before the flip
     except OSError as exc:
         if exc.errno in DISK_FULL:
             dst.close()

@@ -136,7 +136,7 @@ class Layout:
             finally:
                 if os.path.lexists(tmp):
                     os.unlink(tmp)
-        _fsync_dir(parent)
+        fsync_dir(parent)
 
     # ------------------------------------------------------------------ history
 
@@ -192,7 +192,7 @@ class Layout:
             os.close(fd)  # releases the lock
 
 
-def _fsync_dir(path: str) -> None:
+def fsync_dir(path: str) -> None:
     fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
     try:
         os.fsync(fd)
