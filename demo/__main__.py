@@ -29,6 +29,10 @@ from demo.story import Story  # noqa: E402
 from demo.tiering import tiering_folders, tiering_story  # noqa: E402
 
 
+#: the project's folder: its data/mlflow.db is the database `make serve` gives its worker
+PROJECT_DIR = Path(__file__).resolve().parent.parent
+
+
 def run(home: Path, story: Story) -> None:
     from concord.lineage.client import shown_uri
 
@@ -58,11 +62,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.parse_args(argv)
     home = Path(os.environ.get("CONCORD_HOME") or "data/demo").resolve()
     os.environ["CONCORD_HOME"] = str(home)
-    from deployments.serve import mlflow_ui_command, tracking_uri
-
-    # one MLflow database for the demo and the served flows: data/mlflow.db of the project (unless
-    # MLFLOW_TRACKING_URI names another), so one `mlflow ui` shows both
-    os.environ["MLFLOW_TRACKING_URI"] = tracking_uri()
+    # one MLflow database for the demo and the served flows: data/mlflow.db of the project, as
+    # `make serve` gives its worker (unless MLFLOW_TRACKING_URI names another), so one `mlflow ui` shows both
+    if not os.environ.get("MLFLOW_TRACKING_URI", "").strip():
+        os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{PROJECT_DIR / 'data' / 'mlflow.db'}"
     story = Story()
     try:
         run(home, story)
@@ -78,7 +81,11 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     print(f"Demo complete: all {story.passed} checks passed in {elapsed:.1f} s. Stores are in {home / 'stores'}, "
           f"the lineage graph in {home / 'lineage'}.")
-    print(f"Lineage, drills and audits are in MLflow: {mlflow_ui_command(os.environ['MLFLOW_TRACKING_URI'])}")
+    from concord.lineage.client import shown_uri
+
+    uri = shown_uri(os.environ["MLFLOW_TRACKING_URI"])
+    opens = f"mlflow ui --backend-store-uri {uri} --port 5000   # then open http://127.0.0.1:5000" if uri.startswith("sqlite:") else uri
+    print(f"Lineage, drills and audits are in MLflow: {opens}")
     return 0
 
 
