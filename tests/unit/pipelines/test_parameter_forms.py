@@ -130,3 +130,15 @@ def test_a_name_form_takes_what_the_core_takes(flow, param, others, name, ok):
         with pytest.raises(ParameterTypeError) as caught:
             flow.validate_parameters({**others, param: value})
         assert param in str(caught.value)
+
+
+def test_every_deployment_is_named_for_what_it_does():
+    """Not 16 rows of "default" in the UI: each name says what its defaults do, and no two alike."""
+    from pathlib import Path
+
+    import yaml
+
+    root = Path(__file__).resolve().parents[3]
+    names = [d["name"] for d in yaml.safe_load((root / "prefect.yaml").read_text())["deployments"]]
+    assert "default" not in names
+    assert all(n == n.lower() and " " not in n and len(n) >= 5 for n in names), names
