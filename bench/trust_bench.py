@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import hashlib
 
-from bench.common import GB, MiB, Case, Options, Row, Table, Target, ensure_checkpoint, fresh_dir, log, race, remove, times_note, warm
+from bench.common import GB, MiB, Case, Options, Row, Table, Target, ensure_checkpoint, fresh_dir, log, race, remove, settle, times_note, warm
 
 
 def _sha256_files(paths) -> dict:
@@ -73,6 +73,7 @@ def run(opts: Options) -> list[Table]:
 
         def clear() -> None:
             remove(out)
+            settle()  # the previous restore's dirty pages written back before this one is timed
 
         def restored(r) -> None:
             got = _sha256_files(sorted(p for p in out.iterdir() if p.is_file()))
