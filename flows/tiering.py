@@ -30,6 +30,7 @@ from tasks import (
     log_drill_task,
     promoted_roots_task,
     restore_checkpoint_task,
+    sign_tiers_task,
     sweep_task,
     tier_policy_task,
     tier_status_task,
@@ -167,6 +168,7 @@ def tier_checkpoints(
     step: Step | None = None,
     pin_promoted: bool = True,
     tracking_uri: str | None = None,
+    trust_block: str | None = None,
 ) -> dict:
     """Keep a namespace's checkpoints hot, warm and cold as its policy says.
 
@@ -187,6 +189,8 @@ def tier_checkpoints(
             policy's pins apply.
         tracking_uri: MLflow tracking URI; empty for the worker's MLFLOW_TRACKING_URI (else the
             embedded sqlite database).
+        trust_block: A saved Concord Trust block; with a signing key, a checkpoint added is signed
+            and its signature copied to every tier holding it.
     """
     check_checkpoint_arguments(checkpoint_dir, name, step)
     pinned = promoted_roots_task(tracking_uri or None) if pin_promoted else []
@@ -197,6 +201,8 @@ def tier_checkpoints(
     with staged(checkpoint_dir) if checkpoint_dir else nullcontext() as checkpoint, opened_tiers(tiers) as stores:
         if checkpoint is not None:
             added = add_checkpoint_task(tiers, stores, checkpoint["path"], name=name or None, step=step, pinned_roots=pinned)
+            if trust_block:
+                added["signed"] = sign_tiers_task(stores, added["root"], trust_block, ref=tiers.ref(added["name"]))
             swept = added["sweep"]
             namespace = added["namespace"]
         else:
@@ -236,6 +242,7 @@ def restore_checkpoint_flow(
     name: CheckpointName,
     out_dir: Annotated[str, Field(min_length=1, description="A new folder to restore into (never overwritten).")],
     tier: Literal["nearest", "hot", "warm", "cold"] = "nearest",
+    trust_block: str | None = None,
 ) -> dict:
     """Restore a tiered checkpoint into a new folder and check every byte.
 
@@ -245,8 +252,12 @@ def restore_checkpoint_flow(
         out_dir: A new folder to restore into; Concord never overwrites files.
         tier: The tier to restore from; nearest takes the fastest tier holding a copy (hot, then
             warm, then cold, waiting for an archive restore if cold is archived).
+        trust_block: A saved Concord Trust block; with trusted keys, a copy none of them signed is
+            refused before anything is written (empty: the worker's CONCORD_TRUSTED_KEYS, if set).
     """
-    r = restore_checkpoint_task(tier_policy_task(policy), name, out_dir, tier=None if tier == "nearest" else tier)
+    r = restore_checkpoint_task(
+        tier_policy_task(policy), name, out_dir, tier=None if tier == "nearest" else tier, trust_block=trust_block or None
+    )
     rows = [
         ("checkpoint", f"`{r['name']}` {short(r['root'])}"),
         ("from", f"{r['tier']} (`{r['store']}`)"),

@@ -41,6 +41,7 @@ _WHERE = {
     "snapshot_task": "snapshots",
     "check_trust_task": "trust",
     "sign_snapshot_task": "trust",
+    "sign_tiers_task": "trust",
     "signatures_task": "trust",
     "checkout_task": "serving",
     "rollback_link_task": "serving",

@@ -40,14 +40,20 @@ def restore_checkpoint_task(
     out_dir: str,
     tier: Literal["hot", "warm", "cold"] | None = None,
     timeout: float | None = None,
+    trust_block: str | None = None,
 ) -> dict:
     """Restore checkpoint ``name`` into the new folder ``out_dir``, from ``tier`` or the nearest
     tier holding it (waiting for an archive restore if it is only in an archived cold copy), and
-    check every byte. Emits ``concord.tier.restored``; returns ``TierRestoreResult.to_dict()``."""
+    check every byte. Under a trust policy (the trust block ``trust_block``, else
+    ``$CONCORD_TRUSTED_KEYS``) a copy no trusted key signed is refused before anything is asked
+    of an archive or written. Emits ``concord.tier.restored``; returns ``TierRestoreResult.to_dict()``."""
     from concord.tiering.restore import restore_checkpoint
+    from tasks.trust import trust_policy
 
     ns = policy.namespace
-    r = restore_checkpoint(policy, name, out_dir, tier=tier, timeout=timeout, progress=PrefectProgress()).to_dict()
+    trust = trust_policy(trust_block)
+    check = trust.restore_check if trust is not None else None
+    r = restore_checkpoint(policy, name, out_dir, tier=tier, timeout=timeout, progress=PrefectProgress(), check_root=check).to_dict()
     r["namespace"] = ns
     r["event_id"] = events.emit(
         events.TIER_RESTORED,

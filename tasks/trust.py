@@ -52,6 +52,36 @@ def sign_snapshot_task(store: str, root: str, trust_block: str, ref: str | None 
     return out
 
 
+@task(name="sign-tiers", **RETRIED)
+def sign_tiers_task(stores: dict, root: str, trust_block: str, ref: str | None = None) -> dict | None:
+    """Sign ``root`` (a checkpoint just tiered) in the first tier holding it (hot, warm, cold:
+    ``stores``, the run's open tiers) with the trust block's signing key, then copy the signature
+    to every other tier holding it. None when the block has no signing key. Emits
+    ``concord.snapshot.signed``."""
+    from blocks.trust import load_trust_block
+    from concord.snapshots.sync import copy_signatures
+    from concord.trust import sign_root
+
+    key = load_trust_block(trust_block).get_signing_key()
+    if key is None:
+        return None
+    holding = [s for s in stores.values() if s.has_manifest(root)]
+    if not holding:
+        from concord.errors import ManifestNotFoundError
+
+        raise ManifestNotFoundError(", ".join(s.uri for s in stores.values()), root)
+    first, others = holding[0], holding[1:]
+    r, _ = sign_root(first, root, key, ref=ref)
+    for s in others:
+        copy_signatures(first, s, root)
+    out = r.to_dict() | {"store": first.uri, "copied_to": [s.uri for s in others]}
+    related = [events.store(s.uri, "store") for s in holding] + ([events.ref(ref)] if ref else [])
+    payload = {k: out[k] for k in ("root", "key_id", "document", "files", "bytes", "ref", "store", "copied_to")}
+    out["event_id"] = events.emit(events.SNAPSHOT_SIGNED, events.snapshot(root), related, payload)
+    run_logger().info("signed %s with key %s in %s, copied to %d other tier(s)", root[:12], r.key_id[:16], first.uri, len(others))
+    return out
+
+
 @task(name="check-trust", **RETRIED)
 def check_trust_task(store: str, snapshot: str, trust_block: str | None = None) -> dict:
     """Refuse (:class:`~concord.errors.UntrustedRootError`) snapshot ``snapshot`` (a ref or a

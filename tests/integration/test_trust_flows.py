@@ -83,3 +83,25 @@ def test_a_federation_round_is_signed_by_the_deployments_key(tmp_path, store_dir
     assert r["ledger_report"]["ok"]
     (doc,) = list_rounds(open_store(specs[0]), "acme")
     assert doc["signature"]["key_id"] == key_id
+
+
+def test_tiering_signs_every_tier_and_restore_checkpoint_refuses_an_unsigned_copy(tmp_path, trust_block):
+    from test_tier_flows import make_checkpoint, write_policy
+
+    from flows.tiering import restore_checkpoint_flow, tier_checkpoints
+
+    name, key_id = trust_block
+    policy = write_policy(tmp_path / "policy.yaml", tmp_path / "tiers", f"run-{uuid.uuid4().hex[:8]}")
+    signed = make_checkpoint(tmp_path / "ckpts" / "step-100", 100, 1_700_000_000)
+    unsigned = make_checkpoint(tmp_path / "ckpts" / "step-200", 200, 1_700_000_060)
+    r = tier_checkpoints(policy, checkpoint_dir=str(signed), pin_promoted=False, trust_block=name)
+    root = r["added"]["root"]
+    assert r["added"]["signed"]["key_id"] == key_id
+    assert all(signature_ids(open_store(str(tmp_path / "tiers" / t)), root) == [key_id] for t in ("hot", "warm", "cold"))
+    tier_checkpoints(policy, checkpoint_dir=str(unsigned), pin_promoted=False)  # a deployment without a key
+    ok = restore_checkpoint_flow(policy, "step-100", str(tmp_path / "out1"), tier="cold", trust_block=name)
+    assert ok["root"] == root
+    state = restore_checkpoint_flow(policy, "step-200", str(tmp_path / "out2"), trust_block=name, return_state=True)
+    assert state.is_failed() and not (tmp_path / "out2").exists()
+    with pytest.raises(UntrustedRootError):
+        state.result()
