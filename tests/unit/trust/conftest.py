@@ -1,10 +1,7 @@
 """Fixtures of the trust tests: key pairs (made once per session), a small model folder, a store
 holding its snapshot, and the real ``model_signing`` package for interop.
 
-``model_signing`` 1.1.1 imports ``OpenSSL`` (pyOpenSSL) at import time for its certificate
-signer only; pyOpenSSL is not installed here, so a stand-in module is registered before the
-import. The key signer and verifier used by these tests never touch it: every signature and
-every check below is the real package's code.
+The real ``model_signing`` package is imported through ``oms_interop.import_model_signing``.
 """
 
 from __future__ import annotations
@@ -12,7 +9,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import types
 from pathlib import Path
 
 import pytest
@@ -25,17 +21,6 @@ for _sibling in ("federation", "pipelines"):
     _path = str(Path(__file__).parents[1] / _sibling)
     if _path not in sys.path:
         sys.path.append(_path)
-
-
-def import_model_signing():
-    try:
-        import OpenSSL  # noqa: F401
-    except ImportError:
-        sys.modules.setdefault("OpenSSL", types.ModuleType("OpenSSL"))
-        sys.modules["OpenSSL"].crypto = None
-    import model_signing
-
-    return model_signing
 
 
 @pytest.fixture(scope="session")

@@ -6,7 +6,7 @@ import json
 import shutil
 
 import pytest
-from conftest import import_model_signing
+from oms_interop import import_model_signing
 
 from concord.errors import SignatureError
 from concord.snapshots.refs import load_manifest
