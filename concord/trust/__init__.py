@@ -26,6 +26,9 @@ The stable API other wings and rooms call (import from ``concord.trust``)::
     # signing
     key = load_signing_key("key.pem", password=None)    # password default: $CONCORD_KEY_PASSWORD
     result, bundle_bytes = sign_root(store, root, key, ref="models/x")
+    result, checked = snapshot_signed(folder, store, bundle_bytes, policy.keys, ref="models/x")
+                                                        # snapshot a model_signing-signed folder
+    checked = verify_bundle(store, root, bundle_bytes, policy.keys)   # check one bundle fully
 
 A key id is the SHA-256 of the public key's PEM, as OMS writes it in the bundle's key hint.
 Errors are in :mod:`concord.errors` (``TrustError`` and subclasses). See docs/trust.md.
@@ -50,6 +53,7 @@ from concord.trust.signing import (
     signature_documents,
     signature_ids,
     signature_key,
+    snapshot_signed,
     verify_bundle,
 )
 
@@ -78,5 +82,6 @@ __all__ = [
     "signature_ids",
     "signature_key",
     "signing_key_from_pem",
+    "snapshot_signed",
     "verify_bundle",
 ]
