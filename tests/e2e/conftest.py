@@ -65,6 +65,7 @@ class Served:
     project_dir: Path  # where flow runs start: the deployments' relative store paths resolve here
     tier_policy: Path  # the tier policy the tier-checkpoints deployment reads (data/tiering/policy.yaml)
     tracking_uri: str  # the MLflow database of the served runs (data/mlflow.db)
+    start_output: str = ""  # what `start` printed
 
 
 def _serve(state_dir: Path, *args: str, timeout: float) -> subprocess.CompletedProcess:
@@ -101,7 +102,7 @@ def served(tmp_path_factory):
 
         with patched_environ({"PREFECT_API_URL": api_url}), temporary_settings(updates={PREFECT_API_URL: api_url}):
             yield Served(api_url, state_dir, watched, project_dir, tier_policy,
-                         f"sqlite:///{project_dir.resolve() / 'data' / 'mlflow.db'}")
+                         f"sqlite:///{project_dir.resolve() / 'data' / 'mlflow.db'}", started.stdout)
     finally:
         from deployments import serve
 

@@ -67,6 +67,12 @@ def test_the_seeded_project_holds_what_the_defaults_name(served):
         assert (data / path).exists(), path
 
 
+def test_start_says_what_it_seeded_and_how_to_open_mlflow(served):
+    out = served.start_output
+    assert "seeding what the deployments' defaults name" in out and "promoted to champion" in out, out
+    assert f"mlflow ui --backend-store-uri {served.tracking_uri}" in out, out
+
+
 def test_every_deployment_run_with_its_defaults_completes(default_runs, client):
     failed = {n: f"{r.state.type.value}: {r.state.message}" for n, r in default_runs.items() if not r.state.is_completed()}
     assert failed == {}
