@@ -21,7 +21,7 @@ _WHERE = {
     "validate_contract": "flows.lineage",
     "register_model_version": "flows.lineage",
     "promote_model": "flows.lineage",
-    "publish_oci": "flows.publish_oci",
+    "publish_oci": "flows.oci",
     "lora_federation": "flows.federation",
     "tier_checkpoints": "flows.tiering",
     "restore_checkpoint_flow": "flows.tiering",

@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[3]
 
 def _deployment() -> dict:
     doc = yaml.safe_load((ROOT / "prefect.yaml").read_text())
-    (d,) = [d for d in doc["deployments"] if d["entrypoint"] == "flows/publish_oci.py:publish_oci"]
+    (d,) = [d for d in doc["deployments"] if d["entrypoint"] == "flows/oci.py:publish_oci"]
     return d
 
 
