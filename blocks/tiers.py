@@ -25,7 +25,7 @@ from concord.errors import InvalidStoreURIError, PolicyError, StoreUnreachableEr
 from concord.stores.address import FOLDER, StoreAddress
 from concord.tiering.policy import TierPolicy, format_duration, parse_duration
 
-__all__ = ["ColdStorageClass", "RestoreTier", "TierPolicyBlock", "WarmStorageClass", "load_policy_block"]
+__all__ = ["ColdStorageClass", "Compression", "RestoreTier", "TierPolicyBlock", "WarmStorageClass", "load_policy_block"]
 
 #: S3 storage classes whose objects can be read at once (hot and warm copies must be readable)
 WarmStorageClass = Literal[
@@ -47,6 +47,8 @@ ColdStorageClass = Literal[
     "GLACIER",
     "DEEP_ARCHIVE",
 ]
+#: how a tier store keeps its chunks (set when the tier's store is first opened empty)
+Compression = Literal["none", "zstd", "auto"]
 #: S3 retrieval tiers for archive restores, fastest and dearest first
 RestoreTier = Literal["Expedited", "Standard", "Bulk"]
 
@@ -140,6 +142,11 @@ class TierPolicyBlock(Block):
         title="Hot media",
         description="The kind of media hot is on, for the 3-2-1 rule (e.g. nvme); empty to infer it from the store (disk, object).",
     )
+    hot_compress: Optional[Compression] = Field(
+        default=None,
+        title="Hot compression",
+        description="How the hot store keeps chunks: none, zstd, or auto (byte planes for float tensors); empty to leave the store as it is. Applied when the store is first opened empty.",
+    )
     hot_rto: Optional[str] = Field(
         default=None,
         title="Hot RTO",
@@ -179,6 +186,11 @@ class TierPolicyBlock(Block):
         title="Warm media",
         description="The kind of media warm is on, for the 3-2-1 rule (e.g. nas); empty to infer it from the store.",
     )
+    warm_compress: Optional[Compression] = Field(
+        default=None,
+        title="Warm compression",
+        description="How the warm store keeps chunks: none, zstd, or auto (byte planes for float tensors); empty to leave the store as it is. Applied when the store is first opened empty.",
+    )
     warm_rto: Optional[str] = Field(
         default=None,
         title="Warm RTO",
@@ -210,6 +222,11 @@ class TierPolicyBlock(Block):
         default=None,
         title="Cold media",
         description="The kind of media cold is on, for the 3-2-1 rule (e.g. tape); empty to infer it from the store and storage class.",
+    )
+    cold_compress: Optional[Compression] = Field(
+        default=None,
+        title="Cold compression",
+        description="How the cold store keeps chunks: none, zstd, or auto (byte planes for float tensors), e.g. auto to keep cold about a third smaller; empty to leave the store as it is. Applied when the store is first opened empty.",
     )
     cold_rto: Optional[str] = Field(
         default=None,
@@ -322,9 +339,9 @@ class TierPolicyBlock(Block):
 
         doc: dict[str, Any] = {
             "namespace": self.namespace,
-            "hot": tier("hot", ("store", "keep", "keep_days", "storage_class", "media", "rto", "rpo")),
-            "warm": tier("warm", ("store", "keep", "keep_days", "storage_class", "media", "rto", "rpo")),
-            "cold": tier("cold", ("store", "storage_class", "offsite", "media", "rto", "rpo")),
+            "hot": tier("hot", ("store", "keep", "keep_days", "storage_class", "media", "compress", "rto", "rpo")),
+            "warm": tier("warm", ("store", "keep", "keep_days", "storage_class", "media", "compress", "rto", "rpo")),
+            "cold": tier("cold", ("store", "storage_class", "offsite", "media", "compress", "rto", "rpo")),
             "gc_grace": self.gc_grace,
             "ready": {"settle": self.ready_settle},
             "restore": {
@@ -367,6 +384,7 @@ class TierPolicyBlock(Block):
             fields[f"{t}_store"] = spec.store
             fields[f"{t}_storage_class"] = spec.storage_class
             fields[f"{t}_media"] = spec.media
+            fields[f"{t}_compress"] = spec.compress
             fields[f"{t}_rto"] = format_duration(spec.rto_seconds) if spec.rto_seconds is not None else None
             fields[f"{t}_rpo"] = format_duration(spec.rpo_seconds) if spec.rpo_seconds is not None else None
             if t == "cold":

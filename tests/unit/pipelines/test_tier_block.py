@@ -104,6 +104,7 @@ def test_s3_tiers_with_an_archive_cold_class(tmp_path) -> None:
         ({"warm_storage_class": "GLACIER"}, "warm_storage_class"),
         ({"cold_storage_class": "ARCHIVE"}, "cold_storage_class"),
         ({"restore_tier": "Fast"}, "restore_tier"),
+        ({"cold_compress": "lz4"}, "cold_compress"),
         ({"hot_rto": "soon"}, "not a duration"),
         ({"gc_grace": ""}, "not a duration"),
         ({"hot_keep": 0}, "hot_keep"),
@@ -127,7 +128,7 @@ def test_from_policy_round_trips(tmp_path) -> None:
         "namespace": "run-7",
         "hot": {"store": str(tmp_path / "h"), "keep_days": 1, "rto": "30s", "rpo": "15m"},
         "warm": {"store": "s3://b/warm", "keep_days": 7, "storage_class": "ONEZONE_IA"},
-        "cold": {"store": "s3://b/cold", "storage_class": "GLACIER", "media": "tape", "rto": "1d"},
+        "cold": {"store": "s3://b/cold", "storage_class": "GLACIER", "media": "tape", "compress": "auto", "rto": "1d"},
         "rpo": "2h",
         "pin": ["best"],
         "gc_grace": "6h",
@@ -137,6 +138,7 @@ def test_from_policy_round_trips(tmp_path) -> None:
     policy = TierPolicy.from_dict(doc)
     block = TierPolicyBlock.from_policy(policy)
     assert (block.hot_keep, block.hot_keep_days, block.warm_keep_days) == (None, 1, 7)
+    assert (block.hot_compress, block.cold_compress) == (None, "auto")
     assert block.get_policy() == policy
     assert block.get_policy().to_dict() == policy.to_dict()
 
