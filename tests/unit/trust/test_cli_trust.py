@@ -7,20 +7,18 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from concord.cli import main
 
-#: the real model_signing command line (pyOpenSSL, which it imports for certificates only, stood in)
-OMS_CLI = (
-    "import sys, types; m = types.ModuleType('OpenSSL'); m.crypto = None; sys.modules.setdefault('OpenSSL', m); "
-    "from model_signing._cli import main; sys.argv[0] = 'model_signing'; main()"
-)
+#: the real model_signing command line, installed beside the interpreter by the package
+OMS_CLI = str(Path(sys.executable).with_name("model_signing"))
 
 
 def oms(*argv) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", OMS_CLI, *argv], capture_output=True, text=True)
+    return subprocess.run([OMS_CLI, *argv], capture_output=True, text=True)
 
 
 def run(capsys, *argv):
