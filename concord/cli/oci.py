@@ -67,7 +67,7 @@ def cmd_import_oci(args, out) -> int:
         f"  snapshot {r.root}: {r.files} files, {human(r.bytes)} ({human(r.new_bytes)} new in {d['store']})",
     ]
     if r.ref:
-        lines.append(f"  ref {r.ref} → {r.root[:12]} (was {(r.previous or '(new)')[:12]})")
+        lines.append(f"  ref {r.ref} → {r.root[:12]}" + (f" (was {r.previous[:12]})" if r.previous else " (a new ref)"))
     if r.signatures:
         lines.append(f"  signatures kept: {', '.join(r.signatures)}")
     out.emit(d, lines)
