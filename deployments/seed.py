@@ -14,8 +14,10 @@ under ``<project>/data``:
   as announced, so they are not taken in a second time;
 * ``stores/us-east`` with both snapshots under ``models/minilm`` (two versions of the ref, so a diff
   and a rollback have a version to go back to), replicated to ``stores/eu-central`` and
-  ``stores/ap-south``; one LoRA adapter per cluster for tenant ``acme``
-  (``acme/adapter-<cluster>``);
+  ``stores/ap-south``; the base alone under ``models/minilm-base`` in us-east (what the serving
+  node's checkout-on-node serves by default, so that it and the rollout of ``models/minilm`` each
+  flip the node's link, and a rollback has a version to go back to); one LoRA adapter per cluster
+  for tenant ``acme`` (``acme/adapter-<cluster>``);
 * ``datasets/penguins.csv`` (the Palmer penguins), registered as the data snapshot ``data/penguins``
   in us-east, and its schema contract ``penguins@1`` in ``registry``;
 * ``tiering/policy.yaml``: hot, warm and cold on local folders (``tiers/hot``, ``tiers/warm`` on a
@@ -40,6 +42,8 @@ from pathlib import Path
 from typing import Callable
 
 MODEL = "minilm"
+#: the ref of the base checkpoint alone (``models/minilm`` moves on to the fine-tunes)
+BASE_REF = f"models/{MODEL}-base"
 #: the seeded checkpoints: the base, then the fine-tune (its step is the number its name ends with)
 STEPS = ("step-0", "step-100")
 CLUSTERS = ("us-east", "eu-central", "ap-south")
@@ -121,6 +125,7 @@ class Seeder:
     def run(self) -> None:
         self.seed_checkpoints()
         self.seed_stores()
+        self.seed_base()
         self.seed_adapters()
         data_id = self.seed_data()
         self.seed_contract()
@@ -196,6 +201,21 @@ class Seeder:
         finally:
             for s in (primary, *others):
                 s.close()
+
+    def seed_base(self) -> None:
+        from concord.snapshots.snapshot import snapshot
+        from concord.stores import open_store
+
+        primary = open_store(str(self.store_path(CLUSTERS[0])))
+        try:
+            if primary.read_ref(BASE_REF) is not None:
+                self.say(f"{BASE_REF} in {CLUSTERS[0]}: there already")
+                return
+            # the same bytes as the first version of models/minilm: no chunk is written again
+            snapshot(str(self.checkpoints / STEPS[0]), primary, ref=BASE_REF, message=f"seeded: {MODEL} {STEPS[0]}")
+        finally:
+            primary.close()
+        self.say(f"{BASE_REF} in {CLUSTERS[0]}: snapshotted {STEPS[0]}")
 
     def seed_adapters(self) -> None:
         from concord.snapshots.snapshot import snapshot

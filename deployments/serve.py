@@ -13,10 +13,16 @@ else ``<project>/data/mlflow.db``, the database ``make demo`` writes too). Then 
 Prefect server at ``$PREFECT_API_URL`` when it is set, otherwise starts
 ``prefect server start`` on 127.0.0.1 (its home, database included, under ``<dir>/prefect``,
 analytics off) and waits until it is healthy. Then it creates the ``concord-process`` work pool
-if missing, registers the project's blocks, deploys everything in ``prefect.yaml`` (their
-triggers included), applies the automations (``deployments.automations``, notifying the block
-named by ``$CONCORD_NOTIFY_BLOCK`` if set), and starts a process worker and the checkpoint
-watcher; it ends by printing the UI's address and the ``mlflow ui`` command of that database.
+and ``concord-serving`` work pools if missing, registers the project's blocks, deploys everything
+in ``prefect.yaml`` (their triggers included), applies the automations (``deployments.automations``,
+notifying the block named by ``$CONCORD_NOTIFY_BLOCK`` if set), and starts a process worker, the
+checkpoint watcher and one serving node (``node-local``: a worker of ``concord-serving`` polling its
+own queue; the serving deployments' defaults check out into ``<project>/data/serving/node-local``).
+When CNCF distribution's ``docker-registry`` is installed, it also starts an OCI registry on
+127.0.0.1 (a free port; its config and blobs under ``<project>/data/oci-registry``) and deploys
+``publish-oci/champion-to-registry`` again with that registry as its ``repository``; when it is
+missing, it says how to install it, and that deployment is given no repository, so its runs fail
+saying the same. It ends by printing the UI's address and the ``mlflow ui`` command of that database.
 Every process it starts runs in its own process group, logs to ``<dir>/logs/<name>.log``
 and is recorded (pid, start time, command, folder, log) in ``<dir>/processes.json`` the moment it
 starts, so ``stop`` can end it even after a failed start; the environment variables it sets for
@@ -24,7 +30,8 @@ them are recorded there too. Flow runs send a heartbeat every 30 s (Prefect's sh
 ``$PREFECT_FLOWS_HEARTBEAT_FREQUENCY`` overrides it), which the zombie automation of
 ``deployments.automations`` watches.
 
-``restart NAME`` ends the recorded process NAME (``server``, ``worker`` or ``watcher``) if it still
+``restart NAME`` ends the recorded process NAME (``server``, ``worker``, ``watcher``, ``node-local``
+or ``registry``) if it still
 runs, and starts it again with its recorded command, folder and environment, in its place in the
 record; for the server it then waits until the API is healthy again. The server comes back on the
 same port with the same database: flow runs waiting on it carry on, since Prefect's client retries
@@ -42,7 +49,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -58,9 +67,17 @@ from deployments.automations import HEARTBEAT_SECONDS
 PROJECT_DIR = Path(__file__).resolve().parent.parent
 DEFAULT_DIR = PROJECT_DIR / "data" / "serve"
 WORK_POOL = "concord-process"
-#: the pool of serving nodes: each node's worker polls its own queue (``--work-queue NODE``), and
-#: none is started here (a rollout's checkouts run on the nodes themselves)
+#: the pool of serving nodes: each node's worker polls its own queue (``--work-queue NODE``); a
+#: rollout's checkouts run on the nodes themselves
 SERVING_POOL = "concord-serving"
+#: the one serving node started here: its work queue, its worker's name and its record's name
+LOCAL_NODE = "node-local"
+#: CNCF distribution, as Debian packages it (``make test-prereqs`` installs it)
+REGISTRY_EXE = "docker-registry"
+REGISTRY_INSTALL = "sudo apt-get install -y docker-registry (or `make test-prereqs`)"
+#: the deployment that publishes to the registry started here, and the path its artifacts go under
+PUBLISH_DEPLOYMENT = "champion-to-registry"
+REGISTRY_PATH = "models"
 RECORD = "processes.json"
 WATCHER_STATE = "watcher-state.json"
 HEARTBEAT_ENV = "PREFECT_FLOWS_HEARTBEAT_FREQUENCY"
@@ -235,6 +252,8 @@ def status(state_dir: Path, *, out=sys.stdout) -> int:
         return 0
     if data.get("ui_url"):
         print(f"Prefect UI: {data['ui_url']}", file=out)
+    if data.get("registry"):
+        print(f"OCI registry: {data['registry']} (plain HTTP)", file=out)
     alive = [is_alive(p) for p in data["processes"]]
     for p, up in zip(data["processes"], alive):
         print(f"{p.name:<10} pid {p.pid:<8} {'running' if up else 'dead':<8} log {p.log}", file=out)
@@ -303,6 +322,58 @@ def _prefect() -> str:
     return str(exe) if exe.exists() else "prefect"
 
 
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def registry_exe() -> str | None:
+    """CNCF distribution's ``docker-registry`` on the PATH, None when it is not installed."""
+    return shutil.which(REGISTRY_EXE)
+
+
+def registry_command(exe: str, data_dir: Path, port: int) -> list[str]:
+    """Write the config of a registry on 127.0.0.1:``port`` speaking plain HTTP, its blobs under
+    ``data_dir/storage``, into ``data_dir/config.yml``; the command that serves it."""
+    data_dir = Path(data_dir).resolve()
+    data_dir.mkdir(parents=True, exist_ok=True)
+    config = data_dir / "config.yml"
+    # JSON strings are YAML strings: any folder name is written safely
+    atomic_write(config, ("version: 0.1\nlog:\n  level: warn\n"
+                          f"storage:\n  filesystem:\n    rootdirectory: {json.dumps(str(data_dir / 'storage'))}\n"
+                          "  delete:\n    enabled: true\n"
+                          f"http:\n  addr: {json.dumps(f'127.0.0.1:{port}')}\n").encode())
+    return [exe, "serve", str(config)]
+
+
+def _wait_registry(address: str, p: Started, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with urllib.request.urlopen(f"http://{address}/v2/", timeout=2) as resp:
+                if resp.status == 200:
+                    return
+        except (urllib.error.URLError, OSError):
+            pass
+        if not is_alive(p):
+            raise ServeError(f"the OCI registry exited; see {p.log}")
+        if time.monotonic() > deadline:
+            raise ServeError(f"no OCI registry answers at http://{address}/v2/ after {timeout:.0f} s; see {p.log}")
+        time.sleep(0.2)
+
+
+def _declares(project_dir: Path, deployment: str) -> bool:
+    """True when the project's ``prefect.yaml`` declares a deployment named ``deployment``."""
+    import yaml
+
+    try:
+        doc = yaml.safe_load((Path(project_dir) / "prefect.yaml").read_text()) or {}
+    except (OSError, yaml.YAMLError):
+        return False
+    return any(isinstance(d, dict) and d.get("name") == deployment for d in doc.get("deployments") or [])
+
+
 def tracking_uri(project_dir: Path = PROJECT_DIR) -> str:
     """The MLflow database of served runs (and of ``make demo``): ``$MLFLOW_TRACKING_URI``, else
     ``<project>/data/mlflow.db``."""
@@ -363,6 +434,17 @@ def start(state_dir: Path, *, port: int = 4200, watch: Sequence[str] = (), inter
         # recorded, so that `restart` starts a process again in the environment it had
         write_record(state_dir, dict(read_record(state_dir), api_url=api_url, ui_url=ui_url, env=ours))
         env = dict(os.environ, **ours)
+        registry, exe = None, registry_exe()
+        if exe is None:
+            print(f"no OCI registry: {REGISTRY_EXE} is not installed ({REGISTRY_INSTALL}, then `make stop` and "
+                  f"`make serve`); until then publish-oci/{PUBLISH_DEPLOYMENT} fails saying so", file=out)
+        else:  # started first: it is ready long before the deployments are
+            registry = f"127.0.0.1:{_free_port()}"
+            print(f"starting an OCI registry on {registry} (its blobs in {project_dir / 'data' / 'oci-registry'})", file=out)
+            registry_proc = spawn(state_dir, "registry",
+                                  registry_command(exe, project_dir / "data" / "oci-registry", int(registry.rsplit(":", 1)[1])),
+                                  env=env, cwd=state_dir)
+            write_record(state_dir, dict(read_record(state_dir), registry=registry))
         if own_server:
             print(f"starting a Prefect server on 127.0.0.1:{port}", file=out)
             server = spawn(state_dir, "server", [prefect, "server", "start", "--host", "127.0.0.1", "--port", str(port)],
@@ -378,11 +460,21 @@ def start(state_dir: Path, *, port: int = 4200, watch: Sequence[str] = (), inter
         print("deploying everything in prefect.yaml", file=out)
         _run(state_dir, "setup", [prefect, "--no-prompt", "deploy", "--all"], env, cwd=project_dir)
 
+        if _declares(project_dir, PUBLISH_DEPLOYMENT):
+            repository = f"{registry}/{REGISTRY_PATH}" if registry else "null"
+            print(f"deploying {PUBLISH_DEPLOYMENT} again with repository {repository}", file=out)
+            _run(state_dir, "setup", [prefect, "--no-prompt", "deploy", "--name", PUBLISH_DEPLOYMENT,
+                                      "--param", f"repository={repository}"], env, cwd=project_dir)
+
         print("applying the automations", file=out)
         _run(state_dir, "setup", [sys.executable, "-m", "deployments.automations", "--apply"], env)
 
         print(f"starting a worker on {WORK_POOL}", file=out)
         spawn(state_dir, "worker", [prefect, "worker", "start", "--pool", WORK_POOL], env=env, cwd=PROJECT_DIR)
+        print(f"starting the serving node {LOCAL_NODE} (a worker on its queue of {SERVING_POOL}; its link under "
+              f"{project_dir / 'data' / 'serving' / LOCAL_NODE})", file=out)
+        spawn(state_dir, LOCAL_NODE, [prefect, "worker", "start", "--pool", SERVING_POOL, "--work-queue", LOCAL_NODE,
+                                      "--name", LOCAL_NODE], env=env, cwd=PROJECT_DIR)
         watched = [w if "://" in w else str(Path(w).resolve()) for w in watch] or [str(project_dir / "data" / "checkpoints")]
         for w in watched:
             if "://" not in w:
@@ -392,6 +484,8 @@ def start(state_dir: Path, *, port: int = 4200, watch: Sequence[str] = (), inter
               [sys.executable, "-m", "deployments.watcher", *(a for w in watched for a in ("--watch", w)),
                "--state", str(state_dir / WATCHER_STATE), "--interval", str(interval)],
               env=env, cwd=project_dir)
+        if registry:
+            _wait_registry(registry, registry_proc, 30.0)
         time.sleep(1.0)
         dead = [p.name for p in read_record(state_dir)["processes"] if not is_alive(p)]
         if dead:
@@ -401,6 +495,8 @@ def start(state_dir: Path, *, port: int = 4200, watch: Sequence[str] = (), inter
         stop_all(state_dir, out=out)
         return 1
     print(f"Concord is running. Prefect UI: {ui_url}  (logs in {state_dir / 'logs'}; `make stop` ends it)", file=out)
+    if registry:
+        print(f"OCI registry: {registry} (plain HTTP); publish-oci pushes to {registry}/{REGISTRY_PATH}", file=out)
     print(f"Lineage, drills and audits are in MLflow: {mlflow_ui_command(ours['MLFLOW_TRACKING_URI'])}", file=out)
     return 0
 
@@ -421,7 +517,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--dir", type=Path, default=DEFAULT_DIR,
                    help="where the record, the logs, the watcher state and the server's home go (default data/serve)")
     sub = p.add_subparsers(dest="action", required=True)
-    s = sub.add_parser("start", help="start (or reuse) a Prefect server, deploy, start a worker and the watcher")
+    s = sub.add_parser("start", help="start (or reuse) a Prefect server, deploy, start a worker, the watcher, a "
+                                     "serving node and an OCI registry")
     s.add_argument("--port", type=int, default=int(os.environ.get("CONCORD_SERVE_PORT", "4200")),
                    help="port of the Prefect server started here (default 4200, or $CONCORD_SERVE_PORT)")
     s.add_argument("--watch", action="append", default=[], metavar="PATH_OR_S3_PREFIX",
@@ -435,7 +532,8 @@ def parser() -> argparse.ArgumentParser:
     t = sub.add_parser("stop", help="stop every process start started, and only those")
     t.add_argument("--timeout", type=float, default=15.0, help="seconds between SIGTERM and SIGKILL (default 15)")
     r = sub.add_parser("restart", help="end recorded processes (if they run) and start them again as recorded")
-    r.add_argument("names", nargs="+", metavar="NAME", help="server, worker or watcher (as `status` lists them)")
+    r.add_argument("names", nargs="+", metavar="NAME",
+                   help=f"server, worker, watcher, {LOCAL_NODE} or registry (as `status` lists them)")
     r.add_argument("--timeout", type=float, default=15.0, help="seconds between SIGTERM and SIGKILL (default 15)")
     r.add_argument("--server-timeout", type=float, default=120.0, help="seconds to wait for the server (default 120)")
     sub.add_parser("status", help="list the processes start started and whether each runs")

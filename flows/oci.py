@@ -21,6 +21,16 @@ from flows._report import human
 from tasks.oci import publish_oci_task
 
 DEFAULT_REPOSITORY = "127.0.0.1:5000/models"
+#: what a run without a repository says (``make serve`` deploys publish-oci so when it found no registry to start)
+NO_REGISTRY = (
+    "no OCI registry to publish to (repository is empty): `make serve` starts one when docker-registry is installed "
+    "(sudo apt-get install -y docker-registry, or `make test-prereqs`; then `make stop` and `make serve`), "
+    "or give repository=REGISTRY/PATH"
+)
+
+
+class NoRegistryError(ValueError):
+    """The run names no registry: nothing was read or pushed (a ValueError: never retried)."""
 
 
 def _repository(value: str) -> str:
@@ -46,7 +56,7 @@ Tag = Annotated[str, Field(pattern=r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,127}$", descr
 def publish_oci(
     name: ModelName,
     version: Annotated[int, Field(ge=1, description="The model version number.")],
-    repository: Repository = DEFAULT_REPOSITORY,
+    repository: Repository | None = DEFAULT_REPOSITORY,
     tag: Tag | None = None,
     plain_http: bool = False,
     tracking_uri: str | None = None,
@@ -57,12 +67,15 @@ def publish_oci(
     Args:
         name: The registered model's name.
         version: The version to publish.
-        repository: Registry and path the artifact goes under (REGISTRY/PATH).
+        repository: Registry and path the artifact goes under (REGISTRY/PATH); `make serve` gives the
+            registry it starts, or none when it could not start one (the run then says how to get one).
         tag: The tag (default vVERSION).
         plain_http: Speak plain HTTP to the registry (HTTPS by default).
         tracking_uri: MLflow tracking URI; empty for the worker's MLFLOW_TRACKING_URI (else the
             embedded sqlite database).
     """
+    if not repository:
+        raise NoRegistryError(NO_REGISTRY)
     r = publish_oci_task(name, version, repository, tag or None, plain_http, tracking_uri=tracking_uri or None)
     create_markdown_artifact(
         f"## `{name}` version {version} published\n\n"
