@@ -347,6 +347,22 @@ def registry_command(exe: str, data_dir: Path, port: int) -> list[str]:
     return [exe, "serve", str(config)]
 
 
+def start_registry(state_dir: Path, data_dir: Path, env: Mapping[str, str], exe: str | None, out) -> str | None:
+    """Start (and record) a registry keeping its blobs in ``data_dir`` on a free port of 127.0.0.1
+    (5000 stays free for ``mlflow ui``): its ``host:port``. Without ``exe``, one line says how to
+    install it, and None."""
+    if exe is None:
+        print(f"no OCI registry: {REGISTRY_EXE} is not installed ({REGISTRY_INSTALL}, then `make stop` and "
+              f"`make serve`); until then publish-oci/{PUBLISH_DEPLOYMENT} fails saying so", file=out)
+        return None
+    port = _free_port()
+    address = f"127.0.0.1:{port}"
+    print(f"starting an OCI registry on {address} (its blobs in {data_dir})", file=out)
+    spawn(state_dir, "registry", registry_command(exe, data_dir, port), env=env, cwd=state_dir)
+    write_record(state_dir, dict(read_record(state_dir), registry=address))
+    return address
+
+
 def _wait_registry(address: str, p: Started, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while True:
@@ -434,17 +450,8 @@ def start(state_dir: Path, *, port: int = 4200, watch: Sequence[str] = (), inter
         # recorded, so that `restart` starts a process again in the environment it had
         write_record(state_dir, dict(read_record(state_dir), api_url=api_url, ui_url=ui_url, env=ours))
         env = dict(os.environ, **ours)
-        registry, exe = None, registry_exe()
-        if exe is None:
-            print(f"no OCI registry: {REGISTRY_EXE} is not installed ({REGISTRY_INSTALL}, then `make stop` and "
-                  f"`make serve`); until then publish-oci/{PUBLISH_DEPLOYMENT} fails saying so", file=out)
-        else:  # started first: it is ready long before the deployments are
-            registry = f"127.0.0.1:{_free_port()}"
-            print(f"starting an OCI registry on {registry} (its blobs in {project_dir / 'data' / 'oci-registry'})", file=out)
-            registry_proc = spawn(state_dir, "registry",
-                                  registry_command(exe, project_dir / "data" / "oci-registry", int(registry.rsplit(":", 1)[1])),
-                                  env=env, cwd=state_dir)
-            write_record(state_dir, dict(read_record(state_dir), registry=registry))
+        # started first: it is ready long before the deployments are
+        registry = start_registry(state_dir, project_dir / "data" / "oci-registry", env, registry_exe(), out)
         if own_server:
             print(f"starting a Prefect server on 127.0.0.1:{port}", file=out)
             server = spawn(state_dir, "server", [prefect, "server", "start", "--host", "127.0.0.1", "--port", str(port)],
@@ -485,7 +492,7 @@ def start(state_dir: Path, *, port: int = 4200, watch: Sequence[str] = (), inter
                "--state", str(state_dir / WATCHER_STATE), "--interval", str(interval)],
               env=env, cwd=project_dir)
         if registry:
-            _wait_registry(registry, registry_proc, 30.0)
+            _wait_registry(registry, recorded(read_record(state_dir), "registry", where=state_dir), 30.0)
         time.sleep(1.0)
         dead = [p.name for p in read_record(state_dir)["processes"] if not is_alive(p)]
         if dead:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -224,3 +225,48 @@ def test_restart_refuses_a_record_without_the_environment_its_processes_started_
     with pytest.raises(serve.ServeError, match="does not record the environment.*`stop`, then `start`"):
         serve.restart(state, ["worker"], out=io.StringIO())
     assert serve.read_record(state)["processes"] == [worker] and serve.is_alive(worker)
+
+
+# ----------------------------------------------------------------------------- the OCI registry
+
+
+def test_the_registry_started_answers_is_recorded_shown_and_stopped(state, tmp_path):
+    """A real CNCF distribution registry (``make test-prereqs`` installs it)."""
+    exe = serve.registry_exe()
+    assert exe is not None, f"{serve.REGISTRY_EXE} is not installed: {serve.REGISTRY_INSTALL}"
+    out = io.StringIO()
+    address = serve.start_registry(state, tmp_path / "oci registry", dict(os.environ), exe, out)
+    assert address.startswith("127.0.0.1:") and address in out.getvalue()
+    record = serve.read_record(state)
+    assert record["registry"] == address
+    (p,) = record["processes"]
+    serve._wait_registry(address, p, 30)
+    shown = io.StringIO()
+    assert serve.status(state, out=shown) == 0
+    assert f"OCI registry: {address}" in shown.getvalue() and "registry" in shown.getvalue()
+    serve.stop_all(state, out=io.StringIO())
+    assert _wait_dead(p)
+    assert (tmp_path / "oci registry" / "config.yml").is_file()
+
+
+def test_without_the_registry_one_line_says_how_to_install_it_and_nothing_starts(state):
+    out = io.StringIO()
+    assert serve.start_registry(state, state / "oci", dict(os.environ), None, out) is None
+    (line,) = out.getvalue().splitlines()
+    assert "docker-registry is not installed" in line and "apt-get install -y docker-registry" in line
+    assert serve.read_record(state)["processes"] == [] and not (state / "oci").exists()
+
+
+def test_publish_oci_given_no_repository_fails_at_once_saying_how_to_get_one():
+    from flows.oci import NoRegistryError, publish_oci
+
+    with pytest.raises(NoRegistryError, match=r"no OCI registry to publish to.*docker-registry.*repository=REGISTRY/PATH"):
+        publish_oci.fn("minilm", 1, repository=None)
+    assert not issubclass(NoRegistryError, (ConnectionError, TimeoutError))  # never retried
+
+
+def test_the_publish_deployment_is_found_in_prefect_yaml(tmp_path):
+    assert serve._declares(serve.PROJECT_DIR, serve.PUBLISH_DEPLOYMENT)
+    (tmp_path / "prefect.yaml").write_text("deployments:\n  - name: other\n")
+    assert not serve._declares(tmp_path, serve.PUBLISH_DEPLOYMENT)
+    assert not serve._declares(tmp_path / "missing", serve.PUBLISH_DEPLOYMENT)
