@@ -1,8 +1,10 @@
 """Concord as ``make serve`` runs it, on 127.0.0.1 (one instance for the whole package), in a fresh
 copy of the project (its code linked, no data): the seeding of what the deployments' defaults name,
-a real Prefect server (temporary home), the work pool, blocks, every deployment of ``prefect.yaml``,
-a process worker and the checkpoint watcher on the copy's ``data/checkpoints``, all started by
-``python -m deployments.serve`` and stopped by it afterwards. The checkpoint seeded is a small one
+a real Prefect server (temporary home), the work pools, blocks, every deployment of ``prefect.yaml``,
+a process worker, the checkpoint watcher on the copy's ``data/checkpoints``, the serving node
+``node-local`` (its link under the copy's ``data/serving``) and an OCI registry (``docker-registry``,
+its blobs under the copy's ``data/oci-registry``), all started by ``python -m deployments.serve`` and
+stopped by it afterwards. The checkpoint seeded is a small one
 (``--seed-from``), standing in for all-MiniLM-L6-v2 to keep the tests light."""
 
 from __future__ import annotations
