@@ -22,7 +22,8 @@ When CNCF distribution's ``docker-registry`` is installed, it also starts an OCI
 127.0.0.1 (a free port; its config and blobs under ``<project>/data/oci-registry``) and deploys
 ``publish-oci/champion-to-registry`` again with that registry as its ``repository``; when it is
 missing, it says how to install it, and that deployment is given no repository, so its runs fail
-saying the same. It ends by printing the UI's address and the ``mlflow ui`` command of that database.
+saying the same. It ends by printing the UI's address, the registry's, and the ``mlflow ui`` command
+of that database.
 Every process it starts runs in its own process group, logs to ``<dir>/logs/<name>.log``
 and is recorded (pid, start time, command, folder, log) in ``<dir>/processes.json`` the moment it
 starts, so ``stop`` can end it even after a failed start; the environment variables it sets for
