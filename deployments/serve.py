@@ -75,7 +75,7 @@ SERVING_POOL = "concord-serving"
 LOCAL_NODE = "node-local"
 #: CNCF distribution, as Debian packages it (``make test-prereqs`` installs it)
 REGISTRY_EXE = "docker-registry"
-REGISTRY_INSTALL = "sudo apt-get install -y docker-registry (or `make test-prereqs`)"
+REGISTRY_INSTALL = "sudo apt-get install -y docker-registry, or `make test-prereqs`"
 #: the deployment that publishes to the registry started here, and the path its artifacts go under
 PUBLISH_DEPLOYMENT = "champion-to-registry"
 REGISTRY_PATH = "models"
@@ -353,8 +353,8 @@ def start_registry(state_dir: Path, data_dir: Path, env: Mapping[str, str], exe:
     (5000 stays free for ``mlflow ui``): its ``host:port``. Without ``exe``, one line says how to
     install it, and None."""
     if exe is None:
-        print(f"no OCI registry: {REGISTRY_EXE} is not installed ({REGISTRY_INSTALL}, then `make stop` and "
-              f"`make serve`); until then publish-oci/{PUBLISH_DEPLOYMENT} fails saying so", file=out)
+        print(f"no OCI registry: {REGISTRY_EXE} is not installed; install it ({REGISTRY_INSTALL}), then `make stop` "
+              f"and `make serve`; until then publish-oci/{PUBLISH_DEPLOYMENT} fails saying so", file=out)
         return None
     port = _free_port()
     address = f"127.0.0.1:{port}"
@@ -469,10 +469,11 @@ def start(state_dir: Path, *, port: int = 4200, watch: Sequence[str] = (), inter
         _run(state_dir, "setup", [prefect, "--no-prompt", "deploy", "--all"], env, cwd=project_dir)
 
         if _declares(project_dir, PUBLISH_DEPLOYMENT):
-            repository = f"{registry}/{REGISTRY_PATH}" if registry else "null"
-            print(f"deploying {PUBLISH_DEPLOYMENT} again with repository {repository}", file=out)
+            repository = f"{registry}/{REGISTRY_PATH}" if registry else None
+            print(f"deploying {PUBLISH_DEPLOYMENT} again with " + (f"repository {repository}" if repository else "no repository"),
+                  file=out)
             _run(state_dir, "setup", [prefect, "--no-prompt", "deploy", "--name", PUBLISH_DEPLOYMENT,
-                                      "--param", f"repository={repository}"], env, cwd=project_dir)
+                                      "--param", f"repository={json.dumps(repository)}"], env, cwd=project_dir)
 
         print("applying the automations", file=out)
         _run(state_dir, "setup", [sys.executable, "-m", "deployments.automations", "--apply"], env)
