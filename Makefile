@@ -31,9 +31,12 @@ test-prereqs:
 	  (apt-get install -y -q docker-registry apache2-utils || (apt-get update -q && apt-get install -y -q docker-registry apache2-utils)) >/dev/null; \
 	else echo "test-prereqs: $(REGISTRY_BIN) or htpasswd is missing and this is not root: run 'sudo apt-get install -y docker-registry apache2-utils' (the OCI tests fail without them)"; fi
 
+# Unit and integration tests in one process, the end-to-end tests (real served instances) in another,
+# so no client state of a served instance outlives it into the Prefect test harness.
 test: install test-prereqs
 	$(VENV)/bin/lint-imports
-	$(VENV)/bin/pytest -q $(PYTEST_ARGS)
+	$(VENV)/bin/pytest -q tests/unit tests/integration $(PYTEST_ARGS)
+	$(VENV)/bin/pytest -q tests/e2e $(PYTEST_ARGS)
 
 test-unit: install
 	$(VENV)/bin/pytest -q tests/unit $(PYTEST_ARGS)
