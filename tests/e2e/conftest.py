@@ -74,7 +74,10 @@ def _serve(state_dir: Path, *args: str, timeout: float) -> subprocess.CompletedP
     env = {k: v for k, v in os.environ.items()
            if k not in ("PREFECT_API_URL", "PREFECT_PROFILE", "MLFLOW_TRACKING_URI", "CONCORD_HOME",
                         "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3")}
-    env.update(PREFECT_SERVER_ANALYTICS_ENABLED="false", DO_NOT_TRACK="true", CONCORD_ZOMBIE_AFTER=str(ZOMBIE_AFTER))
+    # the served workers (the pool's and the serving node's) ask for work every 2 s instead of 10: a
+    # rollout waits on two of them in turn
+    env.update(PREFECT_SERVER_ANALYTICS_ENABLED="false", DO_NOT_TRACK="true", CONCORD_ZOMBIE_AFTER=str(ZOMBIE_AFTER),
+               PREFECT_WORKER_QUERY_SECONDS="2")
     return subprocess.run([sys.executable, "-m", "deployments.serve", "--dir", str(state_dir), *args],
                           cwd=PROJECT_DIR, env=env, capture_output=True, text=True, timeout=timeout)
 
