@@ -162,14 +162,17 @@ def test_validate_contract_fails_the_run_after_listing_the_failing_expectations(
 
 
 def _warnings(client, flow_run_id, timeout: float = 30.0) -> list[str]:
-    """The WARNING lines a flow run logged, read once its last line reached the server (logs go in batches)."""
+    """The WARNING lines a flow run logged, read once the flow's own last line reached the server (logs
+    go in batches)."""
     from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
 
     flt = LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run_id]))
     deadline = time.monotonic() + timeout
     while True:
         logs = client.read_logs(log_filter=flt)
-        if any("Finished in state" in log.message for log in logs) or time.monotonic() > deadline:
+        # the flow run's own last line (its tasks log "Finished in state" too, earlier)
+        done = any("Finished in state" in log.message and log.task_run_id is None for log in logs)
+        if done or time.monotonic() > deadline:
             return [log.message for log in logs if log.level == logging.WARNING]
         time.sleep(0.25)
 
