@@ -138,7 +138,7 @@ def sweep_lines(r: dict) -> list[str]:
     for x in r["repaired"]:
         lines.append(f"  ~ {x['name']} in {x['tier']}: {x['chunks']} chunk(s) repaired from {x['from']}")
     for t, g in (r.get("gc") or {}).items():
-        if g.get("deleted_chunks") or g.get("deleted_manifests") or g.get("deleted_leftovers") or g.get("postponed_by"):
+        if any(g.get(k) for k in ("deleted_chunks", "deleted_manifests", "deleted_signatures", "deleted_leftovers", "postponed_by")):
             lines.append(f"  gc {t}: {_gc_summary(g)}")
     lines += [f"  ✗ error: {e}" for e in r["errors"]] + [f"  ✗ violation: {v}" for v in r["violations"]]
     return lines
@@ -148,7 +148,8 @@ def _gc_summary(g: dict) -> str:
     verb = "would delete" if g.get("dry_run") else "deleted"
     text = (
         f"{verb} {g.get('deleted_chunks', 0)} chunk(s) ({_human(g.get('deleted_bytes', 0))}) and "
-        f"{g.get('deleted_manifests', 0)} manifest(s), {g.get('deleted_leftovers', 0)} leftover temporary file(s); "
+        f"{g.get('deleted_manifests', 0)} manifest(s), {g.get('deleted_signatures', 0)} signature(s) of those roots, "
+        f"{g.get('deleted_leftovers', 0)} leftover temporary file(s); "
         f"{g.get('young_chunks', 0)} unreferenced chunk(s) "
         f"younger than the grace period kept; {g.get('live_chunks', 0)} chunk(s) in use"
     )

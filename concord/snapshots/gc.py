@@ -31,6 +31,11 @@ out in docs/architecture.md, "Garbage collection"), not a timing:
   that snapshot keeps alive cannot be known until the manifest is repaired.
 * The grace period keeps everything written recently. Manifests go before chunks, so a
   collection stopped halfway never leaves a manifest naming chunks that are gone.
+* A root's signature documents (``signatures/<root>/<key id>.sig``) go with its manifest, under
+  the same lock and rules, and never while the root is live. Signatures whose root has no
+  manifest at all (left by a collection from before signatures were collected, or stopped
+  between the two) go once they are older than the grace period; a manifest written meanwhile
+  keeps them.
 
 Temporary files that a killed writer left in a folder store (``.tmp-*``: never a chunk, manifest
 or ref, which appear only whole) go too, once nobody has touched them for an hour (or the grace
@@ -70,6 +75,9 @@ DEFAULT_WRITER_WAIT = 3600.0
 LEFTOVER_AGE = 3600.0
 #: deletes between two checks that the collection still holds its lock
 SWEEP_BATCH = 256
+#: where the signature documents of a root live (``signatures/<root>/<key id>.sig``; the trust
+#: wing writes and reads them, here they are what goes with a root)
+SIGNATURE_PREFIX = "signatures"
 
 
 # --------------------------------------------------------------------------- who holds a lease
@@ -383,6 +391,8 @@ class GcResult:
     dry_run: bool
     postponed_by: list[str] = field(default_factory=list)
     deleted_leftovers: int = 0
+    #: signature documents deleted with their root (or, without a manifest, once past the grace)
+    deleted_signatures: int = 0
 
     def to_dict(self) -> dict:
         d = {k: getattr(self, k) for k in self.__dataclass_fields__}
@@ -428,14 +438,16 @@ def collect_garbage(
         holders = [lease.what for lease in _live_leases(store, now)]
         if holders:
             return plan.result(dry_run=True, postponed_by=holders)
-        return plan.result(dry_run=True, deleted=plan.doomed_counts(), deleted_leftovers=len(plan.leftovers))
+        return plan.result(
+            dry_run=True, deleted=plan.doomed_counts(), deleted_leftovers=len(plan.leftovers), deleted_signatures=len(plan.doomed_signatures)
+        )
     with _collecting(store, f"garbage collection by {socket.gethostname()} pid {os.getpid()}") as lock:
         holders = _await_writers(store, clock, wait_seconds, sleep)
         if holders:
             return plan.result(dry_run=False, postponed_by=holders)
         plan.remark()  # what writers that finished since the first mark made live
         swept = _Sweep(store, lock, ensure(progress))
-        swept.run(plan.doomed_manifests, plan.doomed)
+        swept.run(plan.doomed_manifests, plan.doomed, plan.doomed_signatures)
         if not swept.postponed_by:
             for key in plan.leftovers:
                 store.delete_leftover(key)
@@ -444,6 +456,7 @@ def collect_garbage(
         deleted=(swept.chunks, swept.bytes, swept.manifests),
         postponed_by=swept.postponed_by,
         deleted_leftovers=0 if swept.postponed_by else len(plan.leftovers),
+        deleted_signatures=swept.signatures,
     )
 
 
@@ -483,6 +496,20 @@ class _Plan:
         # temporary files of writes a killed process never finished; a write in flight keeps
         # touching its file, so one untouched for LEFTOVER_AGE (or the grace period) is stranded
         self.leftovers = [k for k, _, m in store.iter_leftovers() if m < now - max(grace_seconds, LEFTOVER_AGE)]
+        # signature documents: those of a doomed manifest go with it; those whose root has no
+        # manifest at all (orphans) once they are past the grace period themselves
+        self.signatures = _signature_stats(store)
+        self.cutoff = cutoff
+        self._doom_signatures()
+
+    def _doom_signatures(self) -> None:
+        doomed = set(self.doomed_manifests)
+        self.doomed_signatures = [
+            key
+            for key, root, mtime in self.signatures
+            if root not in self.live_roots
+            and (root in doomed or (root not in self.listed and mtime < self.cutoff))
+        ]
 
     def remark(self) -> None:
         """Read the refs and the manifest listing again (the lock is held and no writer is at
@@ -495,17 +522,22 @@ class _Plan:
             self.live_roots.update(new)
         fresh = [r for r, _, _ in self.store.iter_manifest_stats() if r not in self.listed and r not in self.live_roots]
         self.live |= _chunks_of_unreferenced(self.store, fresh)
+        # a signature whose manifest arrived since is no orphan: it stays with its (young) manifest
+        self.listed.update(fresh)
         if new or fresh:
             self.doomed_manifests = [r for r in self.doomed_manifests if r not in self.live_roots]
             self.unreferenced = [u for u in self.unreferenced if u[0] not in self.live]
             before = len(self.doomed)
             self.doomed = [(c, size) for c, size in self.doomed if c not in self.live]
+            self._doom_signatures()
             log.info("%s: %d roots and %d manifests written during the mark keep %d chunks", self.store.uri, len(new), len(fresh), before - len(self.doomed))
 
     def doomed_counts(self) -> tuple[int, int, int]:
         return len(self.doomed), sum(size for _, size in self.doomed), len(self.doomed_manifests)
 
-    def result(self, *, dry_run: bool, deleted=(0, 0, 0), postponed_by=(), deleted_leftovers: int = 0) -> GcResult:
+    def result(
+        self, *, dry_run: bool, deleted=(0, 0, 0), postponed_by=(), deleted_leftovers: int = 0, deleted_signatures: int = 0
+    ) -> GcResult:
         chunks, nbytes, manifests = deleted
         unreferenced_chunks = len(self.unreferenced)
         return GcResult(
@@ -521,7 +553,19 @@ class _Plan:
             dry_run=dry_run,
             postponed_by=list(postponed_by),
             deleted_leftovers=deleted_leftovers,
+            deleted_signatures=deleted_signatures,
         )
+
+
+def _signature_stats(store: Store) -> list[tuple[str, str, float]]:
+    """``(document key, root, modification time)`` of every signature document of ``store``
+    (``signatures/<root>/…``; anything else under ``signatures/`` is left alone)."""
+    out = []
+    for key, _, mtime in store._list_stats(SIGNATURE_PREFIX + "/"):
+        parts = key.split("/")
+        if len(parts) == 3 and len(parts[1]) == 64 and all(c in "0123456789abcdef" for c in parts[1]) and not parts[2].startswith(".tmp-"):
+            out.append((key, parts[1], mtime))
+    return out
 
 
 def _live_roots(store: Store) -> dict[str, str]:
@@ -597,16 +641,22 @@ class _Sweep:
         self.store = store
         self.lock = lock
         self.progress = progress
-        self.manifests = self.chunks = self.bytes = 0
+        self.manifests = self.chunks = self.bytes = self.signatures = 0
         self.postponed_by: list[str] = []
 
-    def run(self, manifests: list[str], chunks: list[tuple[str, int]]) -> None:
+    def run(self, manifests: list[str], chunks: list[tuple[str, int]], signatures: list[str] = ()) -> None:
         self.progress.start(sum(size for _, size in chunks), "gc")
         try:
             for i in range(0, len(manifests), SWEEP_BATCH):
                 if self._lost():
                     return
                 self.manifests += self._delete(self.store.delete_manifest, manifests[i : i + SWEEP_BATCH])
+            # after the manifests: a collection stopped between the two leaves orphan signatures,
+            # which the next one collects, never a snapshot that lost its signatures but stayed
+            for i in range(0, len(signatures), SWEEP_BATCH):
+                if self._lost():
+                    return
+                self.signatures += self._delete(self.store.delete_document, list(signatures[i : i + SWEEP_BATCH]))
             for i in range(0, len(chunks), SWEEP_BATCH):
                 if self._lost():
                     return

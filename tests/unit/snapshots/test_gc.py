@@ -379,6 +379,7 @@ def test_an_empty_store_has_nothing_to_collect(tmp_path):
         "dry_run": False,
         "postponed_by": [],
         "deleted_leftovers": 0,
+        "deleted_signatures": 0,
     }
 
 
