@@ -115,6 +115,40 @@ def open_lineage(tracking_uri: str | None):
     return Lineage(tracking_uri)
 
 
+def keyed_store(store, key_file: str | None, option: str):
+    """``store`` with its own key: read from ``key_file`` (given as ``option``, e.g.
+    ``--target-key-file``), else the one every store takes (``--key-file``, ``$CONCORD_KEY_FILE``).
+    The key is checked at once, so a command that opens two stores names, in one line, the store
+    whose key is missing or wrong and the option that gives it, before anything is read or written.
+    A store that is not encrypted needs no key and ignores one."""
+    from concord.errors import StoreKeyError
+    from concord.stores.cipher import read_key_file
+
+    if key_file:
+        try:
+            store.unlock(read_key_file(key_file))
+        except ValueError as exc:
+            raise ValueError(f"{option}: {exc}") from None
+    try:
+        store.encoding()
+    except StoreKeyError as exc:
+        given = f"the key from {option} {key_file}" if key_file else "the key of --key-file / $CONCORD_KEY_FILE"
+        problem = exc.problem.replace("the key given", given) if "the key given" in exc.problem else exc.problem
+        fix = f"Give its key file with {option} FILE (or --key-file FILE / CONCORD_KEY_FILE for every store)"
+        raise StoreKeyError(exc.store, problem, fix) from None
+    return store
+
+
+def key_file_options(parser, *stores: tuple[str, str]) -> None:
+    """``--X-key-file FILE`` for each ``(X, what)`` store a command opens besides its first."""
+    for name, what in stores:
+        parser.add_argument(
+            f"--{name}-key-file",
+            metavar="FILE",
+            help=f"the key of {what}, when encrypted (default: --key-file, else $CONCORD_KEY_FILE); never printed",
+        )
+
+
 # ----------------------------------------------------------------------------- argument types
 
 

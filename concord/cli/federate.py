@@ -15,6 +15,8 @@ from concord.cli._common import (
     TRACKING_URI_HELP,
     TRUST_HELP,
     fail,
+    key_file_options,
+    keyed_store,
     open_lineage,
     positive_float,
     positive_int,
@@ -116,7 +118,7 @@ def cmd_run(args, out) -> int:
         clip_norm=args.clip_norm,
         robust=args.robust,
         out_name=args.out_name,
-        ledger_store=writable_store(args.ledger) if args.ledger else None,
+        ledger_store=keyed_store(writable_store(args.ledger), args.ledger_key_file, "--ledger-key-file") if args.ledger else None,
         lineage=lineage,
         progress=out.progress,
         key=key,
@@ -202,6 +204,7 @@ def register(sub, common: list) -> None:
     s.add_argument("--adapter", action="extend", nargs="+", required=True, metavar="NAME", help="adapter refs, NAME or TENANT/NAME (repeatable)")
     s.add_argument("--out-name", default="federated", help="the result's ref is TENANT/OUT_NAME (default: federated)")
     s.add_argument("--ledger", metavar="STORE", help="store of the ledger (default: the first cluster)")
+    key_file_options(s, ("ledger", "the --ledger store"))
     s.add_argument("--track", action="store_true", help="register the result as an MLflow model version TENANT-OUT_NAME")
     s.add_argument("--tracking-uri", help=TRACKING_URI_HELP)
     s.add_argument("--key", metavar="KEY.pem", help="sign the round with this cluster's ECDSA private key (checked by verify --trust)")

@@ -10,7 +10,18 @@ from __future__ import annotations
 
 import argparse
 
-from concord.cli._common import STORE_HELP, TRUST_HELP, human, positive_float, positive_int, readable_store, ref_arg, root_arg
+from concord.cli._common import (
+    STORE_HELP,
+    TRUST_HELP,
+    human,
+    key_file_options,
+    keyed_store,
+    positive_float,
+    positive_int,
+    readable_store,
+    ref_arg,
+    root_arg,
+)
 
 
 def _health(args):
@@ -60,7 +71,7 @@ def cmd_checkout(args, out) -> int:
     if args.cache:
         from concord.stores import open_store
 
-        cache = open_store(args.cache)
+        cache = keyed_store(open_store(args.cache), args.cache_key_file, "--cache-key-file")
     root = resolve_root(store, args.ref or args.root)
     from concord.trust import check_root, load_policy
 
@@ -140,6 +151,7 @@ def register(sub, common: list[argparse.ArgumentParser]) -> None:
                    help="after the flip, keep N versions (never removing the current one or the one before)")
     s.add_argument("--cache", metavar="STORE", help="a local store several nodes of a host share: chunks are read "
                    "from it when there, and kept in it when fetched")
+    key_file_options(s, ("cache", "the --cache store"))
     s.add_argument("--trust", metavar="PUB.pem[,...]", help=TRUST_HELP + "; a root no trusted key signed is never written to the node")
     hc = s.add_mutually_exclusive_group()
     hc.add_argument("--health-cmd", metavar="CMD", help="shell command run after the flip; non-zero exit flips back")

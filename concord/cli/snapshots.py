@@ -15,6 +15,8 @@ from concord.cli._common import (
     TRUST_HELP,
     chunk_size,
     human,
+    key_file_options,
+    keyed_store,
     readable_store,
     ref_arg,
     ref_positional,
@@ -73,7 +75,7 @@ def cmd_diff(args, out) -> int:
     from concord.snapshots.refs import load_manifest, resolve_root
 
     sa = readable_store(args.store)
-    sb = readable_store(args.against) if args.against else sa
+    sb = keyed_store(readable_store(args.against), args.against_key_file, "--against-key-file") if args.against else sa
     ra, rb = resolve_root(sa, args.a), resolve_root(sb, args.b)
     d = diff_manifests(load_manifest(sa, ra), load_manifest(sb, rb))
     payload = d.to_dict()
@@ -92,15 +94,16 @@ def cmd_diff(args, out) -> int:
 def cmd_sync(args, out) -> int:
     from concord.snapshots.sync import replicate
 
-    src = writable_store(args.source)
-    targets = [writable_store(t) for t in args.targets]
+    src = keyed_store(writable_store(args.source), args.source_key_file, "--source-key-file")
+    targets = [keyed_store(writable_store(t), args.target_key_file, "--target-key-file") for t in args.targets]
     policy = _policy(args)
     check = policy.require if policy is not None else None
     results = replicate(src, targets, ref=args.ref, root=args.root, progress=out.progress, check_root=check)
     lines = []
     for r in results:
+        raw = f" ({human(r.raw_bytes_sent)} raw)" if r.raw_bytes_sent != r.bytes_sent else ""
         lines.append(
-            f"{r.store}: {r.root[:12]}  sent {r.chunks_sent} chunk(s), {human(r.bytes_sent)}; "
+            f"{r.store}: {r.root[:12]}  sent {r.chunks_sent} chunk(s), {human(r.bytes_sent)}{raw}; "
             f"{r.chunks_present} already there" + (f"; ref {r.ref} v{r.ref_version}" if r.ref else "")
         )
     out.emit({"source": src.uri, "targets": [r.to_dict() for r in results]}, lines)
@@ -124,7 +127,7 @@ def cmd_verify(args, out) -> int:
     from concord.snapshots.verify import verify
 
     store = readable_store(args.store)
-    repair = readable_store(args.repair_from) if args.repair_from else None
+    repair = keyed_store(readable_store(args.repair_from), args.repair_key_file, "--repair-key-file") if args.repair_from else None
     r = verify(store, ref=args.ref, root=args.root, repair_from=repair, progress=out.progress)
     lines = [
         f"{store.uri}: {r.chunks_checked} chunk(s) checked, {len(r.missing)} missing, "
@@ -255,6 +258,7 @@ def register(sub, common: list) -> None:
     s.add_argument("a", metavar="REF_OR_ROOT", help="ref, ref~N (N versions back) or 64-hex root")
     s.add_argument("--against", metavar="STORE", help="look the second snapshot up in this store")
     s.add_argument("b", metavar="REF_OR_ROOT")
+    key_file_options(s, ("against", "the --against store"))
     s.set_defaults(func=cmd_diff)
 
     s = sub.add_parser("sync", parents=common, help="replicate a snapshot to one or more stores (only missing chunks move)")
@@ -264,6 +268,7 @@ def register(sub, common: list) -> None:
     g.add_argument("--ref", type=ref_arg, help="ref to replicate (moved on each target by compare-and-swap)")
     g.add_argument("--root", type=root_arg, help="64-hex root to replicate (no ref is moved)")
     s.add_argument("--trust", metavar="PUB.pem[,...]", help=TRUST_HELP + "; an unsigned root is refused")
+    key_file_options(s, ("source", "SRC"), ("target", "every DST"))
     s.set_defaults(func=cmd_sync)
 
     s = sub.add_parser("restore", parents=common, help="write a snapshot's files into a new folder")
@@ -281,6 +286,7 @@ def register(sub, common: list) -> None:
     g.add_argument("--ref", type=ref_arg, help="check only what this ref needs (default: the whole store)")
     g.add_argument("--root", type=root_arg)
     s.add_argument("--repair-from", metavar="STORE", help="fetch good copies of bad chunks from this store")
+    key_file_options(s, ("repair", "the --repair-from store"))
     s.add_argument("--trust", metavar="PUB.pem[,...]", help=TRUST_HELP + "; reports signed_by and trusted")
     s.set_defaults(func=cmd_verify)
 

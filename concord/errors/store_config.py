@@ -24,13 +24,11 @@ class StoreConfigError(StoreError, ValueError):
 class StoreKeyError(StoreError, PermissionError):
     """An encrypted store was opened with no key, or with a key that is not its own."""
 
-    def __init__(self, store: str, problem: str) -> None:
+    def __init__(self, store: str, problem: str, fix: str = "") -> None:
         self.store = store
         self.problem = problem
-        super().__init__(
-            f"store {store} is encrypted: {problem}. Give its key file with --key-file FILE or "
-            "CONCORD_KEY_FILE (nothing was read or written)."
-        )
+        fix = fix or "Give its key file with --key-file FILE or CONCORD_KEY_FILE"
+        super().__init__(f"store {store} is encrypted: {problem}. {fix} (nothing was read or written).")
 
     def __str__(self) -> str:
         return str(self.args[0])

@@ -1,0 +1,91 @@
+"""Commands that open two stores give each its own key: plain → encrypted(A) → encrypted(B) →
+plain, the same root everywhere and the same bytes restored; a missing or wrong key is one line
+naming the store and the option that gives it, with nothing written."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from toy_checkpoints import files_equal
+
+from concord.cli import main
+from concord.stores import LocalDirStore
+from concord.stores.cipher import read_key_file
+
+
+def run(capsys, *argv):
+    code = main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.fixture
+def chain(tmp_path, ckpt, capsys, monkeypatch):
+    """A plain store holding ``models/m`` and two empty encrypted, compressed stores A and B, each
+    with its own key file."""
+    monkeypatch.delenv("CONCORD_KEY_FILE", raising=False)
+    plain, a, b = tmp_path / "plain", tmp_path / "enc-a", tmp_path / "enc-b"
+    ka, kb = tmp_path / "a.key", tmp_path / "b.key"
+    for store, key in ((a, ka), (b, kb)):
+        assert run(capsys, "init", store, "--compress", "auto", "--encrypt", "--key-file", key)[0] == 0
+    assert run(capsys, "snapshot", ckpt, "--store", plain, "--ref", "models/m", "--chunk-size", "64K")[0] == 0
+    return plain, a, b, ka, kb
+
+
+def _root(path: Path, key: Path | None = None) -> str:
+    store = LocalDirStore(path)
+    if key is not None:
+        store.unlock(read_key_file(str(key)))
+    return store.read_ref("models/m").root
+
+
+def test_sync_through_two_encrypted_stores_with_their_own_keys(chain, ckpt, tmp_path, capsys):
+    plain, a, b, ka, kb = chain
+    back = tmp_path / "back"
+    code, out, err = run(capsys, "sync", plain, a, "--ref", "models/m", "--target-key-file", ka)
+    assert code == 0, err
+    assert " raw);" in out  # compressed at A: the raw bytes the sent ones stand for are shown too
+    code, out, err = run(capsys, "sync", a, b, "--ref", "models/m", "--source-key-file", ka, "--target-key-file", kb, "--json")
+    assert code == 0, err
+    target = json.loads(out)["targets"][0]
+    assert target["chunks_sent"] > 0 and target["bytes_sent"] < target["raw_bytes_sent"]
+    code, out, err = run(capsys, "sync", b, back, "--ref", "models/m", "--source-key-file", kb)
+    assert code == 0, err
+    assert "sent" in out and "raw" not in out  # a plain target: what was sent is the raw bytes
+
+    root = _root(plain)
+    assert _root(a, ka) == _root(b, kb) == _root(back) == root
+    code, out, err = run(capsys, "diff", plain, "models/m", "--against", b, "models/m", "--against-key-file", kb)
+    assert (code, out.strip()) == (0, f"same snapshot {root}"), err
+    for store, key in ((back, None), (b, kb)):
+        dest = tmp_path / f"restored-{store.name}"
+        code, _, err = run(capsys, "restore", store, "--ref", "models/m", dest, *(["--key-file", key] if key else []))
+        assert code == 0, err
+        assert files_equal(ckpt, dest)
+
+
+def test_a_missing_or_wrong_key_names_the_store_and_its_option(chain, capsys):
+    plain, a, b, ka, kb = chain
+    assert run(capsys, "sync", plain, a, "--ref", "models/m", "--target-key-file", ka)[0] == 0
+
+    code, _, err = run(capsys, "sync", a, b, "--ref", "models/m", "--target-key-file", kb)
+    assert code == 1 and len(err.strip().splitlines()) == 1
+    assert f"store {a} is encrypted: no key was given. Give its key file with --source-key-file FILE" in err
+
+    code, _, err = run(capsys, "sync", a, b, "--ref", "models/m", "--source-key-file", ka, "--target-key-file", ka)
+    assert code == 1 and len(err.strip().splitlines()) == 1
+    assert f"store {b} is encrypted: the key from --target-key-file {ka}" in err and "is not this store's key" in err
+    assert "Give its key file with --target-key-file FILE" in err
+
+    # --key-file is what a store without a key of its own takes: here A's, which is not B's
+    code, _, err = run(capsys, "sync", a, b, "--ref", "models/m", "--key-file", ka)
+    assert code == 1 and f"store {b} is encrypted: the key of --key-file / $CONCORD_KEY_FILE" in err
+
+    code, _, err = run(capsys, "sync", a, b, "--ref", "models/m", "--source-key-file", a / "nowhere.key", "--target-key-file", kb)
+    assert code == 1 and "--source-key-file: cannot read key file" in err
+
+    store_b = LocalDirStore(b)
+    store_b.unlock(read_key_file(str(kb)))
+    assert store_b.list_refs() == [] and list(store_b.iter_chunks()) == []  # nothing written to B
