@@ -143,7 +143,7 @@ def cmd_verify(args, out) -> int:
     store = readable_store(args.store)
     from concord.trust import load_policy
 
-    report = verify_ledger(store, args.tenant, trust=load_policy(args.trust))
+    report = verify_ledger(store, args.tenant, trust=load_policy(args.trust), min_round=args.min_round)
     head = report.head[:12] if report.head else "(none)"
     lines = [f"ledger of {report.tenant} in {report.store}: {report.rounds} round(s), head {head}: {'ok' if report.ok else 'TAMPERED'}"]
     lines += [f"  ✗ {p}" for p in report.problems]
@@ -214,7 +214,11 @@ def register(sub, common: list) -> None:
     s = fed.add_parser("verify", parents=common, help="check a tenant's ledger: hashes, chain, head (exit 1 when tampered)")
     s.add_argument("tenant", metavar="TENANT")
     s.add_argument("--store", required=True, help=STORE_HELP)
-    s.add_argument("--trust", metavar="PUB.pem[,...]", help=TRUST_HELP + "; every round must be signed by one of them")
+    s.add_argument("--trust", metavar="PUB.pem[,...]", help=TRUST_HELP + "; every round, and the head, must be signed by one of them")
+    s.add_argument(
+        "--min-round", type=positive_int, metavar="N",
+        help="the last round seen before: a ledger that now ends before it was rolled back (exit 1)",
+    )
     s.set_defaults(func=cmd_verify)
 
     s = fed.add_parser("log", parents=common, help="list a tenant's rounds, newest first")

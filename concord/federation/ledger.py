@@ -7,6 +7,9 @@ Layout, in any store::
                                        (method, weights, inputs, result, metrics) and ``hash``
     refs/<tenant>/_ledger              the head: the hash of the newest round (its history lists
                                        every round's hash, in order)
+    ledger/<tenant>/head.json          in a keyed ledger, the signed head: tenant, round number and
+                                       round hash of the newest round, signed by the key of the
+                                       cluster that appended it (or last signed the head)
 
 ``hash`` is BLAKE3 of the canonical JSON of every other field, so editing any field of a round,
 removing or reordering rounds, or copying a round in from another tenant's ledger breaks either a
@@ -14,7 +17,12 @@ round's own hash, the ``prev`` chain, the numbering or the head, and :func:`veri
 which. Unkeyed, the ledger makes tampering evident but does not stop someone who can write the
 store from rewriting it consistently; keyed (each round signed over its hash by the key of the
 cluster that appends it, ``record_round(..., key=)``), ``verify_ledger(..., trust=policy)``
-also names any round no trusted key signed.
+also names any round no trusted key signed. A signed round cannot be forged, but the newest
+rounds can be dropped and the head rewound onto the last one kept; so a keyed append also signs
+the head (:func:`sign_head`), and under a trust policy the head must be signed by a trusted key and
+name the last round. What remains is a rollback to an older signed head *with* its rounds (an
+older copy of the whole ledger): only a reader that remembers how far the ledger went can catch
+it, and ``verify_ledger(..., min_round=N)`` is that check.
 
 Appending is safe under concurrency: the round's document is written only if no document holds
 that number yet (two rounds racing for one number: one wins, the other gets
@@ -52,6 +60,9 @@ HEAD_NAME = LEDGER_HEAD
 RESERVED = ("format", "round", "tenant", "time", "prev", "hash", "signature")
 
 _ROUND_FILE = re.compile(r"^(\d{6})\.json$")
+#: the signed head's format and document name (``ledger/<tenant>/head.json``)
+HEAD_FORMAT = "concord/ledger-head@1"
+HEAD_DOC = "head.json"
 _ADOPT_ATTEMPTS = 50  # each failed attempt means another writer made progress meanwhile
 
 #: what became of a record given to :func:`record_round`
@@ -80,6 +91,16 @@ def round_key(tenant: str, number: int) -> str:
 
 def head_ref(tenant: str) -> str:
     return f"{validate_tenant(tenant)}/{HEAD_NAME}"
+
+
+def head_key(tenant: str) -> str:
+    """Store document key of ``tenant``'s signed head."""
+    return f"{ledger_prefix(tenant)}/{HEAD_DOC}"
+
+
+def head_statement(tenant: str, number: int, digest: str) -> str:
+    """What a signed head says, as the exact text its signature covers."""
+    return canonical_json({"format": HEAD_FORMAT, "tenant": tenant, "round": number, "hash": digest}).decode()
 
 
 def round_hash(doc: dict) -> str:
@@ -249,13 +270,21 @@ def record_round(store: Store, tenant: str, record: dict, *, key: "SigningKey | 
 
     With ``key`` (the appending cluster's signing key) the round carries ``signature``, that
     key's signature over its hash (:mod:`concord.trust.records`), which ``verify_ledger(...,
-    trust=policy)`` requires from a trusted key.
+    trust=policy)`` requires from a trusted key; the ledger's head is then signed too
+    (:func:`sign_head`), also when the record was already there.
 
     Raises :class:`~concord.errors.LedgerConflictError` when a different round took this round's
     number first (nothing of this one is kept: run it again to record it as a later round; the
     error names the round that won), :class:`~concord.errors.LedgerError` for a bad record or a
     ledger that does not verify.
     """
+    outcome = _record_round(store, tenant, record, key)
+    if key is not None:
+        sign_head(store, tenant, key)
+    return outcome
+
+
+def _record_round(store: Store, tenant: str, record: dict, key: "SigningKey | None") -> RoundOutcome:
     validate_tenant(tenant)
     fields = _prepare(tenant, record)
     mine = content_hash(fields)
@@ -311,6 +340,68 @@ def record_round(store: Store, tenant: str, record: dict, *, key: "SigningKey | 
     )
 
 
+def sign_head(store: Store, tenant: str, key: "SigningKey") -> dict | None:
+    """Sign ``tenant``'s head as it is now (its newest round's number and hash, checked against the
+    round's document) with ``key`` and keep it at ``ledger/<tenant>/head.json``; the document
+    written, or None for an empty ledger. Safe beside concurrent appends: after writing, the head
+    is read again, and if it moved meanwhile the new head is signed in turn, so the document the
+    last writer leaves names the last round."""
+    from concord.trust.records import HEAD_TYPE, sign_record
+
+    validate_tenant(tenant)
+    for _ in range(_ADOPT_ATTEMPTS):
+        number, digest, _ = _tip(store, tenant)
+        if digest is None:
+            return None
+        doc = {"format": HEAD_FORMAT, "tenant": tenant, "round": number, "hash": digest}
+        doc["signature"] = sign_record(key, HEAD_TYPE, head_statement(tenant, number, digest))
+        store.put_document(head_key(tenant), json.dumps(doc, indent=1, sort_keys=True).encode() + b"\n", overwrite=True)
+        if read_head(store, tenant) == digest:
+            return doc
+    raise LedgerError(
+        f"ledger of {tenant!r} in {store.uri}", "the head kept moving while it was signed", "Sign it again when the other rounds have finished."
+    )
+
+
+def read_signed_head(store: Store, tenant: str) -> dict | None:
+    """``tenant``'s signed head document as stored (not verified), or None when there is none."""
+    key = head_key(tenant)
+    if store.get_document(key) is None:
+        return None
+    return _load(store, key)
+
+
+def _head_problems(store: Store, tenant: str, trust: "TrustPolicy", last: int | None, digest: str | None) -> list[str]:
+    """Why the signed head does not vouch for the ledger's last round ``last`` (hash ``digest``)."""
+    from concord.trust.records import HEAD_TYPE, check_record
+
+    where = f"{head_key(tenant)}"
+    try:
+        doc = read_signed_head(store, tenant)
+    except LedgerError as exc:
+        return [f"signed head: unreadable ({exc.problem}); restore {where} from a good copy"]
+    if doc is None:
+        if last is None:
+            return []
+        return [f"the head is not signed (no {where}): append rounds with a key (federate run --key), or restore it from a good copy"]
+    problems = []
+    number, said = doc.get("round"), doc.get("hash")
+    if doc.get("format") != HEAD_FORMAT or doc.get("tenant") != tenant or not isinstance(number, int) or not isinstance(said, str):
+        return [f"signed head: not a head of tenant {tenant!r} ({where} altered or copied from another ledger)"]
+    _, problem = check_record(doc.get("signature"), HEAD_TYPE, head_statement(tenant, number, said), trust.keys)
+    if problem:
+        problems.append(f"signed head: {problem} (no trusted key vouches for it)")
+    if (number, said) != (last, digest):
+        if number == last:
+            now = f"round {last} now hashes to {str(digest)[:12]} (rounds rewritten after it was signed)"
+        elif last is None or number > last:
+            now = f"the ledger ends at {f'round {last}' if last else 'no round'} (rounds removed after it was signed)"
+        else:
+            now = f"the ledger goes on to round {last} (rounds appended without a trusted key after it was signed)"
+        problems.append(f"signed head names round {number} (hash {said[:12]}), but {now}")
+    return problems
+
+
 def append_round(store: Store, tenant: str, record: dict) -> dict:
     """:func:`record_round`, returning only the round's document (``round``, ``tenant``,
     ``time``, ``prev``, the record's fields, ``hash``): the one this call appended, or the round
@@ -340,12 +431,15 @@ class LedgerReport:
         }
 
 
-def verify_ledger(store: Store, tenant: str, *, trust: "TrustPolicy | None" = None) -> LedgerReport:
+def verify_ledger(store: Store, tenant: str, *, trust: "TrustPolicy | None" = None, min_round: int | None = None) -> LedgerReport:
     """Check ``tenant``'s ledger in ``store``: every round's own hash, its tenant and number, the
     ``prev`` chain from the first round to the last, and the head (and its history) against the
     rounds. With ``trust``, every round must also carry a signature over its hash by one of the
     policy's keys: a round forged (or re-chained) by someone who can write the store but holds no
-    trusted key is named. Every problem found is listed; nothing is changed."""
+    trusted key is named; and the head must be signed by one of them and name the last round, so
+    rounds dropped from the end are named too. ``min_round`` is the round the reader saw last
+    time: a ledger that now ends before it was rolled back (the one thing signatures cannot show).
+    Every problem found is listed; nothing is changed."""
     validate_tenant(tenant)
     problems: list[str] = []
     prefix = ledger_prefix(tenant)
@@ -353,6 +447,8 @@ def verify_ledger(store: Store, tenant: str, *, trust: "TrustPolicy | None" = No
     for key in store.list_documents(prefix):
         n = _round_number(key, tenant)
         if n is None:
+            if key == head_key(tenant):
+                continue  # the signed head, checked below
             problems.append(f"{key}: not a round document (expected {prefix}/NNNNNN.json)")
             continue
         try:
@@ -414,6 +510,13 @@ def verify_ledger(store: Store, tenant: str, *, trust: "TrustPolicy | None" = No
         chain = [hashes.get(n) for n in numbers]
         if history != chain and not problems:
             problems.append(f"the head's history ({len(history)} entries) does not list the rounds' hashes in order (head rewritten)")
+    if trust is not None:
+        problems += _head_problems(store, tenant, trust, last, hashes.get(last) if last is not None else None)
+    if min_round is not None and (last or 0) < min_round:
+        problems.append(
+            f"the ledger ends at round {last or 0}, but it went to round {min_round} before (rolled back: "
+            "rounds removed together with the head that signed them)"
+        )
     return LedgerReport(tenant, store.uri, not problems, len(numbers), head, tuple(problems))
 
 
@@ -427,12 +530,16 @@ __all__ = [
     "RoundOutcome",
     "append_round",
     "content_hash",
+    "head_key",
     "head_ref",
+    "head_statement",
     "list_rounds",
     "read_head",
+    "read_signed_head",
     "record_round",
     "round_hash",
     "round_key",
+    "sign_head",
     "validate_tenant",
     "verify_ledger",
 ]

@@ -4,6 +4,11 @@ A record's signature is ``{"key_id": <key id>, "sig": base64(DER ECDSA over PAE(
 with DSSE's pre-authentication encoding (:func:`concord.trust.bundle.pae`), the payload type
 naming what is signed (``application/vnd.concord.ledger-round+json`` for a round) and the payload
 the record's hash as ASCII hex. Signing the hash signs everything the hash covers.
+
+A ledger's head is signed the same way with its own type
+(``application/vnd.concord.ledger-head+json``) over the canonical JSON of what it says (format,
+tenant, round number, round hash): a signature over one tenant's head, or one round's, holds for
+nothing else.
 """
 
 from __future__ import annotations
@@ -16,10 +21,12 @@ from concord.trust.bundle import pae
 from concord.trust.keys import PublicKey, SigningKey
 
 ROUND_TYPE = "application/vnd.concord.ledger-round+json"
+HEAD_TYPE = "application/vnd.concord.ledger-head+json"
 
 
 def sign_record(key: SigningKey, payload_type: str, digest: str) -> dict:
-    """The signature of ``digest`` (a record's hash) by ``key``, as a JSON-ready dict."""
+    """The signature of ``digest`` (a record's hash, or the canonical JSON a head says) by
+    ``key``, as a JSON-ready dict."""
     sig = key.sign(pae(digest.encode(), payload_type))
     return {"key_id": key.id, "sig": base64.b64encode(sig).decode()}
 

@@ -65,8 +65,8 @@ def test_a_consistent_forgery_passes_the_unkeyed_check_and_fails_the_keyed_one(l
     assert verify_ledger(ledger, "t").ok  # the unkeyed chain cannot tell
     report = verify_ledger(ledger, "t", trust=load_policy(str(keydir / "alice.pub.pem")))
     assert not report.ok
-    assert [p.split(":")[0] for p in report.problems] == ["round 2", "round 3"]
-    assert "not signed" in report.problems[0]
+    assert [p.split(":")[0].split(" (")[0] for p in report.problems] == ["round 2", "round 3", "signed head names round 3"]
+    assert "not signed" in report.problems[0] and "rounds rewritten after it was signed" in report.problems[2]
 
 
 def test_a_forger_with_the_old_signature_or_an_own_key_is_caught(ledger, keydir):
@@ -109,3 +109,71 @@ def test_federate_run_key_signs_the_round(tmp_path, keydir, capsys):
     assert main([*args, "--key", str(keydir / "alice.pem"), "--json"]) == 0
     capsys.readouterr()
     assert verify_ledger(stores[0], "acme", trust=load_policy(str(keydir / "alice.pub.pem"))).ok
+
+
+def _drop_last_round(store: LocalDirStore) -> None:
+    """What someone who can write the store can do without a key: remove the newest round and
+    rewind the head (and its history) onto the round before."""
+    rounds = list_rounds(store, "t")
+    Path(store.root, round_key("t", rounds[-1]["round"])).unlink()
+    ref_file = Path(store.root, "refs", "t", "_ledger")
+    ref = json.loads(ref_file.read_text())
+    ref["history"] = ref["history"][:-1]
+    ref["root"] = rounds[-2]["hash"]
+    ref_file.write_text(json.dumps(ref))
+
+
+def test_a_keyed_append_signs_the_head_and_dropping_rounds_is_caught(ledger, keydir):
+    from concord.federation.ledger import read_signed_head
+
+    policy = load_policy(str(keydir / "alice.pub.pem"))
+    head = read_signed_head(ledger, "t")
+    assert (head["tenant"], head["round"], head["hash"]) == ("t", 3, list_rounds(ledger, "t")[-1]["hash"])
+    assert head["signature"]["key_id"] == policy.key_ids[0]
+    _drop_last_round(ledger)
+    assert verify_ledger(ledger, "t").ok  # every round left is whole and signed: only the head tells
+    report = verify_ledger(ledger, "t", trust=policy)
+    assert report.problems == (
+        f"signed head names round 3 (hash {head['hash'][:12]}), but the ledger ends at round 2 (rounds removed after it was signed)",
+    )
+
+
+def test_an_unsigned_foreign_or_untrusted_head_is_named(ledger, tmp_path, keydir):
+    from concord.federation.ledger import head_key, sign_head
+
+    policy = load_policy(str(keydir / "alice.pub.pem"))
+    doc = Path(ledger.root, head_key("t"))
+    signed = doc.read_bytes()
+    doc.unlink()
+    assert "the head is not signed (no ledger/t/head.json)" in verify_ledger(ledger, "t", trust=policy).problems[0]
+    # alice's signed head of another tenant, at the same round and hash, is no head of this one
+    other = json.loads(signed)
+    other["tenant"] = "u"
+    doc.write_text(json.dumps(other))
+    assert "not a head of tenant 't'" in verify_ledger(ledger, "t", trust=policy).problems[0]
+    sign_head(ledger, "t", load_signing_key(keydir / "mallory.pem"))
+    (problem,) = verify_ledger(ledger, "t", trust=policy).problems
+    assert problem.startswith("signed head: signed by key") and "not trusted" in problem
+    # re-signing a head without any of its fields changed verifies again
+    doc.write_bytes(signed)
+    assert verify_ledger(ledger, "t", trust=policy).ok
+
+
+def test_a_rollback_with_its_old_signed_head_needs_the_last_round_seen(ledger, keydir, capsys):
+    """Replaying an older signed head together with its rounds passes every signature check: only
+    --min-round (the round a reader saw last) catches it."""
+    from concord.cli import main
+    from concord.federation.ledger import head_key
+
+    doc = Path(ledger.root, head_key("t"))
+    kept = doc.read_bytes()  # an older copy of the signed head (round 3), as anyone who reads the store has
+    record_round(ledger, "t", _record(4), key=load_signing_key(keydir / "alice.pem"))
+    _drop_last_round(ledger)
+    doc.write_bytes(kept)
+    trust = str(keydir / "alice.pub.pem")
+    assert main(["federate", "verify", "t", "--store", ledger.uri, "--trust", trust]) == 0
+    assert main(["federate", "verify", "t", "--store", ledger.uri, "--trust", trust, "--min-round", "3"]) == 0
+    capsys.readouterr()
+    assert main(["federate", "verify", "t", "--store", ledger.uri, "--trust", trust, "--min-round", "4"]) == 1
+    out, err = capsys.readouterr()
+    assert "the ledger ends at round 3, but it went to round 4 before (rolled back" in out and err.count("\n") == 1
