@@ -27,6 +27,13 @@ Concord additionally requires ``concord.root`` to equal the root it is asked abo
 by ``model_signing sign`` has no ``concord`` field: Concord then binds it to a root by comparing
 its ``resources`` with the SHA-256 of the snapshot's files (see :mod:`concord.trust.signing`).
 
+**Other serializations.** ``model_signing``'s Python API (not its command line, which always
+writes ``files`` with sha256) can also hash with ``blake2b`` or ``blake3``, and cut files into
+shards (``"method": "shards"``, ``shard_size``, resources named ``PATH:START:END`` with algorithm
+``<hash>-sharded-<size>``; an empty file has no shard). Concord reads all of those
+(:class:`Serialization`) and checks their digests against the snapshot's bytes, computed the same
+way; anything else is refused in one line naming the serialization.
+
 Everything read here comes from a store or a user's file, so parsing is bounded and strict: a
 damaged, truncated or foreign document raises :class:`~concord.errors.SignatureFormatError`.
 """
@@ -37,7 +44,8 @@ import base64
 import binascii
 import hashlib
 import json
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, field
 
 from concord.errors import SignatureFormatError
 from concord.hashing import is_digest
@@ -50,6 +58,59 @@ PREDICATE_TYPE = "https://model_signing/signature/v1.0"
 GIT_PATHS = (".git", ".gitattributes", ".github", ".gitignore")
 #: bundles are small: a few hundred bytes per file of the model
 MAX_BUNDLE_BYTES = 64 * 1024 * 1024
+
+
+#: the hash types OMS bundles use, with the length of their hex digests
+HASH_TYPES = {"sha256": 64, "blake2b": 128, "blake3": 64}
+_SHARD_NAME = re.compile(r"^(.+):(0|[1-9]\d*):([1-9]\d*)$")
+
+
+@dataclass(frozen=True)
+class Serialization:
+    """How a bundle's resources were hashed: whole files (``files``) or byte ranges of
+    ``shard_size`` bytes (``shards``), with ``hash_type``. Concord itself writes files/sha256."""
+
+    method: str = "files"
+    hash_type: str = "sha256"
+    shard_size: int | None = None
+
+    @property
+    def whole_file_sha256(self) -> bool:
+        """Whether resources are the SHA-256 of whole files (what a restore can check as it writes)."""
+        return self.method == "files" and self.hash_type == "sha256"
+
+    @property
+    def algorithm(self) -> str:
+        """The ``algorithm`` every resource of such a bundle names."""
+        return self.hash_type if self.method == "files" else f"{self.hash_type}-sharded-{self.shard_size}"
+
+    def describe(self) -> str:
+        return f"{self.method}/{self.hash_type}" + (f" in shards of {self.shard_size} bytes" if self.shard_size else "")
+
+    def path_of(self, name: str) -> str:
+        """The file a resource name belongs to (``PATH:START:END`` → ``PATH`` for shards)."""
+        if self.method == "files":
+            return name
+        m = _SHARD_NAME.match(name)
+        return m.group(1) if m else name
+
+    def names(self, path: str, size: int) -> list[tuple[str, int, int]]:
+        """``(resource name, start, end)`` of file ``path`` of ``size`` bytes, as OMS cuts it."""
+        if self.method == "files":
+            return [(path, 0, size)]
+        step = int(self.shard_size or 0)
+        return [(f"{path}:{start}:{min(start + step, size)}", start, min(start + step, size)) for start in range(0, size, step)]
+
+    def hasher(self):
+        """A new hash object of ``hash_type`` (``update``, ``hexdigest``)."""
+        if self.hash_type == "blake3":
+            from blake3 import blake3
+
+            return blake3()
+        return hashlib.blake2b() if self.hash_type == "blake2b" else hashlib.sha256()
+
+
+FILES_SHA256 = Serialization()
 
 
 def pae(payload: bytes, payload_type: str = PAYLOAD_TYPE) -> bytes:
@@ -131,6 +192,11 @@ class Statement:
     ignore_paths: tuple[str, ...]
     root: str | None = None
     ref: str | None = None
+    serialization: Serialization = field(default=FILES_SHA256)
+
+    def files(self) -> set[str]:
+        """The paths of the files the resources belong to."""
+        return {self.serialization.path_of(name) for name in self.resources}
 
 
 @dataclass(frozen=True)
@@ -205,11 +271,7 @@ def parse_statement(payload: bytes, where: str) -> Statement:
     digest = _obj(subjects[0].get("digest"), where, "subject digest").get("sha256")
     pred = _obj(doc.get("predicate"), where, "predicate")
     ser = _obj(pred.get("serialization"), where, "predicate.serialization")
-    if ser.get("method") != "files" or ser.get("hash_type") != "sha256":
-        raise fail(
-            f"serialization {str(ser.get('method'))[:20]}/{str(ser.get('hash_type'))[:20]}: "
-            "Concord reads whole-file SHA-256 signatures (model_signing's default `files` with sha256)"
-        )
+    serialization = _serialization(ser, fail)
     ignore = ser.get("ignore_paths", [])
     if not isinstance(ignore, list) or not all(isinstance(p, str) for p in ignore):
         raise fail("serialization.ignore_paths is not a list of paths")
@@ -217,12 +279,15 @@ def parse_statement(payload: bytes, where: str) -> Statement:
     if not isinstance(res, list):
         raise fail("predicate.resources is missing")
     items: list[tuple[str, str]] = []
+    width = HASH_TYPES[serialization.hash_type]
     for i, r in enumerate(res):
-        if not isinstance(r, dict) or not isinstance(r.get("name"), str) or r.get("algorithm") != "sha256":
-            raise fail(f"resource {i} is not a sha256 file digest")
+        if not isinstance(r, dict) or not isinstance(r.get("name"), str) or r.get("algorithm") != serialization.algorithm:
+            raise fail(f"resource {i} is not a {serialization.algorithm} digest, as its serialization says")
+        if serialization.method == "shards" and not _SHARD_NAME.match(r["name"]):
+            raise fail(f"resource {i} ({r['name'][:80]}) does not name a shard (PATH:START:END)")
         d = r.get("digest")
-        if not (isinstance(d, str) and len(d) == 64 and all(c in "0123456789abcdef" for c in d)):
-            raise fail(f"resource {i} ({r['name'][:80]}) has no SHA-256 digest")
+        if not (isinstance(d, str) and len(d) == width and all(c in "0123456789abcdef" for c in d)):
+            raise fail(f"resource {i} ({r['name'][:80]}) has no {serialization.hash_type} digest")
         items.append((r["name"], d))
     if digest != subject_digest(items):
         raise fail("the subject's digest does not match its resources (the statement was altered)")
@@ -237,4 +302,23 @@ def parse_statement(payload: bytes, where: str) -> Statement:
         if not is_digest(root):
             raise fail("predicate.concord.root is not a 64-hex root")
         ref = extra.get("ref") if isinstance(extra.get("ref"), str) else None
-    return Statement(str(name) if name is not None else "", resources, tuple(ignore), root, ref)
+    return Statement(str(name) if name is not None else "", resources, tuple(ignore), root, ref, serialization)
+
+
+def _serialization(ser: dict, fail) -> Serialization:
+    """The serialization a predicate names, or one line saying it cannot be read and what to use."""
+    method, hash_type = ser.get("method"), ser.get("hash_type")
+    shard_size = ser.get("shard_size")
+    what = f"serialization {str(method)[:20]}/{str(hash_type)[:20]}"
+    instead = (
+        "Concord reads model_signing's `files` and `shards` serializations hashed with sha256, blake2b "
+        "or blake3; sign with `model_signing sign key` (files, sha256)"
+    )
+    if method not in ("files", "shards") or hash_type not in HASH_TYPES:
+        raise fail(f"{what}: {instead}")
+    if method == "files":
+        return Serialization("files", hash_type)
+    # model_signing writes the shard size as a JSON number that may read back as a float
+    if isinstance(shard_size, bool) or not isinstance(shard_size, (int, float)) or not 0 < shard_size < 2**53 or shard_size != int(shard_size):
+        raise fail(f"{what}: shard_size {str(shard_size)[:30]} is not a whole number of bytes above 0")
+    return Serialization("shards", hash_type, int(shard_size))

@@ -36,8 +36,7 @@ from concord.trust.keys import PublicKey, load_public_key, public_key_from_pem
 from concord.trust.signing import (
     Checked,
     check_bundle,
-    compare_digests,
-    file_digests,
+    check_digests,
     read_signature,
     signature_ids,
     signature_key,
@@ -62,7 +61,10 @@ class Verdict:
     #: why each other signature does not count (key id → problem)
     problems: Mapping[str, str] = field(default_factory=dict)
     #: for a root trusted through a root-less bundle only: SHA-256 its files must have
+    #: (with another serialization, the digests it names: see ``checked``)
     expected: Mapping[str, str] | None = None
+    #: the root-less bundle's check, with its serialization (None otherwise)
+    checked: Checked | None = None
 
     def to_dict(self) -> dict:
         return {
@@ -136,7 +138,7 @@ class TrustPolicy:
             rootless.append(checked)
         if rootless:
             c = rootless[0]
-            return Verdict(root, store.uri, tuple(docs), True, c.key_id, problems, dict(c.expected))
+            return Verdict(root, store.uri, tuple(docs), True, c.key_id, problems, dict(c.expected), c)
         return Verdict(root, store.uri, tuple(docs), False, None, problems)
 
     def restore_check(self, store: Store, root: str) -> Mapping[str, str] | None:
@@ -145,6 +147,11 @@ class TrustPolicy:
         v = self.report(store, root)
         if not v.trusted:
             raise UntrustedRootError(store.uri, root, self.key_ids, _problems(v))
+        if v.checked is not None and not v.checked.serialization.whole_file_sha256:
+            # a restore checks whole-file SHA-256 as it writes; other digests are checked here,
+            # from the store's bytes (each chunk verified against the root as it is read), first
+            self._check_digests(store, root, v)
+            return None
         return v.expected
 
     def require(self, store: Store, root: str) -> Verdict:
@@ -152,13 +159,15 @@ class TrustPolicy:
         v = self.report(store, root)
         if not v.trusted:
             raise UntrustedRootError(store.uri, root, self.key_ids, _problems(v))
-        if v.expected is not None:
-            try:
-                manifest = load_manifest(store, root)
-                compare_digests(v.expected, file_digests(store, manifest, v.expected), f"{store.uri}/{signature_key(root, v.trusted_by)}")
-            except ConcordError as exc:
-                raise UntrustedRootError(store.uri, root, self.key_ids, (_problem(exc),)) from exc
+        if v.checked is not None:
+            self._check_digests(store, root, v)
         return v
+
+    def _check_digests(self, store: Store, root: str, v: Verdict) -> None:
+        try:
+            check_digests(store, load_manifest(store, root), v.checked, f"{store.uri}/{signature_key(root, v.trusted_by)}")
+        except ConcordError as exc:
+            raise UntrustedRootError(store.uri, root, self.key_ids, (_problem(exc),)) from exc
 
 
 def _problem(exc: Exception) -> str:

@@ -73,13 +73,55 @@ def signed_paths(manifest: Manifest, ignore_paths: Iterable[str] = oms.GIT_PATHS
     return [f.path for f in manifest.files if not oms.is_ignored(f.path, ignore)]
 
 
-def file_digests(store: Store, manifest: Manifest, paths: Iterable[str] | None = None, *, progress=None) -> dict[str, str]:
+class _Digests:
+    """The digests of one file as a serialization cuts it: fed the file's bytes in order."""
+
+    def __init__(self, path: str, size: int, serialization: oms.Serialization) -> None:
+        self.serialization = serialization
+        self.pieces = serialization.names(path, size)  # (name, start, end); none for an empty sharded file
+        self.done: dict[str, str] = {}
+        self.at = 0  # bytes fed so far
+        self.hasher = serialization.hasher()
+
+    def update(self, data: bytes) -> None:
+        view = memoryview(data)
+        while view:
+            name, start, end = self.pieces[len(self.done)]
+            take = min(len(view), end - self.at)
+            self.hasher.update(view[:take])
+            self.at += take
+            view = view[take:]
+            if self.at == end:
+                self._close(name)
+
+    def _close(self, name: str) -> None:
+        self.done[name] = self.hasher.hexdigest()
+        self.hasher = self.serialization.hasher()
+
+    def result(self) -> dict[str, str]:
+        if len(self.done) < len(self.pieces):  # an empty file as one whole-file resource
+            self._close(self.pieces[-1][0])
+        return self.done
+
+
+def file_digests(
+    store: Store,
+    manifest: Manifest,
+    paths: Iterable[str] | None = None,
+    *,
+    progress=None,
+    serialization: oms.Serialization = oms.FILES_SHA256,
+) -> dict[str, str]:
     """SHA-256 (hex) of each file of ``manifest`` (or of ``paths`` only), streamed from ``store``,
-    every chunk verified as it is read."""
+    every chunk verified as it is read; with another ``serialization``, the digests it names
+    (resource name → hex: per shard, ``PATH:START:END``, for shards)."""
     wanted = set(paths) if paths is not None else None
     files = [f for f in manifest.files if wanted is None or f.path in wanted]
     jobs = [(i, cid, length) for i, f in enumerate(files) for p in f.parts for cid, _, length in p.chunk_spans(manifest.chunk_size)]
-    hashers = [hashlib.sha256() for _ in files]
+    if not serialization.whole_file_sha256:
+        hashers = [_Digests(f.path, f.size, serialization) for f in files]
+    else:
+        hashers = [hashlib.sha256() for _ in files]
 
     def fetch(job) -> tuple[int, bytes]:
         i, cid, length = job
@@ -96,6 +138,8 @@ def file_digests(store: Store, manifest: Manifest, paths: Iterable[str] | None =
             hashers[i].update(data)
             if progress is not None:
                 progress.advance(len(data))
+    if not serialization.whole_file_sha256:
+        return {name: digest for h in hashers for name, digest in h.result().items()}
     return {f.path: h.hexdigest() for f, h in zip(files, hashers)}
 
 
@@ -172,6 +216,8 @@ class Checked:
     key_source: str
     root_bound: bool
     expected: Mapping[str, str] = field(default_factory=dict)
+    #: how ``expected`` was computed (resource name → digest); files/sha256 unless ``model_signing``'s API chose otherwise
+    serialization: oms.Serialization = oms.FILES_SHA256
 
 
 def verifying_key(parsed: oms.Bundle, keys: Iterable[PublicKey], where: str) -> PublicKey:
@@ -196,10 +242,12 @@ def verifying_key(parsed: oms.Bundle, keys: Iterable[PublicKey], where: str) -> 
     return key
 
 
-def check_names(paths: Iterable[str], statement: oms.Statement, where: str) -> None:
-    """Refuse a statement whose files are not ``paths`` (less the paths it ignores)."""
-    listed = {p for p in paths if not oms.is_ignored(p, statement.ignore_paths)}
-    named = set(statement.resources)
+def check_names(files: Iterable[tuple[str, int]], statement: oms.Statement, where: str) -> None:
+    """Refuse a statement whose files are not ``files`` (path, size), less the paths it ignores
+    (and, in shards, the empty files, which have none)."""
+    sharded = statement.serialization.method == "shards"
+    listed = {p for p, size in files if not oms.is_ignored(p, statement.ignore_paths) and not (sharded and size == 0)}
+    named = statement.files()
     if listed != named:
         extra, missing = sorted(listed - named), sorted(named - listed)
         what = "; ".join(
@@ -222,18 +270,18 @@ def check_bundle(
     st = parsed.statement
     if st.root is not None and st.root != root:
         raise SignatureError(where, f"it signs root {st.root}, not {root}", "A signature holds for the root it names only")
-    check_names((f.path for f in manifest.files), st, where)
+    check_names(((f.path, f.size) for f in manifest.files), st, where)
     if st.root is not None:
         return Checked(key.id, key.source, True)
-    return Checked(key.id, key.source, False, dict(st.resources))
+    return Checked(key.id, key.source, False, dict(st.resources), st.serialization)
 
 
-def compare_digests(expected: Mapping[str, str], actual: Mapping[str, str], where: str) -> None:
-    bad = sorted(p for p in expected if actual.get(p) != expected[p])
+def compare_digests(expected: Mapping[str, str], actual: Mapping[str, str], where: str, what: str = "file(s)") -> None:
+    bad = sorted(p for p in set(expected) | set(actual) if actual.get(p) != expected.get(p))
     if bad:
         raise SignatureError(
             where,
-            f"{len(bad)} file(s) differ from what was signed ({', '.join(bad[:3])})",
+            f"{len(bad)} {what} differ from what was signed ({', '.join(bad[:3])})",
             "The signature is for other bytes: sign this snapshot itself",
         )
 
@@ -254,8 +302,17 @@ def verify_bundle(
     manifest = manifest or load_manifest(store, root)
     checked = check_bundle(parsed, root, manifest, keys, where)
     if not checked.root_bound:
-        compare_digests(checked.expected, file_digests(store, manifest, checked.expected), where)
+        check_digests(store, manifest, checked, where)
     return checked
+
+
+def check_digests(store: Store, manifest: Manifest, checked: Checked, where: str) -> None:
+    """Compare a root-less bundle's digests with those of the root's bytes in ``store``, computed
+    as its serialization says (every shard of every file, for shards)."""
+    ser = checked.serialization
+    paths = {ser.path_of(name) for name in checked.expected}
+    what = "shard(s)" if ser.method == "shards" else "file(s)"
+    compare_digests(checked.expected, file_digests(store, manifest, paths, serialization=ser), where, what)
 
 
 def import_signature(store: Store, root: str, data: bytes, keys: Iterable[PublicKey], *, where: str = "") -> Checked:
@@ -292,7 +349,7 @@ def snapshot_signed(source: str | os.PathLike, store: Store, data: bytes, keys: 
     keys = list(keys)
     parsed = oms.parse_bundle(data, where)
     verifying_key(parsed, keys, where)
-    check_names((rel for rel, _ in collect_files(source)), parsed.statement, where)
+    check_names(((rel, os.path.getsize(path)) for rel, path in collect_files(source)), parsed.statement, where)
     kept: list[Checked] = []
 
     def keep(st: Store, root: str) -> None:
