@@ -6,8 +6,8 @@
     python -m deployments.serve [--dir data/serve] restart NAME [NAME ...] [--timeout 15]
     python -m deployments.serve [--dir data/serve] stop [--timeout 15]
 
-``start`` first seeds what the deployments' default parameters name into ``<project>/data``
-where it is missing (:mod:`deployments.seed`; ``--seed-from DIR`` for another checkpoint than
+``start`` seeds what the deployments' default parameters name into ``<project>/data``
+where it is missing (while the Prefect server it starts comes up) (:mod:`deployments.seed`; ``--seed-from DIR`` for another checkpoint than
 all-MiniLM-L6-v2), and gives every process it starts ``MLFLOW_TRACKING_URI`` (``$MLFLOW_TRACKING_URI``,
 else ``<project>/data/mlflow.db``, the database ``make demo`` writes too). Then it uses the
 Prefect server at ``$PREFECT_API_URL`` when it is set, otherwise starts
@@ -48,6 +48,7 @@ and the number may since belong to someone else) is left alone.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import shutil
@@ -318,6 +319,17 @@ def _run(state_dir: Path, name: str, command: Sequence[str], env: Mapping[str, s
     return rc
 
 
+def _concurrently(steps: Sequence) -> None:
+    """Run each of ``steps`` (callables) in a thread of its own, all at once; the first error raised
+    by any of them is raised once every step has ended."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=len(steps)) as pool:
+        futures = [pool.submit(step) for step in steps]
+    for future in futures:
+        future.result()
+
+
 def _prefect() -> str:
     exe = Path(sys.executable).parent / "prefect"
     return str(exe) if exe.exists() else "prefect"
@@ -433,8 +445,6 @@ def start(state_dir: Path, *, port: int = 4200, watch: Sequence[str] = (), inter
             HEARTBEAT_ENV: os.environ.get(HEARTBEAT_ENV) or str(HEARTBEAT_SECONDS)}
     prefect = _prefect()
     try:
-        print(f"seeding what the deployments' defaults name into {project_dir / 'data'} (only what is missing)", file=out)
-        _seed(project_dir, seed_from, ours["MLFLOW_TRACKING_URI"], state_dir / WATCHER_STATE, out)
         server = None
         own_server = not os.environ.get("PREFECT_API_URL")
         if own_server:
@@ -457,26 +467,37 @@ def start(state_dir: Path, *, port: int = 4200, watch: Sequence[str] = (), inter
             print(f"starting a Prefect server on 127.0.0.1:{port}", file=out)
             server = spawn(state_dir, "server", [prefect, "server", "start", "--host", "127.0.0.1", "--port", str(port)],
                            env=env, cwd=state_dir)
+        # seeded while the server starts: neither needs the other
+        print(f"seeding what the deployments' defaults name into {project_dir / 'data'} (only what is missing)", file=out)
+        _seed(project_dir, seed_from, ours["MLFLOW_TRACKING_URI"], state_dir / WATCHER_STATE, out)
         _wait_healthy(api_url, server, server_timeout)
 
-        for pool in (WORK_POOL, SERVING_POOL):
-            if _run(state_dir, "setup", [prefect, "work-pool", "inspect", pool], env, check=False) != 0:
-                print(f"creating the work pool {pool}", file=out)
-                _run(state_dir, "setup", [prefect, "work-pool", "create", pool, "--type", "process"], env)
+        # the work pools and the blocks at once, each step's output in a log of its own
+        def pool_step(pool: str) -> None:
+            log = f"setup-{pool}"
+            if _run(state_dir, log, [prefect, "work-pool", "inspect", pool], env, check=False) != 0:
+                print(f"creating the work pool {pool}", file=out, flush=True)
+                _run(state_dir, log, [prefect, "work-pool", "create", pool, "--type", "process"], env)
+
         print("registering blocks", file=out)
-        _run(state_dir, "setup", [prefect, "block", "register", "-m", "blocks"], env)
+        _concurrently([lambda pool=pool: pool_step(pool) for pool in (WORK_POOL, SERVING_POOL)]
+                      + [lambda: _run(state_dir, "setup-blocks", [prefect, "block", "register", "-m", "blocks"], env)])
         print("deploying everything in prefect.yaml", file=out)
         _run(state_dir, "setup", [prefect, "--no-prompt", "deploy", "--all"], env, cwd=project_dir)
 
+        # the publishing deployment given its repository and the automations applied, at once
+        steps = []
         if _declares(project_dir, PUBLISH_DEPLOYMENT):
             repository = f"{registry}/{REGISTRY_PATH}" if registry else None
             print(f"deploying {PUBLISH_DEPLOYMENT} again with " + (f"repository {repository}" if repository else "no repository"),
                   file=out)
-            _run(state_dir, "setup", [prefect, "--no-prompt", "deploy", "--name", PUBLISH_DEPLOYMENT,
-                                      "--param", f"repository={json.dumps(repository)}"], env, cwd=project_dir)
-
+            steps.append(lambda: _run(state_dir, "setup", [prefect, "--no-prompt", "deploy", "--name", PUBLISH_DEPLOYMENT,
+                                                           "--param", f"repository={json.dumps(repository)}"],
+                                      env, cwd=project_dir))
         print("applying the automations", file=out)
-        _run(state_dir, "setup", [sys.executable, "-m", "deployments.automations", "--apply"], env)
+        steps.append(lambda: _run(state_dir, "setup-automations", [sys.executable, "-m", "deployments.automations", "--apply"],
+                                  env))
+        _concurrently(steps)
 
         print(f"starting a worker on {WORK_POOL}", file=out)
         spawn(state_dir, "worker", [prefect, "worker", "start", "--pool", WORK_POOL], env=env, cwd=PROJECT_DIR)
@@ -566,4 +587,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    # what the seeding imported (MLflow, PyTorch) is millions of objects: the interpreter's last
+    # collections on the way out would spend seconds on them, with nothing left to free
+    gc.freeze()
+    sys.exit(code)

@@ -78,7 +78,9 @@ def any_store(request):
 
 # ----------------------------------------------------------------------------- mlflow server
 
-_MLFLOW_ENV = {"MLFLOW_DISABLE_TELEMETRY": "true", "DO_NOT_TRACK": "true"}
+#: no telemetry; and a server starts without its job runners (seven huey consumer processes, each
+#: importing MLflow at start) since no test submits an MLflow server job
+_MLFLOW_ENV = {"MLFLOW_DISABLE_TELEMETRY": "true", "DO_NOT_TRACK": "true", "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
 
 
 @pytest.fixture(scope="session")

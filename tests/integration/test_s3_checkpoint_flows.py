@@ -105,8 +105,13 @@ def test_a_failure_after_staging_still_removes_the_staging_folder(s3_env, bucket
 
 
 def test_an_unreachable_s3_endpoint_fails_before_any_store_is_touched(s3_env, store_dirs, monkeypatch):
+    import flows._staging
+    from tasks.staging import stage_checkpoint_task
+
     dead = f"http://127.0.0.1:{free_port()}"
     monkeypatch.setenv("AWS_ENDPOINT_URL", dead)
+    # the staging task is still retried as deployed, only without the pauses between its attempts
+    monkeypatch.setattr(flows._staging, "stage_checkpoint_task", stage_checkpoint_task.with_options(retry_delay_seconds=0))
     with pytest.raises(StoreUnreachableError, match="unreachable") as err:
         snapshot_and_replicate.fn(
             source="s3://checkpoints/runs/llama/step-0100", store=store_dirs["us-east"],
