@@ -89,3 +89,17 @@ def test_a_missing_or_wrong_key_names_the_store_and_its_option(chain, capsys):
     store_b = LocalDirStore(b)
     store_b.unlock(read_key_file(str(kb)))
     assert store_b.list_refs() == [] and list(store_b.iter_chunks()) == []  # nothing written to B
+
+
+def test_verify_repairs_from_a_store_with_another_key(chain, capsys):
+    plain, a, b, ka, kb = chain
+    assert run(capsys, "sync", plain, a, b, "--ref", "models/m", "--target-key-file", ka)[0] == 1  # B's key is not A's
+    assert run(capsys, "sync", plain, a, "--ref", "models/m", "--target-key-file", ka)[0] == 0
+    assert run(capsys, "sync", a, b, "--ref", "models/m", "--source-key-file", ka, "--target-key-file", kb)[0] == 0
+    chunk = next(p for p in (b / "chunks").rglob("*") if p.is_file())
+    chunk.unlink()  # one chunk lost in B
+    code, out, err = run(capsys, "verify", b, "--ref", "models/m", "--key-file", kb, "--repair-from", a, "--repair-key-file", kb)
+    assert code == 1 and f"store {a} is encrypted" in err and "--repair-key-file" in err
+    code, out, err = run(capsys, "verify", b, "--ref", "models/m", "--key-file", kb, "--repair-from", a, "--repair-key-file", ka, "--json")
+    assert code == 0, err
+    assert len(json.loads(out)["repaired"]) == 1
