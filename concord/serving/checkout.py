@@ -287,10 +287,10 @@ def materialise(
                     data = None
             if data is None:
                 if cid in in_cache:
-                    data = cache.get_chunk(cid, verify=True)
+                    data = cache.read_chunk(cid, verify=True)  # transient: written at once
                     tally.add("cached", length)
                 else:
-                    data = store.get_chunk(cid, verify=True)
+                    data = store.read_chunk(cid, verify=True)
                     tally.add("fetched", length)
                     if cache is not None:
                         cache.put_chunk(cid, data, verify=False)

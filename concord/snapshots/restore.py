@@ -100,7 +100,7 @@ def restore(
 
         def write(job) -> None:
             path, cid, offset, length = job
-            data = store.get_chunk(cid, verify=True)
+            data = store.read_chunk(cid, verify=True)  # transient: written at once
             if len(data) != length:
                 from concord.errors import IntegrityError
 

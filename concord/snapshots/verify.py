@@ -210,7 +210,7 @@ def check(store: Store, lengths: Mapping[str, int], *, progress: Progress | None
 
     def one(cid: str) -> tuple[str | None, int]:
         try:
-            data = store.read_chunk_raw(cid)
+            data = store.read_chunk_raw(cid, transient=True)
         except NotRegularFileError:
             return "corrupt", 0  # a FIFO or folder where the chunk should be: a repair replaces it
         except UnknownEncodingError:

@@ -352,7 +352,7 @@ class Store(ABC):
         key = chunk_key(enc.chunk_name(cid))
         if enc.framed and not overwrite and self._exists_many([key])[0]:
             return None  # present: not worth encoding
-        stored = enc.encode_chunk(cid, data, dtype)
+        stored = enc.encode_chunk(cid, data, dtype, transient=True)  # written at once, then reused
         return len(stored) if self._put_object(key, stored, overwrite=overwrite) else None
 
     def put_chunk_from_file(
@@ -377,12 +377,35 @@ class Store(ABC):
                 raise IntegrityError(f"chunk {cid} in {self.uri}", cid, actual)
         return data
 
-    def read_chunk_raw(self, cid: str) -> bytes | None:
-        """The chunk's raw bytes, decoded but not hash-checked, or None if absent: for
-        verification. Stored bytes that do not decode raise :class:`~concord.errors.UnknownEncodingError`."""
+    def read_chunk(self, cid: str, *, verify: bool = True) -> memoryview:
+        """:meth:`get_chunk` without copies: a view that is *transient*, valid until this thread
+        reads another chunk (see :mod:`concord.stores.scratch`). For a caller that writes or
+        hashes the bytes at once (restore, checkout); anything kept must be copied."""
+        _check_digest(cid, "chunk id")
         enc = self.encoding()
-        blob = self._get_object(chunk_key(enc.chunk_name(_check_digest(cid, "chunk id"))))
-        return None if blob is None else enc.decode_chunk(cid, blob)
+        blob = self._read_object_transient(chunk_key(enc.chunk_name(cid)))
+        if blob is None:
+            raise ChunkNotFoundError(self.uri, cid)
+        data = memoryview(enc.decode_chunk(cid, blob, transient=True))
+        if verify:
+            actual = chunk_id(data)
+            if actual != cid:
+                raise IntegrityError(f"chunk {cid} in {self.uri}", cid, actual)
+        return data
+
+    def read_chunk_raw(self, cid: str, *, transient: bool = False) -> bytes | memoryview | None:
+        """The chunk's raw bytes, decoded but not hash-checked, or None if absent: for
+        verification. Stored bytes that do not decode raise :class:`~concord.errors.UnknownEncodingError`.
+        With ``transient``, a view valid until this thread reads another chunk (as :meth:`read_chunk`)."""
+        enc = self.encoding()
+        key = chunk_key(enc.chunk_name(_check_digest(cid, "chunk id")))
+        blob = self._read_object_transient(key) if transient else self._get_object(key)
+        return None if blob is None else enc.decode_chunk(cid, blob, transient=transient)
+
+    def _read_object_transient(self, key: str) -> bytes | memoryview | None:
+        """The bytes at ``key`` (None if absent), possibly in one of this thread's buffers (see
+        :mod:`concord.stores.scratch`): stores that can read into a buffer override it."""
+        return self._get_object(key)
 
     def read_chunk_stored(self, cid: str) -> bytes | None:
         """The chunk as this store keeps it (encoded), or None if absent: for a copy between stores

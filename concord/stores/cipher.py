@@ -20,6 +20,8 @@ import hmac
 import os
 import secrets
 
+from concord.stores import scratch
+
 #: the first byte of a sealed object
 SEALED = 0x80
 NONCE_BYTES = 12
@@ -105,22 +107,25 @@ class Cipher:
         """The object name of chunk ``cid``: a keyed hash, 64 hex characters like an id."""
         return hmac.new(self._names, cid.encode("ascii"), hashlib.sha256).hexdigest()
 
-    def seal(self, data, aad: bytes, kind: int | None = None) -> bytearray:
+    def seal(self, data, aad: bytes, kind: int | None = None, *, transient: bool = False):
         """``0x80``, then ``kind`` (a chunk's encoding byte, also bound into the associated data)
-        if given, a fresh nonce, and ``data`` encrypted with its tag, written in one buffer."""
+        if given, a fresh nonce, and ``data`` encrypted with its tag, written in one buffer: a new
+        ``bytearray``, or with ``transient`` this thread's ``sealed`` buffer (see :mod:`.scratch`)."""
         head = bytes((SEALED,)) if kind is None else bytes((SEALED, kind))
         if kind is not None:
             aad += bytes((kind,))
         nonce = secrets.token_bytes(NONCE_BYTES)
         start = len(head) + NONCE_BYTES
-        out = bytearray(start + len(data) + TAG_BYTES)
+        size = start + len(data) + TAG_BYTES
+        out = scratch.buffer("sealed", size) if transient else memoryview(bytearray(size))
         out[: len(head)] = head
         out[len(head) : start] = nonce
-        self._aead.encrypt_into(nonce, data, aad, memoryview(out)[start:])
-        return out
+        self._aead.encrypt_into(nonce, data, aad, out[start:])
+        return out if transient else out.obj
 
-    def open(self, blob, aad: bytes, *, framed: bool = False):
-        """The plaintext of a sealed object (with ``framed``: ``(kind, plaintext)``)."""
+    def open(self, blob, aad: bytes, *, framed: bool = False, transient: bool = False):
+        """The plaintext of a sealed object (with ``framed``: ``(kind, plaintext)``); with
+        ``transient``, in this thread's ``opened`` buffer (see :mod:`.scratch`)."""
         from cryptography.exceptions import InvalidTag
 
         view = memoryview(blob)
@@ -130,8 +135,13 @@ class Cipher:
         kind = view[1] if framed else None
         if framed:
             aad += bytes((kind,))
+        nonce, sealed = view[skip : skip + NONCE_BYTES], view[skip + NONCE_BYTES :]
         try:
-            data = self._aead.decrypt(view[skip : skip + NONCE_BYTES], view[skip + NONCE_BYTES :], aad)
+            if transient:
+                data = scratch.buffer("opened", len(sealed) - TAG_BYTES)
+                self._aead.decrypt_into(nonce, sealed, aad, data)
+            else:
+                data = self._aead.decrypt(nonce, sealed, aad)
         except InvalidTag:
             raise SealError("it does not decrypt (damaged, or moved from another name)") from None
         return (kind, data) if framed else data

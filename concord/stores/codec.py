@@ -25,6 +25,8 @@ from __future__ import annotations
 import struct
 import threading
 
+from concord.stores import scratch
+
 #: the store encodings a person chooses between
 COMPRESS_NONE, COMPRESS_ZSTD, COMPRESS_AUTO = "none", "zstd", "auto"
 COMPRESS_MODES = (COMPRESS_NONE, COMPRESS_ZSTD, COMPRESS_AUTO)
@@ -40,7 +42,15 @@ PLANE_WIDTH = {"BF16": 2, "F16": 2, "F32": 4, "F64": 8}
 _UINT = {2: "<u2", 4: "<u4", 8: "<u8"}
 _PLANE_HEAD = struct.Struct("<BI")
 
+#: no chunk is larger (the largest chunk size a snapshot takes): a frame that says otherwise is damaged
+MAX_RAW_BYTES = 64 * 1024 * 1024
+
 _local = threading.local()
+#: a plane is compressed only if zstd shrinks a sample of it (three pieces of this many bytes) by
+#: at least :data:`SAMPLE_GAIN`: a mantissa plane is close to random, and zstd spends nearly as long
+#: failing on it as succeeding on the exponent plane
+SAMPLE_BYTES = 16 * 1024
+SAMPLE_GAIN = 0.02
 
 
 class FrameError(ValueError):
@@ -67,18 +77,22 @@ def _decompressor():
     return d
 
 
-def _zstd_compress(data) -> bytes:
-    return _compressor().compress(data)
-
-
-def _zstd_decompress(data, size: int) -> bytes:
+def _zstd_decompress_into(data, out: memoryview) -> None:
+    """Decompress the zstd frame ``data`` into ``out``, which it must fill exactly."""
+    z = _zstd()
     try:
-        out = _decompressor().decompress(data, max_output_size=size)
-    except _zstd().ZstdError as exc:
+        with _decompressor().stream_reader(data, read_across_frames=False) as reader:
+            got = 0
+            while got < len(out):
+                n = reader.readinto(out[got:])
+                if not n:
+                    break
+                got += n
+            extra = reader.read(1) if got == len(out) else b""
+    except z.ZstdError as exc:
         raise FrameError(f"zstd payload does not decode ({exc})") from None
-    if len(out) != size:
-        raise FrameError(f"zstd payload decodes to {len(out)} bytes, {size} expected")
-    return out
+    if got != len(out) or extra:
+        raise FrameError(f"zstd payload decodes to {'more than ' if extra else ''}{got} bytes, {len(out)} expected")
 
 
 def _planes_compressor():
@@ -92,36 +106,21 @@ def _planes_compressor():
     return c
 
 
-def _scratch(kind, n: int, slot: int):
-    """A reusable array of ``n`` elements of ``kind`` for this thread: fresh arrays of megabytes
-    cost a page fault per page on every chunk, which is most of a decode's time."""
-    import numpy as np
-
-    key = (np.dtype(kind).str, slot)
-    pool = getattr(_local, "scratch", None)
-    if pool is None:
-        pool = _local.scratch = {}
-    arr = pool.get(key)
-    if arr is None or len(arr) < n:
-        arr = pool[key] = np.empty(n, dtype=kind)
-    return arr[:n]
-
-
 def _split(view, width: int) -> list:
     """The ``width`` byte planes of the elements of ``view`` (each rotated left by one bit),
-    low byte first, as contiguous uint8 arrays: shifts and casts over whole arrays, no strides."""
+    low byte first, as contiguous uint8 arrays (transient: this thread's scratch buffers)."""
     import numpy as np
 
     kind = np.dtype(_UINT[width])
     n = len(view) // width
     a = np.frombuffer(view, dtype=kind, count=n)
-    r, t = _scratch(kind, n, 0), _scratch(kind, n, 1)
+    r, t = scratch.array("split.r", kind, n), scratch.array("split.t", kind, n)
     np.left_shift(a, kind.type(1), out=r)
     np.right_shift(a, kind.type(width * 8 - 1), out=t)
     r |= t
     planes = []
     for i in range(width):
-        plane = _scratch(np.uint8, n, 2 + i)
+        plane = scratch.array(f"plane{i}", np.uint8, n)
         if i:
             np.right_shift(r, kind.type(8 * i), out=t)
         np.copyto(plane, t if i else r, casting="unsafe")  # the low byte of each element
@@ -129,13 +128,14 @@ def _split(view, width: int) -> list:
     return planes
 
 
-def _join(planes: list, width: int) -> bytes:
-    """The elements the byte ``planes`` of :func:`_split` came from (rotated back)."""
+def _join_into(planes: list, width: int, out: memoryview) -> None:
+    """Write into ``out`` the elements the byte ``planes`` of :func:`_split` came from."""
     import numpy as np
 
     kind = np.dtype(_UINT[width])
     n = len(planes[0])
-    v, t = _scratch(kind, n, 0), _scratch(kind, n, 1)
+    v = np.frombuffer(out, dtype=kind, count=n)
+    t = scratch.array("join.t", kind, n)
     np.copyto(v, planes[-1])
     for plane in reversed(planes[:-1]):
         v <<= kind.type(8)
@@ -144,29 +144,53 @@ def _join(planes: list, width: int) -> bytes:
     np.left_shift(v, kind.type(width * 8 - 1), out=t)
     v >>= kind.type(1)
     v |= t
-    return v.tobytes()
+
+
+def _worth_compressing(plane) -> bool:
+    """Whether zstd shrinks samples of ``plane`` (start, middle, end) by :data:`SAMPLE_GAIN`."""
+    n = len(plane)
+    if n < 8 * SAMPLE_BYTES:
+        return True
+    pc = _planes_compressor()
+    starts = (0, (n // 2) & ~15, n - SAMPLE_BYTES)
+    packed = sum(len(pc.compress(plane[s : s + SAMPLE_BYTES].data)) for s in starts)
+    return packed < (1 - SAMPLE_GAIN) * 3 * SAMPLE_BYTES
+
+
+def _encode_planes_view(view: memoryview, width: int) -> memoryview:
+    """The byte-plane frame of ``view`` in this thread's ``frame`` buffer (transient)."""
+    n = len(view) // width
+    planes = _split(view, width)
+    out = scratch.buffer("frame", 2 + width * (_PLANE_HEAD.size + n) + len(view) - n * width)
+    out[0], out[1] = PLANES, width
+    pos = 2
+    for plane in planes:
+        packed = _planes_compressor().compress(plane.data) if _worth_compressing(plane) else None
+        if packed is not None and len(packed) < n:
+            _PLANE_HEAD.pack_into(out, pos, 1, len(packed))
+            body = packed
+        else:
+            _PLANE_HEAD.pack_into(out, pos, 0, n)
+            body = plane.data
+        pos += _PLANE_HEAD.size
+        out[pos : pos + len(body)] = body
+        pos += len(body)
+    tail = view[n * width :]
+    out[pos : pos + len(tail)] = tail
+    return out[: pos + len(tail)]
 
 
 def encode_planes(data, width: int) -> bytes:
     """The byte-plane frame of ``data`` (elements of ``width`` bytes; see the module)."""
-    view = memoryview(data).cast("B")
-    n = len(view) // width
-    out = [bytes((PLANES, width))]
-    for plane in _split(view, width):
-        packed = _planes_compressor().compress(plane.data)
-        if len(packed) < n:
-            out += [_PLANE_HEAD.pack(1, len(packed)), packed]
-        else:
-            out += [_PLANE_HEAD.pack(0, n), plane.tobytes()]
-    out.append(bytes(view[n * width :]))
-    return b"".join(out)
+    return bytes(_encode_planes_view(memoryview(data).cast("B"), width))
 
 
-def decode_planes(payload, size: int) -> bytes:
-    """The ``size`` raw bytes of a byte-plane frame's payload (what follows its ``0x02``)."""
+def _decode_planes_into(payload: memoryview, out: memoryview) -> None:
+    """Write into ``out`` the raw bytes of a byte-plane frame's ``payload`` (what follows 0x02)."""
     import numpy as np
 
-    view = memoryview(payload)
+    view = payload
+    size = len(out)
     if len(view) < 1 or view[0] not in _UINT:
         raise FrameError("byte-plane frame with an unknown element width")
     width = view[0]
@@ -178,38 +202,62 @@ def decode_planes(payload, size: int) -> bytes:
             raise FrameError("byte-plane frame cut short")
         mode, length = _PLANE_HEAD.unpack_from(view, pos)
         pos += _PLANE_HEAD.size
-        payload = view[pos : pos + length]
-        if len(payload) != length:
+        body = view[pos : pos + length]
+        if len(body) != length:
             raise FrameError("byte-plane frame cut short")
         pos += length
         if mode == 1:
-            plane = _zstd_decompress(payload, n)
+            plane = scratch.array(f"plane{i}", np.uint8, n)
+            _zstd_decompress_into(body, memoryview(plane))
         elif mode == 0 and length == n:
-            plane = payload
+            plane = np.frombuffer(body, dtype=np.uint8)
         else:
             raise FrameError(f"byte plane {i} has mode {mode} and {length} bytes for {n} elements")
-        planes.append(np.frombuffer(plane, dtype=np.uint8))
+        planes.append(plane)
     tail = view[pos:]
     if n * width + len(tail) != size:
         raise FrameError(f"byte-plane frame holds {n * width + len(tail)} bytes, {size} expected")
-    body = _join(planes, width)
-    return body + bytes(tail) if len(tail) else body
+    _join_into(planes, width, out)
+    out[n * width :] = tail
+
+
+def decode_planes(payload, size: int) -> bytes:
+    """The ``size`` raw bytes of a byte-plane frame's payload (what follows its ``0x02``)."""
+    out = scratch.buffer("decoded", size)
+    _decode_planes_into(memoryview(payload), out)
+    return bytes(out)
+
+
+def _raw_frame(view: memoryview) -> memoryview:
+    out = scratch.buffer("frame", len(view) + 1)
+    out[0] = RAW
+    out[1:] = view
+    return out
+
+
+def encode_view(data, mode: str, dtype: str | None = None) -> memoryview:
+    """:func:`encode`, in this thread's ``frame`` buffer: transient (see :mod:`.scratch`), valid
+    until this thread encodes again; for a caller that writes or seals it at once."""
+    view = memoryview(data).cast("B")
+    if mode == COMPRESS_NONE or len(view) == 0:
+        return _raw_frame(view)
+    width = PLANE_WIDTH.get(dtype or "") if mode == COMPRESS_AUTO else None
+    if width and len(view) >= 4 * width:
+        frame = _encode_planes_view(view, width)
+    else:
+        packed = _compressor().compress(view)
+        frame = scratch.buffer("frame", len(packed) + 1)
+        frame[0] = ZSTD
+        frame[1:] = packed
+    if len(frame) >= len(view) + 1:
+        return _raw_frame(view)
+    return frame
 
 
 def encode(data, mode: str, dtype: str | None = None) -> bytes:
     """The frame that stores ``data`` under compress ``mode`` (``dtype``: the safetensors dtype
     of the tensor the chunk belongs to, if it is part of one). Never larger than ``data`` + 1."""
-    view = memoryview(data).cast("B")
-    if mode == COMPRESS_NONE or len(view) == 0:
-        return bytes((RAW,)) + view
-    width = PLANE_WIDTH.get(dtype or "") if mode == COMPRESS_AUTO else None
-    if width and len(view) >= 4 * width:
-        frame = encode_planes(view, width)
-    else:
-        frame = bytes((ZSTD,)) + _zstd_compress(view)
-    if len(frame) >= len(view) + 1:
-        return bytes((RAW,)) + view
-    return frame
+    return bytes(encode_view(data, mode, dtype))
 
 
 def frame_kind(frame) -> int:
@@ -228,9 +276,17 @@ def decode(frame, size: int | None = None) -> bytes:
 
 def decode_payload(kind: int, payload, size: int | None = None) -> bytes:
     """The raw bytes of a frame's ``payload`` (what follows its encoding byte ``kind``)."""
+    if kind == RAW:
+        return payload if isinstance(payload, bytes) else bytes(payload)
+    return bytes(decode_view(kind, payload, size))
+
+
+def decode_view(kind: int, payload, size: int | None = None) -> memoryview:
+    """:func:`decode_payload` without a copy: a raw payload is returned as a view of itself,
+    anything else is decoded into this thread's ``decoded`` buffer (transient, see :mod:`.scratch`)."""
     view = memoryview(payload)
     if kind == RAW:
-        return payload if isinstance(payload, bytes) else bytes(view)
+        return view
     if kind == ZSTD:
         if size is None:
             try:
@@ -239,9 +295,18 @@ def decode_payload(kind: int, payload, size: int | None = None) -> bytes:
                 raise FrameError(f"zstd payload does not decode ({exc})") from None
             if size < 0:
                 raise FrameError("zstd frame does not state its size")
-        return _zstd_decompress(view, size)
+        if size > MAX_RAW_BYTES:
+            raise FrameError(f"zstd frame says it holds {size} bytes, more than any chunk ({MAX_RAW_BYTES})")
+        out = scratch.buffer("decoded", size)
+        _zstd_decompress_into(view, out)
+        return out
     if kind == PLANES:
-        return decode_planes(view, planes_size(view) if size is None else size)
+        size = planes_size(view) if size is None else size
+        if size > MAX_RAW_BYTES:
+            raise FrameError(f"byte-plane frame says it holds {size} bytes, more than any chunk ({MAX_RAW_BYTES})")
+        out = scratch.buffer("decoded", size)
+        _decode_planes_into(view, out)
+        return out
     raise FrameError(f"unknown encoding byte 0x{kind:02x}")
 
 
@@ -278,5 +343,7 @@ __all__ = [
     "FrameError",
     "PLANE_WIDTH",
     "decode",
+    "decode_view",
     "encode",
+    "encode_view",
 ]

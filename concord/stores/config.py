@@ -130,30 +130,35 @@ class Encoding:
     def chunk_name(self, cid: str) -> str:
         return self.cipher.name(cid) if self.cipher else cid
 
-    def encode_chunk(self, cid: str, data, dtype: str | None = None):
+    def encode_chunk(self, cid: str, data, dtype: str | None = None, *, transient: bool = False):
+        """How chunk ``cid`` (raw ``data``) is stored; with ``transient``, in one of this thread's
+        buffers (see :mod:`.scratch`), for a caller that writes it at once."""
         if not self.framed:
             return data
         if self.cipher is None:
-            return codec.encode(data, self.compress, dtype)
+            return codec.encode_view(data, self.compress, dtype) if transient else codec.encode(data, self.compress, dtype)
         if self.compress == codec.COMPRESS_NONE:
             kind, payload = codec.RAW, data
         else:
-            frame = codec.encode(data, self.compress, dtype)
-            kind, payload = frame[0], memoryview(frame)[1:]
-        return self.cipher.seal(payload, b"chunk:" + cid.encode(), kind)
+            frame = codec.encode_view(data, self.compress, dtype)
+            kind, payload = frame[0], frame[1:]
+        return self.cipher.seal(payload, b"chunk:" + cid.encode(), kind, transient=transient)
 
-    def decode_chunk(self, cid: str, blob, size: int | None = None) -> bytes:
+    def decode_chunk(self, cid: str, blob, size: int | None = None, *, transient: bool = False):
         """The raw bytes of stored chunk ``cid``; :class:`UnknownEncodingError` naming it if they
-        do not decode."""
+        do not decode. With ``transient``, a view that may lie in one of this thread's buffers or
+        in ``blob`` itself (see :mod:`.scratch`), for a caller that hashes and writes it at once."""
         if not self.framed:
             return blob
         try:
             if self.cipher is None:
-                return codec.decode(blob, size)
-            kind, payload = self.cipher.open(blob, b"chunk:" + cid.encode(), framed=True)
-            return codec.decode_payload(kind, payload, size)
+                view = codec.decode_view(codec.frame_kind(blob), memoryview(blob)[1:], size)
+            else:
+                kind, payload = self.cipher.open(blob, b"chunk:" + cid.encode(), framed=True, transient=True)
+                view = codec.decode_view(kind, payload, size)
         except (codec.FrameError, SealError) as exc:
             raise UnknownEncodingError(self.store, f"chunk {cid}", str(exc)) from None
+        return view if transient else bytes(view)
 
     # ------------------------------------------------------------------ other objects
 

@@ -19,6 +19,7 @@ from typing import Iterator
 
 from concord.errors import NotRegularFileError, StoreAccessError, StoreNotFoundError
 from concord.files import TMP_PREFIX, atomic_write, temp_path
+from concord.stores import scratch
 from concord.stores.base import Store, chunk_key
 
 #: the folders a store has once anything was written to it
@@ -42,13 +43,14 @@ def file_kind(mode: int) -> str:
     return "not a file"
 
 
-def read_regular_file(path: str, *, store: str, key: str) -> bytes | None:
+def read_regular_file(path: str, *, store: str, key: str, slot: str | None = None) -> bytes | memoryview | None:
     """The bytes of the regular file at ``path`` (a symbolic link is followed to its target), or
     None if nothing is there. Never blocks and never opens anything else: a FIFO, device, socket or
     folder (or a link to one) raises :class:`~concord.errors.NotRegularFileError` naming ``key``
     and ``store``. The path is looked at before it is opened (so a device is never opened), then
     opened with ``O_NONBLOCK`` and checked again on the open descriptor (so a swap in between is
-    caught too)."""
+    caught too). With ``slot``, the bytes are read into this thread's buffer of that name and a
+    transient view of them is returned (see :mod:`concord.stores.scratch`)."""
     try:
         st = os.stat(path)
     except (FileNotFoundError, NotADirectoryError):
@@ -71,6 +73,8 @@ def read_regular_file(path: str, *, store: str, key: str) -> bytes | None:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             raise NotRegularFileError(store, key, file_kind(st.st_mode))
+        if slot is not None:
+            return _read_into(fd, scratch.buffer(slot, st.st_size))
         with open(fd, "rb", closefd=False) as f:
             return f.read()
     except NotRegularFileError:
@@ -79,6 +83,17 @@ def read_regular_file(path: str, *, store: str, key: str) -> bytes | None:
         raise StoreAccessError(store, f"cannot read {key} ({exc.strerror})") from exc
     finally:
         os.close(fd)
+
+
+def _read_into(fd: int, buf: memoryview) -> memoryview:
+    """Fill ``buf`` from ``fd``'s start; the part filled if the file ends sooner."""
+    got = 0
+    while got < len(buf):
+        n = os.preadv(fd, [buf[got:]], got)
+        if not n:
+            break
+        got += n
+    return buf[:got]
 
 
 def _copy_range(src_fd: int, offset: int, length: int, dst: str) -> None:
@@ -168,6 +183,9 @@ class LocalDirStore(Store):
 
     def _get_object(self, key: str) -> bytes | None:
         return read_regular_file(self._path(key), store=self.uri, key=key)
+
+    def _read_object_transient(self, key: str) -> memoryview | None:
+        return read_regular_file(self._path(key), store=self.uri, key=key, slot="object")
 
     def _exists_many(self, keys: list[str]) -> list[bool]:
         return [os.path.isfile(self._path(k)) for k in keys]

@@ -80,6 +80,71 @@ def test_a_frame_that_does_not_decode_is_a_frame_error():
         codec.decode(b"\x7fabc")
 
 
+def _plane_modes(frame: bytes) -> list[int]:
+    """The mode byte (0 raw, 1 zstd) of each plane of a byte-plane frame."""
+    width, pos, modes = frame[1], 2, []
+    for _ in range(width):
+        mode, length = codec._PLANE_HEAD.unpack_from(frame, pos)
+        modes.append(mode)
+        pos += codec._PLANE_HEAD.size + length
+    return modes
+
+
+def test_a_plane_is_compressed_only_when_a_sample_of_it_shrinks():
+    rng = np.random.default_rng(2)
+    weights = (rng.standard_normal(400_000) * 0.02).astype(np.float32)
+    bf16 = (weights.view(np.uint32) >> 16).astype(np.uint16)
+    frame = codec.encode(bf16.tobytes(), "auto", "BF16")
+    # the mantissa plane (low byte) is close to random: kept raw; the exponent plane is coded
+    assert _plane_modes(frame) == [0, 1]
+    # fp32 widened from bf16: its two low planes are zeros, and its third holds 7 mantissa bits
+    # and a zero (it shrinks by an eighth): all four are coded
+    widened = (bf16.astype(np.uint32) << 16).tobytes()
+    frame = codec.encode(widened, "auto", "F32")
+    assert _plane_modes(frame) == [1, 1, 1, 1]
+    assert codec.decode(frame) == widened and len(frame) < 0.4 * len(widened)
+
+
+def test_views_hold_the_same_bytes_as_copies():
+    rng = np.random.default_rng(3)
+    data = (rng.standard_normal(100_000) * 0.02).astype(np.float32).tobytes()
+    for mode, dtype in (("auto", "F32"), ("zstd", None), ("none", None)):
+        frame = codec.encode(data, mode, dtype)
+        assert bytes(codec.encode_view(data, mode, dtype)) == frame
+        assert bytes(codec.decode_view(frame[0], memoryview(frame)[1:])) == data
+
+
+def test_a_frame_claiming_more_bytes_than_any_chunk_or_than_it_holds_is_refused():
+    import zstandard
+
+    huge = zstandard.ZstdCompressor().compress(b"\x00" * (codec.MAX_RAW_BYTES + 1))
+    with pytest.raises(codec.FrameError, match="more than any chunk"):
+        codec.decode(bytes((codec.ZSTD,)) + huge)
+    frame = codec.encode(b"\x00" * 10_000, "zstd")
+    with pytest.raises(codec.FrameError, match="more than 9000 bytes"):
+        codec.decode(frame, 9_000)
+    with pytest.raises(codec.FrameError, match="decodes to 10000 bytes, 11000 expected"):
+        codec.decode(frame, 11_000)
+
+
+def test_reads_on_many_threads_each_get_their_own_chunk(tmp_path):
+    """A chunk read is a view of a per-thread buffer: threads never see each other's bytes."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    store = _store(tmp_path / "s", "auto", encrypt=True)
+    rng = np.random.default_rng(4)
+    chunks = [(rng.standard_normal(20_000 + i) * 0.02).astype(np.float32).tobytes() for i in range(24)]
+    ids = [chunk_id(c) for c in chunks]
+    for cid, c in zip(ids, chunks):
+        store.put_chunk(cid, c, dtype="F32")
+
+    def read(i: int) -> bool:
+        return all(bytes(store.read_chunk(ids[j])) == chunks[j] for j in (i, (i + 7) % 24, i))
+
+    with ThreadPoolExecutor(6) as pool:
+        assert all(pool.map(read, range(24)))
+
+
 # ---------------------------------------------------------------------------- roots and restores
 
 

@@ -201,12 +201,19 @@ class Flaky(LocalDirStore):
         self.reads = 0
         self.fail_after = fail_after
 
-    def _get_object(self, key):
+    def _count(self, key):
         if key.startswith("chunks/"):
             self.reads += 1
         if self.reads > self.fail_after:
             raise StoreUnreachableError(self.uri, "connection reset by peer")
+
+    def _get_object(self, key):
+        self._count(key)
         return super()._get_object(key)
+
+    def _read_object_transient(self, key):  # the read that verify and restore make
+        self._count(key)
+        return super()._read_object_transient(key)
 
 
 def test_warm_failing_mid_demotion_keeps_the_hot_copy_and_a_rerun_converges(tmp_path, base, policy):
