@@ -90,7 +90,7 @@ def copy_chunks(
             raw = target.put_chunk_stored(cid, blob, overwrite=overwrite) or 0
             stored = len(blob) if raw else None
         else:
-            data = source.get_chunk(cid, verify=True)
+            data = source.read_chunk(cid, verify=True)  # transient: stored at once
             raw = len(data)
             if framed:
                 stored = target.put_chunk_sized(cid, data, verify=False, overwrite=overwrite, dtype=dtypes.get(cid))
