@@ -6,19 +6,27 @@ trusted public keys (PEM text); :meth:`TrustBlock.get_signing_key` builds the
 private key (unwrapped only there, never logged). A deployment given a trust block signs every
 snapshot it takes (when the block has a signing key) and refuses an untrusted root before it
 touches a target (when the block has trusted keys).
+
+The command line reaches a saved block as ``--trust block:NAME`` (:func:`trusted_keys_of_block`,
+the ``concord.trust_sources`` entry point) and ``--key block:NAME`` (:func:`signing_key_of_block`,
+the ``concord.signing_key_sources`` entry point).
 """
 
 from __future__ import annotations
 
 from typing import Optional
 
+from typing import Callable
+
+import httpx
 from prefect.blocks.core import Block
 from prefect.blocks.system import Secret
+from prefect.exceptions import ObjectNotFound
 from pydantic import Field, SecretStr, field_validator
 
-from concord.errors import TrustPolicyError
+from concord.errors import ConcordError, KeyFileError, KeyPasswordError, TrustPolicyError
 
-__all__ = ["TrustBlock", "load_trust_block"]
+__all__ = ["TrustBlock", "load_trust_block", "signing_key_of_block", "trusted_keys_of_block"]
 
 _DOCUMENTATION_URL = "https://docs.prefect.io/v3/concepts/blocks"
 
@@ -82,14 +90,63 @@ class TrustBlock(Block):
 
 def load_trust_block(name: str) -> TrustBlock:
     """The saved trust block ``name`` (a bare name, or ``block:NAME``)."""
-    name = name.removeprefix("block:").strip() if isinstance(name, str) else ""
-    if not name:
-        raise TrustPolicyError("block:", "no block name given")
-    from prefect.exceptions import ObjectNotFound
+    return _load(name, TrustPolicyError)
 
+
+def _load(name: str, error: Callable[..., ConcordError]) -> TrustBlock:
+    """``TrustBlock.load(name)``; ``error(where, problem, fix)`` for a missing block or an API
+    that does not answer."""
+    name = name.removeprefix("block:").strip() if isinstance(name, str) else ""
+    where = f"block:{name}"
+    if not name:
+        raise error(where, "no block name given", "Write block:NAME, the name of a saved Concord Trust block")
     try:
-        return TrustBlock.load(name)
-    except (ObjectNotFound, ValueError) as exc:
+        return TrustBlock.load(name, _sync=True)
+    except ValueError as exc:
+        if isinstance(exc.__cause__, ObjectNotFound):
+            raise error(
+                where,
+                f"there is no {TrustBlock.get_block_type_slug()} block named {name!r}",
+                f"Create it with `TrustBlock(trusted_keys=[PEM, ...]).save({name!r})` or in the Prefect UI "
+                "after `prefect block register -m blocks.trust`, or check PREFECT_API_URL",
+            ) from None
+        raise error(where, f"the saved block cannot be loaded ({' '.join(str(exc).split())[:200]})", "Save it again") from None
+    except httpx.TransportError as exc:
+        raise error(
+            where, f"the Prefect API did not answer ({type(exc).__name__})", "Start it, or set PREFECT_API_URL to one that runs"
+        ) from None
+
+
+def trusted_keys_of_block(name: str) -> list[str]:
+    """The PEM texts of the trusted keys of the saved block ``name`` (what ``--trust block:NAME``
+    trusts); one line naming the block when it lists none."""
+    block = _load(name, TrustPolicyError)
+    if not block.trusted_keys:
         raise TrustPolicyError(
-            f"block:{name}", f"there is no Concord Trust block named {name!r} ({type(exc).__name__}); create one with TrustBlock(...).save({name!r})"
+            f"block:{block._block_document_name or name}",
+            "the block lists no trusted key",
+            "Add the public keys (PEM) to trust to its trusted_keys, or give PEM paths instead",
+        )
+    return list(block.trusted_keys)
+
+
+def signing_key_of_block(name: str):
+    """The signing key of the saved block ``name`` (what ``--key block:NAME`` signs with): its
+    Secret's PEM, opened with the block's password. Never printed or logged."""
+    block = _load(name, KeyFileError)
+    where = f"block:{block._block_document_name or name}"
+    if block.signing_key is None:
+        raise KeyFileError(
+            where,
+            "the block has no signing key",
+            "Set its signing_key to a Secret block holding the PEM private key (`concord keys generate KEY.pem`), "
+            "or give --key KEY.pem",
+        )
+    try:
+        return block.get_signing_key()
+    except KeyPasswordError as exc:
+        raise KeyFileError(
+            where,
+            "its signing key is protected by a password the block " + ("does not open" if exc.given else "does not hold"),
+            "Set the block's signing_key_password to the key's password",
         ) from None

@@ -21,7 +21,7 @@ from typing import Callable, Iterator
 from concord.home import patched_environ
 
 STORE_HELP = "a folder, file:///path, s3://bucket/prefix or block:NAME"
-TRUST_HELP = "trusted public keys: comma-separated PEM paths (default: $CONCORD_TRUSTED_KEYS)"
+TRUST_HELP = "trusted public keys: comma-separated PEM paths and block:NAME (a saved Concord Trust block) entries (default: $CONCORD_TRUSTED_KEYS)"
 TRACKING_URI_HELP = "MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else sqlite in $CONCORD_HOME)"
 REGISTRY_HELP = "store of data snapshots and contracts (default: $CONCORD_REGISTRY, else $CONCORD_HOME/registry)"
 

@@ -274,7 +274,7 @@ def register(sub, common: list) -> None:
     weights = argparse.ArgumentParser(add_help=False)
     weights.add_argument("--max-ulps", type=whole_number, default=1, metavar="N", help="a tensor in another dtype passes within N ULPs of the lower precision (default 1)")
     weights.add_argument("--top", type=positive_int, default=10, metavar="N", help="worst tensors listed per replica (default 10)")
-    weights.add_argument("--trust", metavar="PUB.pem[,...]", help=TRUST_HELP + "; a root no trusted key signed, on any store, is critical")
+    weights.add_argument("--trust", metavar="PUB.pem|block:NAME[,...]", help=TRUST_HELP + "; a root no trusted key signed, on any store, is critical")
     refp = argparse.ArgumentParser(add_help=False)
     refp.add_argument("--reference", metavar="CLUSTER", type=name_arg("cluster label or store"), help="the cluster the others are compared with (default: the first store)")
     cards = argparse.ArgumentParser(add_help=False)

@@ -97,9 +97,9 @@ def _signing_key(args):
         return None
     import os
 
-    from concord.trust import load_signing_key
+    from concord.trust import load_signing_key_spec
 
-    return load_signing_key(args.key, os.environ.get(args.key_password_env or "CONCORD_KEY_PASSWORD") or None)
+    return load_signing_key_spec(args.key, os.environ.get(args.key_password_env or "CONCORD_KEY_PASSWORD") or None)
 
 
 def cmd_run(args, out) -> int:
@@ -207,14 +207,17 @@ def register(sub, common: list) -> None:
     key_file_options(s, ("ledger", "the --ledger store"))
     s.add_argument("--track", action="store_true", help="register the result as an MLflow model version TENANT-OUT_NAME")
     s.add_argument("--tracking-uri", help=TRACKING_URI_HELP)
-    s.add_argument("--key", metavar="KEY.pem", help="sign the round with this cluster's ECDSA private key (checked by verify --trust)")
+    s.add_argument(
+        "--key", metavar="KEY.pem|block:NAME",
+        help="sign the round with this cluster's ECDSA private key, or a saved Concord Trust block's (checked by verify --trust)",
+    )
     s.add_argument("--key-password-env", metavar="NAME", help="environment variable holding the key's password (default: CONCORD_KEY_PASSWORD)")
     s.set_defaults(func=cmd_run)
 
     s = fed.add_parser("verify", parents=common, help="check a tenant's ledger: hashes, chain, head (exit 1 when tampered)")
     s.add_argument("tenant", metavar="TENANT")
     s.add_argument("--store", required=True, help=STORE_HELP)
-    s.add_argument("--trust", metavar="PUB.pem[,...]", help=TRUST_HELP + "; every round, and the head, must be signed by one of them")
+    s.add_argument("--trust", metavar="PUB.pem|block:NAME[,...]", help=TRUST_HELP + "; every round, and the head, must be signed by one of them")
     s.add_argument(
         "--min-round", type=positive_int, metavar="N",
         help="the last round seen before: a ledger that now ends before it was rolled back (exit 1)",

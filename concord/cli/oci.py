@@ -94,5 +94,5 @@ def register(sub, common: list) -> None:
     s.add_argument("--store", required=True, help=STORE_HELP)
     s.add_argument("--ref", type=ref_arg, help="point this ref ([namespace/]name) at the imported snapshot")
     s.add_argument("--plain-http", action="store_true", help=PLAIN_HTTP_HELP)
-    s.add_argument("--trust", metavar="PUB.pem[,...]", help=TRUST_HELP + "; the ref moves only if a trusted key signed the imported root")
+    s.add_argument("--trust", metavar="PUB.pem|block:NAME[,...]", help=TRUST_HELP + "; the ref moves only if a trusted key signed the imported root")
     s.set_defaults(func=cmd_import_oci)

@@ -152,7 +152,7 @@ def register(sub, common: list[argparse.ArgumentParser]) -> None:
     s.add_argument("--cache", metavar="STORE", help="a local store several nodes of a host share: chunks are read "
                    "from it when there, and kept in it when fetched")
     key_file_options(s, ("cache", "the --cache store"))
-    s.add_argument("--trust", metavar="PUB.pem[,...]", help=TRUST_HELP + "; a root no trusted key signed is never written to the node")
+    s.add_argument("--trust", metavar="PUB.pem|block:NAME[,...]", help=TRUST_HELP + "; a root no trusted key signed is never written to the node")
     hc = s.add_mutually_exclusive_group()
     hc.add_argument("--health-cmd", metavar="CMD", help="shell command run after the flip; non-zero exit flips back")
     hc.add_argument("--health-url", metavar="URL", help="GET after the flip; anything but 2xx flips back")

@@ -250,7 +250,7 @@ def register(sub, common: list) -> None:
     s.add_argument("--chunk-size", type=chunk_size, help="chunk size (default 4M; 64K to 64M)")
     s.add_argument("--message", help="note kept in the ref's history")
     s.add_argument("--signature", metavar="FILE", help="an OpenSSF Model Signing bundle of the folder (model_signing sign key): kept once it verifies with a --trust key")
-    s.add_argument("--trust", metavar="PUB.pem[,...]", help=TRUST_HELP)
+    s.add_argument("--trust", metavar="PUB.pem|block:NAME[,...]", help=TRUST_HELP)
     s.set_defaults(func=cmd_snapshot)
 
     s = sub.add_parser("diff", parents=common, help="which files, tensors and chunks differ between two snapshots")
@@ -267,7 +267,7 @@ def register(sub, common: list) -> None:
     g = s.add_mutually_exclusive_group(required=True)
     g.add_argument("--ref", type=ref_arg, help="ref to replicate (moved on each target by compare-and-swap)")
     g.add_argument("--root", type=root_arg, help="64-hex root to replicate (no ref is moved)")
-    s.add_argument("--trust", metavar="PUB.pem[,...]", help=TRUST_HELP + "; an unsigned root is refused")
+    s.add_argument("--trust", metavar="PUB.pem|block:NAME[,...]", help=TRUST_HELP + "; an unsigned root is refused")
     key_file_options(s, ("source", "SRC"), ("target", "every DST"))
     s.set_defaults(func=cmd_sync)
 
@@ -277,7 +277,7 @@ def register(sub, common: list) -> None:
     g.add_argument("--ref", type=ref_arg)
     g.add_argument("--root", type=root_arg)
     s.add_argument("out_dir", metavar="OUT_DIR")
-    s.add_argument("--trust", metavar="PUB.pem[,...]", help=TRUST_HELP + "; an unsigned root is refused")
+    s.add_argument("--trust", metavar="PUB.pem|block:NAME[,...]", help=TRUST_HELP + "; an unsigned root is refused")
     s.set_defaults(func=cmd_restore)
 
     s = sub.add_parser("verify", parents=common, help="re-hash chunks; report (and repair) missing or corrupt ones")
@@ -287,7 +287,7 @@ def register(sub, common: list) -> None:
     g.add_argument("--root", type=root_arg)
     s.add_argument("--repair-from", metavar="STORE", help="fetch good copies of bad chunks from this store")
     key_file_options(s, ("repair", "the --repair-from store"))
-    s.add_argument("--trust", metavar="PUB.pem[,...]", help=TRUST_HELP + "; reports signed_by and trusted")
+    s.add_argument("--trust", metavar="PUB.pem|block:NAME[,...]", help=TRUST_HELP + "; reports signed_by and trusted")
     s.set_defaults(func=cmd_verify)
 
     s = sub.add_parser("rollback", parents=common, help="move a ref back to an earlier root of its history")

@@ -357,7 +357,7 @@ def register(sub, common: list) -> None:
     s.add_argument("out_dir", metavar="OUT_DIR")
     s.add_argument("--tier", choices=TIERS, help="restore from this tier (default: the nearest that holds it)")
     s.add_argument("--timeout", type=_duration, metavar="SECONDS", help="wait this long for an archive restore (default: the policy's)")
-    s.add_argument("--trust", metavar="PUB.pem[,...]", help=TRUST_HELP + "; an unsigned root is refused")
+    s.add_argument("--trust", metavar="PUB.pem|block:NAME[,...]", help=TRUST_HELP + "; an unsigned root is refused")
     s.set_defaults(func=cmd_restore)
 
     trk = track_parent("drill", "the restore-drill flow")

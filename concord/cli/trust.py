@@ -23,9 +23,9 @@ def cmd_sign(args, out) -> int:
     from concord.files import atomic_write
     from concord.snapshots.refs import resolve_root
     from concord.stores import canonical_ref
-    from concord.trust import load_signing_key, sign_root
+    from concord.trust import load_signing_key_spec, sign_root
 
-    key = load_signing_key(args.key, key_password(args))  # a bad key fails before the store is read
+    key = load_signing_key_spec(args.key, key_password(args))  # a bad key fails before the store is read
     store = writable_store(args.store)
     root = resolve_root(store, args.ref or args.root)
     ref = canonical_ref(args.ref.partition("~")[0]) if args.ref else None
@@ -83,9 +83,12 @@ def register(sub, common: list) -> None:
     g = s.add_mutually_exclusive_group(required=True)
     g.add_argument("--ref", type=ref_arg, help="sign the root this ref points at")
     g.add_argument("--root", type=root_arg)
-    s.add_argument("--key", required=True, metavar="KEY.pem", help="ECDSA private key (P-256, P-384 or P-521), PEM")
     s.add_argument(
-        "--key-password-env", metavar="NAME", help="environment variable holding the key's password (default: CONCORD_KEY_PASSWORD)"
+        "--key", required=True, metavar="KEY.pem|block:NAME",
+        help="ECDSA private key (P-256, P-384 or P-521), PEM; or block:NAME, the signing key of a saved Concord Trust block",
+    )
+    s.add_argument(
+        "--key-password-env", metavar="NAME", help="environment variable holding the key's password (default: CONCORD_KEY_PASSWORD; a block holds its own)"
     )
     s.add_argument("--out", metavar="FILE", help="also write the bundle to FILE (for model_signing verify)")
     s.add_argument("--name", help="model name in the signed statement (default: the ref's name)")
@@ -96,7 +99,7 @@ def register(sub, common: list) -> None:
     g = s.add_mutually_exclusive_group(required=True)
     g.add_argument("--ref", type=ref_arg)
     g.add_argument("--root", type=root_arg)
-    s.add_argument("--trust", metavar="PUB.pem[,...]", help=TRUST_HELP)
+    s.add_argument("--trust", metavar="PUB.pem|block:NAME[,...]", help=TRUST_HELP)
     s.set_defaults(func=cmd_signatures)
 
     s = sub.add_parser("keys", parents=common, help="signing keys")

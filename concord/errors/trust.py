@@ -84,13 +84,14 @@ class SignatureError(TrustError):
 class TrustPolicyError(TrustError):
     """A trust policy cannot be set up as written (a trusted key file missing, none given)."""
 
-    def __init__(self, where: str, problem: str) -> None:
+    def __init__(self, where: str, problem: str, fix: str = "") -> None:
         self.where = where
         self.problem = problem
-        super().__init__(
-            f"trust policy from {where}: {problem}. Give trusted public keys as comma-separated PEM paths "
-            "(--trust PUB.pem,... or CONCORD_TRUSTED_KEYS)"
+        fix = fix or (
+            "Give trusted public keys as comma-separated PEM paths or block:NAME entries "
+            "(--trust PUB.pem,block:NAME,... or CONCORD_TRUSTED_KEYS)"
         )
+        super().__init__(f"trust policy from {where}: {problem}. {fix}")
 
 
 class UntrustedRootError(TrustError):

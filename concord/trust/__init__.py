@@ -6,6 +6,9 @@ The stable API other wings and rooms call (import from ``concord.trust``)::
     # (a) a policy from --trust / CONCORD_TRUSTED_KEYS (None when neither is set)
     policy = load_policy(args.trust)                    # TrustPolicy | None
     policy = TrustPolicy.from_pems([pem, ...], "block:NAME")   # from a block's PEM text
+    policy = load_policy("keys/a.pub.pem,block:prod")   # entries: PEM paths, SOURCE:NAME (block:
+                                                        # through the concord.trust_sources entry point)
+    register_trust_source("name", trusted=fn, signing=fn)  # teach --trust / --key a name:REST entry
 
     # (b) check a root in a store before materialising it
     check_root(store, root, policy)                     # no-op without a policy; else raises
@@ -25,6 +28,7 @@ The stable API other wings and rooms call (import from ``concord.trust``)::
 
     # signing
     key = load_signing_key("key.pem", password=None)    # password default: $CONCORD_KEY_PASSWORD
+    key = load_signing_key_spec("block:prod")           # KEY.pem, or a source's signing key (--key)
     result, bundle_bytes = sign_root(store, root, key, ref="models/x")
     result, checked = snapshot_signed(folder, store, bundle_bytes, policy.keys, ref="models/x")
                                                         # snapshot a model_signing-signed folder
@@ -45,7 +49,16 @@ from concord.trust.keys import (
     public_key_from_pem,
     signing_key_from_pem,
 )
-from concord.trust.policy import ENV, TrustPolicy, Verdict, load_policy
+from concord.trust.policy import (
+    ENV,
+    SIGNING_GROUP,
+    SOURCE_GROUP,
+    TrustPolicy,
+    Verdict,
+    load_policy,
+    load_signing_key_spec,
+    register_trust_source,
+)
 from concord.trust.signing import (
     import_signature,
     read_signature,
@@ -65,6 +78,8 @@ def check_root(store, root: str, policy: TrustPolicy | None) -> Verdict | None:
 
 __all__ = [
     "ENV",
+    "SIGNING_GROUP",
+    "SOURCE_GROUP",
     "PublicKey",
     "SigningKey",
     "TrustPolicy",
@@ -75,8 +90,10 @@ __all__ = [
     "load_policy",
     "load_public_key",
     "load_signing_key",
+    "load_signing_key_spec",
     "public_key_from_pem",
     "read_signature",
+    "register_trust_source",
     "sign_root",
     "signature_documents",
     "signature_ids",

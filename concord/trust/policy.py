@@ -1,8 +1,13 @@
 """A trust policy: the public keys whose signatures a root needs before it is used.
 
-A policy comes from ``--trust PUB.pem[,PUB2.pem...]``, else from ``CONCORD_TRUSTED_KEYS``
-(comma-separated PEM paths), else from a Prefect block (``blocks.trust.TrustBlock`` builds one
-with :meth:`TrustPolicy.from_pems`). No policy means no check, as before.
+A policy comes from ``--trust ENTRY[,ENTRY...]``, else from ``CONCORD_TRUSTED_KEYS`` (the same
+list), else from a Prefect block (``blocks.trust.TrustBlock`` builds one with
+:meth:`TrustPolicy.from_pems`). No policy means no check, as before. Each entry is a PEM path or
+``SOURCE:NAME`` for a trust source (``block:NAME``: a saved ``TrustBlock``'s trusted keys); the
+keys of every entry are trusted. Sources come from the ``concord.trust_sources`` entry point
+group (the ``blocks`` package registers ``block``) or :func:`register_trust_source`, so the core
+never imports Prefect. A signing key is named the same way (:func:`load_signing_key_spec`:
+``KEY.pem`` or ``block:NAME``, through ``concord.signing_key_sources``).
 
 Under a policy a root is *trusted* when one of its signature documents verifies with a trusted
 key and holds for the root (:func:`concord.trust.signing.check_bundle`). What each caller asks:
@@ -25,14 +30,14 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import Iterable, Mapping
+from typing import Callable, Iterable, Mapping, Union
 
-from concord.errors import ConcordError, SignatureFormatError, TrustPolicyError, UntrustedRootError
+from concord.errors import ConcordError, KeyFileError, SignatureFormatError, TrustPolicyError, UntrustedRootError
 from concord.snapshots.manifest import Manifest
 from concord.snapshots.refs import load_manifest
 from concord.stores.base import Store
 from concord.trust import bundle as oms
-from concord.trust.keys import PublicKey, load_public_key, public_key_from_pem
+from concord.trust.keys import PublicKey, SigningKey, load_public_key, load_signing_key, public_key_from_pem
 from concord.trust.signing import (
     Checked,
     check_bundle,
@@ -42,8 +47,56 @@ from concord.trust.signing import (
     signature_key,
 )
 
-#: comma-separated paths of trusted public keys (PEM)
+#: comma-separated trusted public keys: PEM paths and ``block:NAME`` entries
 ENV = "CONCORD_TRUSTED_KEYS"
+#: entry-point group of trust sources: name → function of the text after ``name:`` returning a
+#: :class:`TrustPolicy` or the PEM texts of the trusted keys
+SOURCE_GROUP = "concord.trust_sources"
+#: entry-point group of signing-key sources: name → function of the text after ``name:``
+#: returning a :class:`~concord.trust.keys.SigningKey`
+SIGNING_GROUP = "concord.signing_key_sources"
+
+TrustSource = Callable[[str], Union["TrustPolicy", Iterable[Union[bytes, str]], None]]
+SigningSource = Callable[[str], SigningKey]
+_SOURCES: dict[str, TrustSource] = {}
+_SIGNERS: dict[str, SigningSource] = {}
+
+
+def register_trust_source(name: str, trusted: TrustSource | None = None, signing: SigningSource | None = None) -> None:
+    """Teach ``--trust`` (``trusted``) and ``--key`` (``signing``) a ``name:REST`` entry; each
+    function gets the text after ``name:``."""
+    if trusted is not None:
+        _SOURCES[name] = trusted
+    if signing is not None:
+        _SIGNERS[name] = signing
+
+
+def _source(registry: dict, group: str, name: str):
+    """The function of ``name``: registered, or loaded (once) from its entry point; else None."""
+    fn = registry.get(name)
+    if fn is None:
+        from importlib.metadata import entry_points
+
+        ep = next((e for e in entry_points(group=group) if e.name == name), None)
+        if ep is not None:
+            fn = registry[name] = ep.load()
+    return fn
+
+
+def _split_source(entry: str) -> tuple[str, str] | None:
+    """``('block', 'NAME')`` for ``block:NAME``; None for a path (a one-letter drive ``C:\\k.pem``,
+    or a prefix that is not an identifier, is part of a path)."""
+    name, sep, rest = entry.partition(":")
+    if sep and len(name) > 1 and name.isidentifier():
+        return name, rest.strip()
+    return None
+
+
+def _known(registry: dict, group: str) -> str:
+    from importlib.metadata import entry_points
+
+    names = sorted(set(registry) | {e.name for e in entry_points(group=group)})
+    return ", ".join(f"{n}:NAME" for n in names) or "none (pip install -e . registers block:NAME)"
 
 
 @dataclass(frozen=True)
@@ -100,11 +153,20 @@ class TrustPolicy:
 
     @classmethod
     def from_spec(cls, spec: str, source: str = "--trust") -> "TrustPolicy":
-        """``spec``: comma-separated PEM paths (blanks around commas ignored)."""
-        paths = [p.strip() for p in spec.split(",") if p.strip()]
-        if not paths:
+        """``spec``: comma-separated PEM paths and ``SOURCE:NAME`` entries (``block:NAME``), blanks
+        around commas ignored; the policy trusts the keys of every entry. Every entry is resolved
+        before the policy is returned, so a bad one fails the command before it reads a store."""
+        entries = [p.strip() for p in spec.split(",") if p.strip()]
+        if not entries:
             raise TrustPolicyError(source, "no key path given")
-        return cls.from_paths(paths, source)
+        keys: list[PublicKey] = []
+        for entry in entries:
+            found = _split_source(entry)
+            if found is None or (os.path.exists(entry) and _source(_SOURCES, SOURCE_GROUP, found[0]) is None):
+                keys.append(load_public_key(entry))
+            else:
+                keys.extend(_keys_of_source(entry, *found))
+        return cls(_unique(keys), source)
 
     @classmethod
     def from_pems(cls, pems: Iterable[bytes | str], source: str = "block") -> "TrustPolicy":
@@ -170,6 +232,47 @@ class TrustPolicy:
             raise UntrustedRootError(store.uri, root, self.key_ids, (_problem(exc),)) from exc
 
 
+def _keys_of_source(entry: str, name: str, rest: str) -> tuple[PublicKey, ...]:
+    """The trusted keys a ``name:rest`` entry names (one line naming the entry when it names none)."""
+    fn = _source(_SOURCES, SOURCE_GROUP, name)
+    if fn is None:
+        raise TrustPolicyError(
+            entry, f"there is no trust source {name!r}",
+            f"Give a PEM path, or one of: {_known(_SOURCES, SOURCE_GROUP)}",
+        )
+    if not rest:
+        raise TrustPolicyError(entry, f"no name after {name + ':'!r}", f"Write {name}:NAME")
+    got = fn(rest)
+    if isinstance(got, TrustPolicy):
+        return got.keys
+    pems = list(got or ())
+    if not pems:
+        raise TrustPolicyError(
+            entry, "it lists no trusted key",
+            f"Add the public keys (PEM) to trust to its trusted_keys, or give PEM paths instead of {entry}",
+        )
+    return tuple(
+        public_key_from_pem(p.encode() if isinstance(p, str) else p, f"{entry} key {i + 1}") for i, p in enumerate(pems)
+    )
+
+
+def load_signing_key_spec(spec: str | os.PathLike, password: str | bytes | None = None) -> SigningKey:
+    """The signing key ``spec`` names: a PEM path (``password`` as for
+    :func:`~concord.trust.keys.load_signing_key`), or ``SOURCE:NAME`` (``block:NAME``: the
+    saved ``TrustBlock``'s signing key, with the block's own password)."""
+    text = os.fspath(spec).strip()
+    found = _split_source(text)
+    fn = None if found is None else _source(_SIGNERS, SIGNING_GROUP, found[0])
+    if found is None or (fn is None and os.path.exists(text)):
+        return load_signing_key(text, password)
+    name, rest = found
+    if fn is None:
+        raise KeyFileError(text, f"there is no signing-key source {name!r}", f"Give a PEM path, or one of: {_known(_SIGNERS, SIGNING_GROUP)}")
+    if not rest:
+        raise KeyFileError(text, f"no name after {name + ':'!r}", f"Write {name}:NAME")
+    return fn(rest)
+
+
 def _problem(exc: Exception) -> str:
     text = str(exc)
     return text.split(": ", 1)[1] if text.startswith("signature ") and ": " in text else text
@@ -187,8 +290,8 @@ def _unique(keys: Iterable[PublicKey]) -> tuple[PublicKey, ...]:
 
 
 def load_policy(trust: str | None = None, *, environ: Mapping[str, str] | None = None) -> TrustPolicy | None:
-    """The policy from ``trust`` (comma-separated PEM paths, as ``--trust`` takes), else from
-    ``$CONCORD_TRUSTED_KEYS``; None when neither is set."""
+    """The policy from ``trust`` (comma-separated PEM paths and ``block:NAME`` entries, as
+    ``--trust`` takes), else from ``$CONCORD_TRUSTED_KEYS``; None when neither is set."""
     if trust is not None and trust.strip():
         return TrustPolicy.from_spec(trust, "--trust")
     env = os.environ if environ is None else environ
