@@ -24,6 +24,13 @@ def running_server(
     return _servers.running_server(name, cmd, health_url, log_path, timeout=timeout, need_ok=need_ok, fail=pytest.fail, **popen)
 
 
+def started_server(name: str, cmd: list[str], health_url: str, log_path: Path, *, need_ok: bool = False,
+                   **popen) -> _servers.Server:
+    """``cmd`` started in its own process group (stopped at the ``with`` block's end); the block gets
+    the server at once, to do other work while it starts, and ``.wait(timeout)`` until it answers."""
+    return _servers.Server(name, cmd, health_url, log_path, need_ok=need_ok, fail=pytest.fail, **popen)
+
+
 def running_moto_server(log_path: Path, *, timeout: float = 60) -> AbstractContextManager[str]:
     """Run a real ``moto_server`` process on 127.0.0.1; its endpoint URL once it answers; stop it on exit."""
     return _servers.moto_server(log_path, timeout=timeout, fail=pytest.fail)

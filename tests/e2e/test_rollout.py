@@ -6,6 +6,7 @@ the canary is rolled back, so every node serves v1 again; a node × state artifa
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -51,6 +52,11 @@ def nodes(served, tmp_path):
                 time.sleep(0.5)
         yield tmp_path
     finally:
+        for p in procs.values():  # both told at once, then each waited for (and killed if it hangs)
+            try:
+                os.killpg(p.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
         for p in procs.values():
             stop(p)
 

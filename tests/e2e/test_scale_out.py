@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from servers import free_port, patched_environ, running_server, stop
+from servers import free_port, patched_environ, started_server, stop
 from toy_checkpoints import make_checkpoint
 
 from deployments.serve import WORK_POOL
@@ -84,9 +84,11 @@ def _wait_for_workers(procs: dict[str, subprocess.Popen], logs: Path, timeout: f
 
 
 @pytest.fixture(scope="module")
-def cluster(moto_server, mlflow_server, tmp_path_factory):
+def cluster(request, tmp_path_factory):
     """A Prefect server with the four deployments used here, two workers on its pool sharing the
-    moto S3 endpoint and the MLflow server, and a fresh bucket; everything stopped afterwards."""
+    moto S3 endpoint and the MLflow server, and a fresh bucket; everything stopped afterwards.
+    The Prefect server starts while the moto and MLflow servers do, the workers while the
+    deployments are made."""
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
     from concord.stores.s3 import S3ObjectStore
@@ -99,28 +101,31 @@ def cluster(moto_server, mlflow_server, tmp_path_factory):
         (project / name).symlink_to(PROJECT_DIR / name)
     port = free_port()
     api_url = f"http://127.0.0.1:{port}/api"
-    env = {k: v for k, v in os.environ.items() if k not in ("PREFECT_API_URL", "PREFECT_PROFILE")}
-    env.update(
+    ours = dict(
         PREFECT_HOME=str(base / "prefect-home"),
         PREFECT_API_URL=api_url,
         PREFECT_SERVER_ANALYTICS_ENABLED="false",
         DO_NOT_TRACK="true",
         PREFECT_WORKER_QUERY_SECONDS="1",
         CONCORD_PROJECT_DIR=str(project),
-        AWS_ENDPOINT_URL=moto_server,
-        MLFLOW_TRACKING_URI=mlflow_server,
         PYTHONPATH=os.pathsep.join(filter(None, [str(PROJECT_DIR), os.environ.get("PYTHONPATH")])),
     )
-    bucket = f"concord-scale-{uuid.uuid4().hex[:12]}"
-    S3ObjectStore(bucket, "setup", endpoint_url=moto_server, create_bucket=True).list_refs()
+
+    def environ() -> dict[str, str]:  # this process's environment as it is now, and ours
+        return {**{k: v for k, v in os.environ.items() if k not in ("PREFECT_API_URL", "PREFECT_PROFILE")}, **ours}
 
     with ExitStack() as stack:
-        server = [_prefect(), "server", "start", "--host", "127.0.0.1", "--port", str(port)]
-        stack.enter_context(running_server("prefect server", server, f"{api_url}/health", logs / "server.log",
-                                           timeout=180, need_ok=True, env=env, cwd=base))
+        cmd = [_prefect(), "server", "start", "--host", "127.0.0.1", "--port", str(port)]
+        server = stack.enter_context(started_server("prefect server", cmd, f"{api_url}/health", logs / "server.log",
+                                                    need_ok=True, env=environ(), cwd=base))
+        # with the test credentials in this process's environment from here on
+        moto_server, mlflow_server = request.getfixturevalue("moto_server"), request.getfixturevalue("mlflow_server")
+        ours.update(AWS_ENDPOINT_URL=moto_server, MLFLOW_TRACKING_URI=mlflow_server)
+        env = environ()
+        bucket = f"concord-scale-{uuid.uuid4().hex[:12]}"
+        S3ObjectStore(bucket, "setup", endpoint_url=moto_server, create_bucket=True).list_refs()
+        server.wait(180)
         _setup([_prefect(), "work-pool", "create", WORK_POOL, "--type", "process"], env, base, logs / "setup.log")
-        names = [a for d, n in DEPLOYED.items() for a in ("--name", f"{d}/{n}")]
-        _setup([_prefect(), "--no-prompt", "deploy", *names], env, project, logs / "setup.log")
 
         procs: dict[str, subprocess.Popen] = {}
         left: list[str] = []
@@ -130,6 +135,8 @@ def cluster(moto_server, mlflow_server, tmp_path_factory):
             with open(logs / f"{name}.log", "wb") as log:
                 procs[name] = subprocess.Popen(cmd, env=env, cwd=project, stdout=log, stderr=subprocess.STDOUT,
                                                stdin=subprocess.DEVNULL, start_new_session=True)
+        names = [a for d, n in DEPLOYED.items() for a in ("--name", f"{d}/{n}")]
+        _setup([_prefect(), "--no-prompt", "deploy", *names], env, project, logs / "setup.log")
         stack.enter_context(patched_environ({"PREFECT_API_URL": api_url}))
         stack.enter_context(temporary_settings(updates={PREFECT_API_URL: api_url}))
         _wait_for_workers(procs, logs)
