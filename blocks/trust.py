@@ -107,7 +107,7 @@ def _load(name: str, error: Callable[..., ConcordError]) -> TrustBlock:
             raise error(
                 where,
                 f"there is no {TrustBlock.get_block_type_slug()} block named {name!r}",
-                f"Create it with `TrustBlock(trusted_keys=[PEM, ...]).save({name!r})` or in the Prefect UI "
+                f"Create it with `TrustBlock(trusted_keys=[PEM, ...], signing_key=Secret.load(...)).save({name!r})` or in the Prefect UI "
                 "after `prefect block register -m blocks.trust`, or check PREFECT_API_URL",
             ) from None
         raise error(where, f"the saved block cannot be loaded ({' '.join(str(exc).split())[:200]})", "Save it again") from None
