@@ -179,11 +179,12 @@ def _policy(tmp_path: Path, place: Place, warm: str, cold: str) -> Path:
 @pytest.mark.parametrize("moment", [("warm", 1), ("cold", 24), ("demotion", 0)], ids=["first-copy", "mid-way", "demotion"])
 def test_a_killed_tier_sweep_leaves_every_tier_consistent_and_a_rerun_converges(tmp_path, place, moment):
     # three checkpoints in the hot tier only; the sweep copies them to warm and cold (empty), then
-    # demotes the oldest from hot once its copies are verified
+    # demotes the oldest from hot once its copies are verified. Each is 32 chunks: the mid-way kill
+    # (24 chunks into cold) lands inside the first checkpoint's copy
     hot = place.open(place.sub("hot"))
     roots = {}
     for i, step in enumerate((10, 20, 30)):
-        folder = write_checkpoint(tmp_path / "run" / f"step-{step:04d}", seed=10 + i, tensors=3)
+        folder = write_checkpoint(tmp_path / "run" / f"step-{step:04d}", seed=10 + i, tensors=2)
         roots[f"step-{step:04d}"] = snapshot(folder, hot, ref=f"run1/step-{step:04d}", chunk_size=CHUNK).root
     policy = _policy(tmp_path, place, "warm", "cold")
     stores = {t: place.sub(t) for t in ("hot", "warm", "cold")}
