@@ -25,11 +25,16 @@ def tracking(mlflow_server):
     return mlflow_server
 
 
+#: ``python -m concord.cli``, run as runpy runs it, except that the interpreter skips its last garbage
+#: collections on the way out (a second a command once MLflow is imported, with nothing left to free)
+_CONCORD = "import atexit, gc, runpy; atexit.register(gc.freeze); runpy.run_module('concord.cli', run_name='__main__', alter_sys=True)"
+
+
 def make_cli(home: Path, tracking: str):
     env = {**os.environ, "CONCORD_HOME": str(home), "MLFLOW_TRACKING_URI": tracking, "CONCORD_NO_PROGRESS": "1"}
 
     def concord(*argv: str, ok: bool = True):
-        res = subprocess.run([sys.executable, "-m", "concord.cli", *argv, "--json"], env=env, capture_output=True, text=True, cwd=home)
+        res = subprocess.run([sys.executable, "-c", _CONCORD, *argv, "--json"], env=env, capture_output=True, text=True, cwd=home)
         if ok:
             assert res.returncode == 0, res.stderr
             lines = res.stdout.splitlines()
