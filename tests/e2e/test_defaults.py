@@ -62,7 +62,7 @@ def _run_all(client, names: tuple[str, ...], given: dict[str, tuple[str, dict]] 
             return runs
         waiting = sorted(n for n, r in runs.items() if not (r.state and r.state.is_final()))
         assert time.monotonic() < deadline, f"not finished within {RUN_TIMEOUT} s: {waiting}"
-        time.sleep(1.0)
+        time.sleep(0.5)
 
 
 def _served_root(link) -> str | None:

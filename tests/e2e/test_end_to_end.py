@@ -163,6 +163,7 @@ def test_what_the_operations_guide_shows_a_person_is_there(served):
     prefect.yaml, `inspect` shows the schedules with their time zone, `prefect automation ls` the
     automations."""
     import urllib.request
+    from concurrent.futures import ThreadPoolExecutor
 
     import yaml
 
@@ -172,20 +173,27 @@ def test_what_the_operations_guide_shows_a_person_is_there(served):
         html = page.read().decode()
     assert page.status == 200 and "<title>Prefect" in html, html[:500]
 
+    # the commands run at once (each pays Prefect's import), their outputs checked in turn below
+    schedules = (("nightly-drift-audit/nightly", "0 2 * * *"), ("restore-drill/weekly", "0 3 * * 0"),
+                 ("tier-checkpoints/hourly-sweep", "0 * * * *"))
+    commands = [("deployment", "ls", "-o", "json"), *(("deployment", "inspect", name) for name, _ in schedules),
+                ("automation", "ls")]
+    with ThreadPoolExecutor(max_workers=len(commands)) as pool:
+        outputs = dict(zip(commands, pool.map(lambda args: _prefect_cli(served, *args), commands)))
+
     declared = yaml.safe_load((served.project_dir / "prefect.yaml").read_text())["deployments"]
-    listed = json.loads(_prefect_cli(served, "deployment", "ls", "-o", "json"))
+    listed = json.loads(outputs[commands[0]])
     missing = {d["entrypoint"] for d in declared} - {d["entrypoint"] for d in listed}
     assert not missing, f"declared in prefect.yaml, not listed by `prefect deployment ls`: {sorted(missing)}"
     assert all(d["description"] for d in listed), [d["entrypoint"] for d in listed if not d["description"]]
     assert {load_flow_from_entrypoint(d["entrypoint"]).name for d in declared} >= {"lora-federation", "promote"}
 
     # (not `-o json`: prefect 3.9's JSON output fails on a deployment that has triggers)
-    for name, cron in (("nightly-drift-audit/nightly", "0 2 * * *"), ("restore-drill/weekly", "0 3 * * 0"),
-                       ("tier-checkpoints/hourly-sweep", "0 * * * *")):
-        shown = _prefect_cli(served, "deployment", "inspect", name)
+    for name, cron in schedules:
+        shown = outputs[("deployment", "inspect", name)]
         assert f"'cron': '{cron}'" in shown and "'timezone': 'UTC'" in shown and "'active': True" in shown, shown
 
-    automations = _prefect_cli(served, "automation", "ls")
+    automations = outputs[("automation", "ls")]
     for name in ("concord: P0 drift", "concord: restore drill failed", "concord: replication failed",
                  "concord: crash zombie flow runs",
                  "snapshot-and-replicate on new checkpoint", "tier-checkpoints on new checkpoint"):
