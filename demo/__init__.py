@@ -16,7 +16,10 @@ The chapters, in the order they run, each a module that sequences the project's 
   hash-chained ledger;
 - :mod:`demo.tiering`: a LoRA run's checkpoints (:mod:`demo.training`) kept hot, warm and cold,
   S3 being a ``moto_server`` (:mod:`demo.servers`);
-- :mod:`demo.audit`: the nightly drift audit on the penguins and on MiniLM's replicas.
+- :mod:`demo.audit`: the nightly drift audit on the penguins and on MiniLM's replicas;
+- :mod:`demo.release`: ``concord`` commands a release team types: sign the release (OpenSSF Model
+  Signing, checked with the ``model_signing`` command too), refuse a forged root under a trust
+  policy, an encrypted and compressed off-site store, a serving node's checkout, flip and rollback.
 
 A chapter never imports another: what they share is in :mod:`demo._common` and :mod:`demo.story`
 (the narration and the score of checks), and ``python -m demo`` (:mod:`demo.__main__`) runs them

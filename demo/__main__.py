@@ -24,6 +24,7 @@ from demo._common import CLUSTERS, model_folder  # noqa: E402
 from demo.audit import audit_story  # noqa: E402
 from demo.federation import federation_folders, federation_story  # noqa: E402
 from demo.lineage import lineage_folders, lineage_story  # noqa: E402
+from demo.release import release_folders, release_story  # noqa: E402
 from demo.snapshots import snapshots_folders, snapshots_story  # noqa: E402
 from demo.story import Story  # noqa: E402
 from demo.tiering import tiering_folders, tiering_story  # noqa: E402
@@ -39,7 +40,8 @@ def run(home: Path, story: Story) -> None:
     base = model_folder()
     stores = {c: str(home / "stores" / c) for c in CLUSTERS}
     for path in (
-        home / "stores", *snapshots_folders(home), *lineage_folders(home), *federation_folders(home), *tiering_folders(home)
+        home / "stores", *snapshots_folders(home), *lineage_folders(home), *federation_folders(home), *tiering_folders(home),
+        *release_folders(home),
     ):
         shutil.rmtree(path, ignore_errors=True)
     # MLflow's database is shared with `make serve` and kept: a re-run adds runs and versions to it
@@ -54,6 +56,7 @@ def run(home: Path, story: Story) -> None:
     federation_story(home, story, stores, base)
     tiering_story(home, story, base)
     audit_story(home, story, stores, base)
+    release_story(home, story, stores, base, snapshots_folders(home)[0])
 
 
 def main(argv: list[str] | None = None) -> int:
