@@ -1,7 +1,7 @@
 """The demo's release chapter: sign what was released, refuse what was not, keep an encrypted and
 compressed copy off-site, and flip a serving node to the release and back.
 
-Each step is a ``concord`` command, printed as a person would type it and run in this process:
+Each step is a ``concord`` command, printed as a person would type it and run as one:
 
 - ``concord keys generate`` makes the release key; ``concord sign`` signs what us-east's
   ``models/minilm`` points at (an OpenSSF Model Signing bundle in the store); ``concord sync``
@@ -21,7 +21,6 @@ Each step is a ``concord`` command, printed as a person would type it and run in
 from __future__ import annotations
 
 import contextlib
-import io
 import json
 import os
 import shlex
@@ -40,19 +39,20 @@ def release_folders(home: Path) -> tuple[Path, ...]:
 
 
 def concord(*argv: str, quiet: bool = False) -> tuple[int, dict | None, str]:
-    """Run ``concord ARGV --json`` in this process, printing the command as typed: (exit code,
+    """Run ``concord ARGV --json`` as a person would, printing the command as typed: (exit code,
     the JSON it printed or None, its error line)."""
-    from concord.cli import main
-
     here = os.getcwd()
     shown = " ".join(shlex.quote(os.path.relpath(a) if os.path.isabs(a) and a.startswith(here + os.sep) else a) for a in argv)
     if not quiet:
         print(f"  $ concord {shown}")
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = main([*argv, "--json"])
-    text = out.getvalue().strip()
-    return code, (json.loads(text) if text else None), err.getvalue().strip()
+    ran = subprocess.run([*_CONCORD, *argv, "--json"], capture_output=True, text=True, timeout=600)
+    text = ran.stdout.strip()
+    return ran.returncode, (json.loads(text) if text else None), ran.stderr.strip()
+
+
+#: the ``concord`` command of this environment (the script beside this Python, else its module)
+_SCRIPT = Path(sys.executable).parent / "concord"
+_CONCORD = [str(_SCRIPT)] if _SCRIPT.exists() else [sys.executable, "-m", "concord.cli"]
 
 
 def _tamper(base: Path, out: Path) -> None:
