@@ -106,7 +106,7 @@ KILLED_RUN = textwrap.dedent(
 
     store = open_store(sys.argv[1])
     marker, after = sys.argv[3], int(sys.argv[4])
-    get, seen = store.get_chunk, [0]
+    get, seen = store.read_chunk, [0]
 
     def slow_get(cid, **kw):
         data = get(cid, **kw)
@@ -117,7 +117,7 @@ KILLED_RUN = textwrap.dedent(
             time.sleep(60)  # killed here, with chunks written and chunks in flight
         return data
 
-    store.get_chunk = slow_get
+    store.read_chunk = slow_get
     checkout(store, load_manifest(store, sys.argv[2]), sys.argv[5])
     """
 )

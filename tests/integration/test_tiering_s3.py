@@ -90,10 +90,10 @@ class DyingS3(S3ObjectStore):
         super().__init__(*args, **kw)
         self.server = server
 
-    def read_chunk_raw(self, cid):
+    def read_chunk_raw(self, cid, **kw):
         if self.server.poll() is None:
             stop(self.server)
-        return super().read_chunk_raw(cid)
+        return super().read_chunk_raw(cid, **kw)
 
 
 def test_warm_going_away_mid_demotion_keeps_hot_and_a_rerun_converges(tmp_path, aws_credentials):
