@@ -20,7 +20,6 @@ Each step is a ``concord`` command, printed as a person would type it and run as
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shlex
@@ -146,9 +145,7 @@ def release_story(home: Path, story: Story, stores: dict[str, str], base: Path, 
     if raw:
         story.say(f"sent {target.get('chunks_sent')} chunks: {_human(moved)} for {_human(raw)} of raw bytes ({moved / raw:.2f}×)")
     story.check(code == 0 and 0 < moved < raw, f"the bytes that crossed are fewer than the raw bytes they stand for{_why(err)}")
-    with _key(offsite_key):
-        same_root = _root(offsite) == _root(us)
-    story.check(same_root, "the off-site store holds the same root as us-east (roots are over the raw bytes)")
+    story.check(_root(offsite, offsite_key) == _root(us), "the off-site store holds the same root as us-east (roots are over the raw bytes)")
     from safetensors import safe_open
 
     with safe_open(str(tuned / "model.safetensors"), "np") as f:
@@ -183,21 +180,13 @@ def _why(err: str) -> str:
     return f" ({err})" if err else ""
 
 
-def _root(store: str) -> str:
+def _root(store: str, key_file: Path | None = None) -> str:
+    """The root ``REF`` names in ``store`` (opened with the key in ``key_file``, if encrypted)."""
     from concord.stores import open_store
+    from concord.stores.cipher import read_key_file
 
-    ref = open_store(store).read_ref(REF)
+    opened = open_store(store)
+    if key_file is not None:
+        opened.unlock(read_key_file(str(key_file)))
+    ref = opened.read_ref(REF)
     return ref.root if ref else ""
-
-
-@contextlib.contextmanager
-def _key(path: Path):
-    before = os.environ.get("CONCORD_KEY_FILE")
-    os.environ["CONCORD_KEY_FILE"] = str(path)
-    try:
-        yield
-    finally:
-        if before is None:
-            os.environ.pop("CONCORD_KEY_FILE", None)
-        else:
-            os.environ["CONCORD_KEY_FILE"] = before
