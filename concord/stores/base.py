@@ -365,28 +365,22 @@ class Store(ABC):
 
     def get_chunk(self, cid: str, *, verify: bool = True) -> bytes:
         """The chunk's raw bytes (decoded); with ``verify`` they are re-hashed and must match ``cid``."""
-        _check_digest(cid, "chunk id")
-        enc = self.encoding()
-        blob = self._get_object(chunk_key(enc.chunk_name(cid)))
-        if blob is None:
-            raise ChunkNotFoundError(self.uri, cid)
-        data = enc.decode_chunk(cid, blob)
-        if verify:
-            actual = chunk_id(data)
-            if actual != cid:
-                raise IntegrityError(f"chunk {cid} in {self.uri}", cid, actual)
-        return data
+        return self._load_chunk(cid, verify, transient=False)
 
     def read_chunk(self, cid: str, *, verify: bool = True) -> memoryview:
         """:meth:`get_chunk` without copies: a view that is *transient*, valid until this thread
         reads another chunk (see :mod:`concord.stores.scratch`). For a caller that writes or
-        hashes the bytes at once (restore, checkout); anything kept must be copied."""
+        hashes the bytes at once (restore, checkout, sync); anything kept must be copied."""
+        return memoryview(self._load_chunk(cid, verify, transient=True))
+
+    def _load_chunk(self, cid: str, verify: bool, *, transient: bool):
         _check_digest(cid, "chunk id")
         enc = self.encoding()
-        blob = self._read_object_transient(chunk_key(enc.chunk_name(cid)))
+        key = chunk_key(enc.chunk_name(cid))
+        blob = self._read_object_transient(key) if transient else self._get_object(key)
         if blob is None:
             raise ChunkNotFoundError(self.uri, cid)
-        data = memoryview(enc.decode_chunk(cid, blob, transient=True))
+        data = enc.decode_chunk(cid, blob, transient=transient)
         if verify:
             actual = chunk_id(data)
             if actual != cid:
