@@ -193,18 +193,28 @@ def test_runs_waiting_on_a_restarted_server_complete_resumed_or_retried_by_polic
 
     running = _snapshot_and_replicate(client, _checkpoint(tmp_path / "step-100", seed=100), stores)
     _running(client, running.id, 120, faulty.state_dir)
-    # a second run due while the server is away
-    small = _checkpoint(tmp_path / "step-101", seed=101, files=1, tensors=4)
-    due = datetime.now(timezone.utc) + timedelta(seconds=3)
-    scheduled = client.create_flow_run_from_deployment(
-        client.read_deployment_by_name("snapshot-checkpoint/minilm-local").id,
-        parameters={"source": str(small), "store": str(tmp_path / "scheduled-store"), "ref": REF, "chunk_size_mib": 1},
-        state=Scheduled(scheduled_time=due),
-    )
-    assert _state_of(client, running.id).is_running(), "the run finished before the server was stopped: make it bigger"
+    # a second run due while the server is away. The worker is held (SIGSTOP) from before it is due
+    # until the server is back: a flow process that starts in the second before the server goes
+    # away fails its very first call (Prefect retries a refused connection only once a process has
+    # connected), which is a race of the test's making, not the case tested here
+    from deployments import serve
 
-    _restart(faulty.state_dir, "server")  # SIGTERM, the same command on the same port and database, healthy again
-    back = datetime.now(timezone.utc)
+    worker = next(p for p in serve.read_record(faulty.state_dir)["processes"] if p.name == "worker")
+    small = _checkpoint(tmp_path / "step-101", seed=101, files=1, tensors=4)
+    os.kill(worker.pid, signal.SIGSTOP)
+    try:
+        due = datetime.now(timezone.utc) + timedelta(seconds=3)
+        scheduled = client.create_flow_run_from_deployment(
+            client.read_deployment_by_name("snapshot-checkpoint/minilm-local").id,
+            parameters={"source": str(small), "store": str(tmp_path / "scheduled-store"), "ref": REF, "chunk_size_mib": 1},
+            state=Scheduled(scheduled_time=due),
+        )
+        assert _state_of(client, running.id).is_running(), "the run finished before the server was stopped: make it bigger"
+
+        _restart(faulty.state_dir, "server")  # SIGTERM, the same command on the same port and database, healthy again
+        back = datetime.now(timezone.utc)
+    finally:
+        os.kill(worker.pid, signal.SIGCONT)
     assert due < back
 
     for run in (running, scheduled):
