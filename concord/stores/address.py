@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Callable
 from urllib.parse import unquote, urlparse
 
 from concord.errors import InvalidStoreURIError
+from concord.plugins import Plugins, split_prefix
 from concord.redact import redact
 
 if TYPE_CHECKING:
@@ -32,38 +33,12 @@ FOLDER, S3, SCHEME = "folder", "s3", "scheme"
 SCHEME_GROUP = "concord.store_schemes"
 
 _EMPTY = "empty store address: give a folder, file:///path, s3://bucket/prefix or block:NAME"
-_SCHEMES: dict[str, Callable[[str], "Store"]] = {}
+_SCHEMES = Plugins(SCHEME_GROUP)
 
 
 def register_scheme(scheme: str, factory: Callable[[str], "Store"]) -> None:
     """Teach store addresses a new ``scheme:`` prefix; ``factory`` gets the text after it."""
-    _SCHEMES[scheme] = factory
-
-
-def _entry_point(scheme: str):
-    from importlib.metadata import entry_points
-
-    return next((ep for ep in entry_points(group=SCHEME_GROUP) if ep.name == scheme), None)
-
-
-def _factory(scheme: str) -> Callable[[str], "Store"] | None:
-    """The factory of ``scheme``: registered, or loaded (once) from its entry point."""
-    factory = _SCHEMES.get(scheme)
-    if factory is None:
-        ep = _entry_point(scheme)
-        if ep is not None:
-            factory = ep.load()
-            register_scheme(scheme, factory)
-    return factory
-
-
-def _split_scheme(text: str) -> tuple[str, str] | None:
-    """``('block', 'NAME')`` for ``block:NAME``; None for a folder (``C:\\x`` and ``a:b/c`` with a
-    one-letter or non-identifier part before the colon are folders)."""
-    scheme, sep, rest = text.partition(":")
-    if sep and len(scheme) > 1 and scheme.isidentifier():
-        return scheme, rest
-    return None
+    _SCHEMES.register(scheme, factory)
 
 
 @dataclass(frozen=True)
@@ -108,11 +83,11 @@ class StoreAddress:
             if parsed.netloc not in ("", "localhost"):
                 raise InvalidStoreURIError(text, "file:// URIs must name a local path (file:///path)")
             return cls(text=text, kind=FOLDER, scheme="file", rest=text[len("file:"):], path=unquote(parsed.path))
-        split = _split_scheme(text)
+        split = split_prefix(text)
         if split is None:
             return cls(text=text, kind=FOLDER, rest=text, path=text)
         scheme, rest = split
-        if check and scheme not in _SCHEMES and _entry_point(scheme) is None:
+        if check and not _SCHEMES.has(scheme):
             raise InvalidStoreURIError(text, f"unknown scheme {scheme!r} (folder, file://, s3:// or block:)")
         if not rest:
             raise InvalidStoreURIError(text, f"nothing after '{scheme}:'")
@@ -186,7 +161,7 @@ class StoreAddress:
             from concord.stores.local import LocalDirStore
 
             return LocalDirStore(self.path, create=create and not must_exist, must_exist=must_exist)
-        factory = _factory(self.scheme)
+        factory = _SCHEMES.get(self.scheme)
         if factory is None:
             raise InvalidStoreURIError(self.text, f"unknown scheme {self.scheme!r} (folder, file://, s3:// or block:)")
         return factory(self.rest)

@@ -30,6 +30,7 @@ from functools import cached_property
 from typing import Any
 
 from concord.errors import InvalidStoreURIError, PolicyError
+from concord.plugins import Plugins
 from concord.stores.address import FOLDER, S3, StoreAddress
 from concord.stores.base import validate_segment
 from concord.stores.codec import COMPRESS_MODES
@@ -500,7 +501,8 @@ def _unknown(doc: dict, allowed: set[str], where: str, problems: list[str]) -> N
             problems.append(f"unknown key {where}{shown} (allowed: {', '.join(sorted(allowed))})")
 
 
-_POLICY_SOURCES: dict[str, Any] = {}
+#: where ``block:NAME`` policies come from (the ``blocks`` package registers ``block``)
+_POLICY_SOURCES = Plugins("concord.policy_sources")
 
 #: largest policy file read (a policy is a few hundred bytes)
 MAX_POLICY_BYTES = 64 * 1024
@@ -555,11 +557,9 @@ def load_policy(spec: "str | os.PathLike | TierPolicy") -> TierPolicy:
         return spec.validate()
     text = os.fspath(spec)
     if text.startswith("block:"):
-        from importlib.metadata import entry_points
-
-        for ep in entry_points(group="concord.policy_sources"):
-            if ep.name == "block":
-                return ep.load()(text[len("block:"):]).validate()
+        load = _POLICY_SOURCES.get("block")
+        if load is not None:
+            return load(text[len("block:"):]).validate()
         raise PolicyError(text, ["block: policies need the blocks package installed (pip install -e .)"])
     import yaml
 

@@ -32,6 +32,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Mapping, Union
 
+from concord.plugins import Plugins, split_prefix
 from concord.errors import ConcordError, KeyFileError, SignatureFormatError, TrustPolicyError, UntrustedRootError
 from concord.snapshots.manifest import Manifest
 from concord.snapshots.refs import load_manifest
@@ -58,45 +59,26 @@ SIGNING_GROUP = "concord.signing_key_sources"
 
 TrustSource = Callable[[str], Union["TrustPolicy", Iterable[Union[bytes, str]], None]]
 SigningSource = Callable[[str], SigningKey]
-_SOURCES: dict[str, TrustSource] = {}
-_SIGNERS: dict[str, SigningSource] = {}
+_SOURCES = Plugins(SOURCE_GROUP)
+_SIGNERS = Plugins(SIGNING_GROUP)
 
 
 def register_trust_source(name: str, trusted: TrustSource | None = None, signing: SigningSource | None = None) -> None:
     """Teach ``--trust`` (``trusted``) and ``--key`` (``signing``) a ``name:REST`` entry; each
     function gets the text after ``name:``."""
     if trusted is not None:
-        _SOURCES[name] = trusted
+        _SOURCES.register(name, trusted)
     if signing is not None:
-        _SIGNERS[name] = signing
-
-
-def _source(registry: dict, group: str, name: str):
-    """The function of ``name``: registered, or loaded (once) from its entry point; else None."""
-    fn = registry.get(name)
-    if fn is None:
-        from importlib.metadata import entry_points
-
-        ep = next((e for e in entry_points(group=group) if e.name == name), None)
-        if ep is not None:
-            fn = registry[name] = ep.load()
-    return fn
+        _SIGNERS.register(name, signing)
 
 
 def _split_source(entry: str) -> tuple[str, str] | None:
-    """``('block', 'NAME')`` for ``block:NAME``; None for a path (a one-letter drive ``C:\\k.pem``,
-    or a prefix that is not an identifier, is part of a path)."""
-    name, sep, rest = entry.partition(":")
-    if sep and len(name) > 1 and name.isidentifier():
-        return name, rest.strip()
-    return None
+    found = split_prefix(entry)
+    return None if found is None else (found[0], found[1].strip())
 
 
-def _known(registry: dict, group: str) -> str:
-    from importlib.metadata import entry_points
-
-    names = sorted(set(registry) | {e.name for e in entry_points(group=group)})
-    return ", ".join(f"{n}:NAME" for n in names) or "none (pip install -e . registers block:NAME)"
+def _known(sources: Plugins) -> str:
+    return ", ".join(f"{n}:NAME" for n in sources.names()) or "none (pip install -e . registers block:NAME)"
 
 
 @dataclass(frozen=True)
@@ -162,7 +144,7 @@ class TrustPolicy:
         keys: list[PublicKey] = []
         for entry in entries:
             found = _split_source(entry)
-            if found is None or (os.path.exists(entry) and _source(_SOURCES, SOURCE_GROUP, found[0]) is None):
+            if found is None or (os.path.exists(entry) and _SOURCES.get(found[0]) is None):
                 keys.append(load_public_key(entry))
             else:
                 keys.extend(_keys_of_source(entry, *found))
@@ -234,11 +216,11 @@ class TrustPolicy:
 
 def _keys_of_source(entry: str, name: str, rest: str) -> tuple[PublicKey, ...]:
     """The trusted keys a ``name:rest`` entry names (one line naming the entry when it names none)."""
-    fn = _source(_SOURCES, SOURCE_GROUP, name)
+    fn = _SOURCES.get(name)
     if fn is None:
         raise TrustPolicyError(
             entry, f"there is no trust source {name!r}",
-            f"Give a PEM path, or one of: {_known(_SOURCES, SOURCE_GROUP)}",
+            f"Give a PEM path, or one of: {_known(_SOURCES)}",
         )
     if not rest:
         raise TrustPolicyError(entry, f"no name after {name + ':'!r}", f"Write {name}:NAME")
@@ -262,12 +244,12 @@ def load_signing_key_spec(spec: str | os.PathLike, password: str | bytes | None 
     saved ``TrustBlock``'s signing key, with the block's own password)."""
     text = os.fspath(spec).strip()
     found = _split_source(text)
-    fn = None if found is None else _source(_SIGNERS, SIGNING_GROUP, found[0])
+    fn = None if found is None else _SIGNERS.get(found[0])
     if found is None or (fn is None and os.path.exists(text)):
         return load_signing_key(text, password)
     name, rest = found
     if fn is None:
-        raise KeyFileError(text, f"there is no signing-key source {name!r}", f"Give a PEM path, or one of: {_known(_SIGNERS, SIGNING_GROUP)}")
+        raise KeyFileError(text, f"there is no signing-key source {name!r}", f"Give a PEM path, or one of: {_known(_SIGNERS)}")
     if not rest:
         raise KeyFileError(text, f"no name after {name + ':'!r}", f"Write {name}:NAME")
     return fn(rest)

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from concord.errors import InvalidStoreURIError
+from concord.plugins import Plugins
 from concord.stores import LocalDirStore, address, check_store_address, open_store, register_scheme
 from concord.stores.address import FOLDER, S3, SCHEME, StoreAddress
 
@@ -88,7 +89,8 @@ def test_two_spellings_of_one_store_have_one_identity(tmp_path, monkeypatch):
 
 def test_the_label_hides_credentials(monkeypatch):
     assert parse("block:us-east").label == "block:us-east"
-    monkeypatch.setitem(address._SCHEMES, "viaurl", lambda rest: None)
+    monkeypatch.setattr(address, "_SCHEMES", address._SCHEMES.copy())
+    register_scheme("viaurl", lambda rest: None)
     a = parse("viaurl:http://user:secret@minio:9000/x")
     assert "secret" not in a.label and "user:***@minio:9000" in a.label
     assert a.text == "viaurl:http://user:secret@minio:9000/x"  # the address itself keeps it, to open the store
@@ -102,7 +104,7 @@ def test_opening_dispatches_on_the_kind(tmp_path, monkeypatch):
     s3 = parse("s3://bucket-1/p").open()
     assert (type(s3).__name__, s3.bucket, s3.prefix, s3.uri) == ("S3ObjectStore", "bucket-1", "p", "s3://bucket-1/p")
     seen = []
-    monkeypatch.setattr(address, "_SCHEMES", {})
+    monkeypatch.setattr(address, "_SCHEMES", Plugins(address.SCHEME_GROUP))
     register_scheme("memtest", lambda rest: seen.append(rest) or store)
     assert open_store("memtest:abc") is store and seen == ["abc"]
     assert open_store(store) is store and open_store(parse(str(tmp_path / "new"))).root == store.root

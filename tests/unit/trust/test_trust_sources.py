@@ -25,8 +25,8 @@ from concord.trust import policy as policy_module
 def vault(keydir, monkeypatch):
     """A ``vault:NAME`` source: ``alice`` trusts alice's key, ``both`` returns a policy of alice and
     ossl, ``empty`` lists none; ``alice`` also signs with alice's key."""
-    monkeypatch.setattr(policy_module, "_SOURCES", dict(policy_module._SOURCES))
-    monkeypatch.setattr(policy_module, "_SIGNERS", dict(policy_module._SIGNERS))
+    monkeypatch.setattr(policy_module, "_SOURCES", policy_module._SOURCES.copy())
+    monkeypatch.setattr(policy_module, "_SIGNERS", policy_module._SIGNERS.copy())
     asked: list[str] = []
 
     def trusted(name: str):
