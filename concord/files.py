@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import errno
 import os
+import threading
 import uuid
 
 #: temporary files start with this (a folder store lists them as leftovers, never as objects)
@@ -25,6 +26,36 @@ TMP_PREFIX = ".tmp-"
 def temp_path(folder: str | os.PathLike) -> str:
     """A unique temporary file name in ``folder`` (nothing is created)."""
     return os.path.join(os.fspath(folder), f"{TMP_PREFIX}{uuid.uuid4().hex}")
+
+
+def pwrite_all(fd: int, data, offset: int) -> None:
+    """Write all of ``data`` at ``offset`` of ``fd`` (``os.pwrite`` may write less than asked)."""
+    view = memoryview(data).cast("B")
+    while view:
+        n = os.pwrite(fd, view, offset)
+        if n <= 0:
+            raise OSError(errno.EIO, f"pwrite wrote {n} bytes at offset {offset}")
+        view, offset = view[n:], offset + n
+
+
+class FileLocks:
+    """One lock per file, for threads that write parts of the same files.
+
+    A local filesystem (ext4, XFS) lets one buffered write into a file run at a time, and a thread
+    that waits for it in the kernel spins on the CPU while the writer copies. Waiting on a lock
+    here sleeps instead, so the other threads' reading, decoding and hashing get the core. Writes
+    to one file are serialised either way; writes to different files still run side by side."""
+
+    def __init__(self) -> None:
+        self._locks: dict[str, threading.Lock] = {}
+        self._guard = threading.Lock()
+
+    def __call__(self, path: str) -> threading.Lock:
+        lock = self._locks.get(path)
+        if lock is None:
+            with self._guard:
+                lock = self._locks.setdefault(path, threading.Lock())
+        return lock
 
 
 def atomic_write(

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from concord.errors import CheckoutDiskFullError, HealthCheckFailedError, IntegrityError, UnsafePathError
-from concord.files import atomic_write
+from concord.files import FileLocks, atomic_write, pwrite_all
 from concord.hashing import chunk_id
 from concord.progress import Progress, ensure
 from concord.serving.health import HealthCheck
@@ -177,13 +177,6 @@ def _copy(src_fd: int, src_off: int, dst_fd: int, dst_off: int, length: int) -> 
             done += got
 
 
-def _pwrite_all(fd: int, data: bytes, offset: int) -> None:
-    view = memoryview(data)
-    while view:
-        n = os.pwrite(fd, view, offset)
-        view, offset = view[n:], offset + n
-
-
 class _Files:
     """Open file descriptors, opened once each, closed together."""
 
@@ -228,6 +221,7 @@ def materialise(
     tally = _Tally()
     prog = ensure(progress)
     dst = _Files(os.O_RDWR | getattr(os, "O_CLOEXEC", 0))
+    locks = FileLocks()
     src = _Files(os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
     try:
         paths = _target_paths(manifest, part_dir)
@@ -296,9 +290,11 @@ def materialise(
                         cache.put_chunk(cid, data, verify=False)
                 if len(data) != length:
                     raise IntegrityError(f"chunk {cid} in {store.uri}", f"{length} bytes", f"{len(data)} bytes")
-                _pwrite_all(dst.fd(path), data, offset)
+                with locks(path):
+                    pwrite_all(dst.fd(path), data, offset)
             for path2, offset2, length2 in todo[1:]:
-                _pwrite_all(dst.fd(path2), data, offset2)
+                with locks(path2):
+                    pwrite_all(dst.fd(path2), data, offset2)
                 tally.add("reused", length2)
             prog.advance(sum(t[2] for t in places[cid]))
 

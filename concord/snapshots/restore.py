@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Callable, Mapping
 
 from concord.errors import RestoreTargetError, UnsafePathError
+from concord.files import FileLocks, pwrite_all
 from concord.snapshots.manifest import Manifest, safe_relpath
 from concord.progress import Progress, ensure
 from concord.stores.base import Store
@@ -90,6 +91,7 @@ def restore(
         paths = _target_paths(manifest, tmp)
         prog.start(manifest.total_bytes, "restore")
         jobs = []
+        locks = FileLocks()
         for f, path in zip(manifest.files, paths):
             os.makedirs(os.path.dirname(path), exist_ok=True)
             with open(path, "wb") as fh:
@@ -107,7 +109,8 @@ def restore(
                 raise IntegrityError(f"chunk {cid} in {store.uri}", f"{length} bytes", f"{len(data)} bytes")
             fd = os.open(path, os.O_WRONLY)
             try:
-                os.pwrite(fd, data, offset)
+                with locks(path):
+                    pwrite_all(fd, data, offset)
             finally:
                 os.close(fd)
             prog.advance(length)

@@ -4,17 +4,20 @@ Frames (the first byte of a stored chunk in a compressed store)::
 
     0x00  raw                      the chunk's bytes as they are
     0x01  zstd                     one zstd frame of the chunk's bytes
-    0x02  byte planes              width w (1 byte), then w planes, each: mode (1 byte: 0 raw,
+    0x03  byte planes              width w (1 byte), then w planes, each: mode (1 byte: 0 raw,
                                    1 zstd), length (4 bytes, little-endian), bytes; then the
                                    tail (the last len % w bytes) raw
+    0x02  rotated byte planes      as 0x03, each element rotated left by one bit before the split
+                                   (written by earlier versions; read, never written)
 
-Byte planes are for tensors of floating dtypes: each element (2 bytes for bf16 and fp16, 4 for
-fp32, 8 for fp64) is first rotated left by one bit, so the sign bit leaves the top byte and the top
-byte holds the exponent (all 8 bits of it in bf16 and fp32); byte ``i`` of every element then goes
-to plane ``i``. The exponent plane of trained weights is highly skewed and shrinks several times
-under zstd; the mantissa planes are close to random and are kept raw when zstd cannot shrink them,
-which also makes decoding them a copy. A chunk whose encoding is not smaller than the chunk is
-stored raw (frame 0x00).
+Byte planes are for tensors of floating dtypes: byte ``i`` of every element (2 bytes for bf16 and
+fp16, 4 for fp32, 8 for fp64) goes to plane ``i``. The top plane holds the sign and all but the
+lowest exponent bit: on trained weights it is highly skewed and shrinks several times under zstd.
+The other planes are close to random and are kept raw when zstd cannot shrink them, which also
+makes decoding them a copy. Rotating each element first (0x02) puts the whole exponent in the top
+plane and the sign in the bottom one: it stores about 1% less, but splitting and joining take
+twice the passes over memory, the larger cost (architecture.md, Compression). A chunk whose
+encoding is not smaller than the chunk is stored raw (frame 0x00).
 
 Chunk ids are always the hash of the raw bytes: a frame is how a store keeps a chunk, never what
 the chunk is. Pure functions over bytes (``numpy`` and ``zstandard``, imported on first use).
@@ -31,8 +34,8 @@ from concord.stores import scratch
 COMPRESS_NONE, COMPRESS_ZSTD, COMPRESS_AUTO = "none", "zstd", "auto"
 COMPRESS_MODES = (COMPRESS_NONE, COMPRESS_ZSTD, COMPRESS_AUTO)
 
-RAW, ZSTD, PLANES = 0x00, 0x01, 0x02
-FRAMES = {RAW: "raw", ZSTD: "zstd", PLANES: "byte planes"}
+RAW, ZSTD, ROTATED_PLANES, PLANES = 0x00, 0x01, 0x02, 0x03
+FRAMES = {RAW: "raw", ZSTD: "zstd", ROTATED_PLANES: "rotated byte planes", PLANES: "byte planes"}
 ZSTD_LEVEL = 3
 #: zstd level of the byte planes: on a skewed exponent plane level 1 is both faster and smaller than 3
 PLANE_LEVEL = 1
@@ -107,40 +110,49 @@ def _planes_compressor():
 
 
 def _split(view, width: int) -> list:
-    """The ``width`` byte planes of the elements of ``view`` (each rotated left by one bit),
-    low byte first, as contiguous uint8 arrays (transient: this thread's scratch buffers)."""
+    """The ``width`` byte planes of the elements of ``view``, low byte first, as contiguous uint8
+    arrays (transient: this thread's scratch buffers). One pass over memory per plane."""
     import numpy as np
 
     kind = np.dtype(_UINT[width])
     n = len(view) // width
     a = np.frombuffer(view, dtype=kind, count=n)
-    r, t = scratch.array("split.r", kind, n), scratch.array("split.t", kind, n)
-    np.left_shift(a, kind.type(1), out=r)
-    np.right_shift(a, kind.type(width * 8 - 1), out=t)
-    r |= t
     planes = []
     for i in range(width):
         plane = scratch.array(f"plane{i}", np.uint8, n)
         if i:
-            np.right_shift(r, kind.type(8 * i), out=t)
-        np.copyto(plane, t if i else r, casting="unsafe")  # the low byte of each element
+            np.right_shift(a, kind.type(8 * i), out=plane, dtype=kind, casting="unsafe")
+        else:
+            np.copyto(plane, a, casting="unsafe")  # the low byte of each element
         planes.append(plane)
     return planes
 
 
 def _join_into(planes: list, width: int, out: memoryview) -> None:
-    """Write into ``out`` the elements the byte ``planes`` of :func:`_split` came from."""
+    """Write into ``out`` the elements the byte ``planes`` of :func:`_split` came from
+    (two passes over memory for 2-byte elements)."""
     import numpy as np
 
     kind = np.dtype(_UINT[width])
     n = len(planes[0])
     v = np.frombuffer(out, dtype=kind, count=n)
+    np.left_shift(planes[-1], kind.type(8 * (width - 1)), out=v, dtype=kind)
+    if width > 2:
+        t = scratch.array("join.t", kind, n)
+        for i in range(width - 2, 0, -1):
+            np.left_shift(planes[i], kind.type(8 * i), out=t, dtype=kind)
+            v |= t
+    np.bitwise_or(v, planes[0], out=v, dtype=kind)
+
+
+def _unrotate(width: int, out: memoryview) -> None:
+    """Rotate each element of ``out`` right by one bit: undoes the rotation of a 0x02 frame."""
+    import numpy as np
+
+    kind = np.dtype(_UINT[width])
+    n = len(out) // width
+    v = np.frombuffer(out, dtype=kind, count=n)
     t = scratch.array("join.t", kind, n)
-    np.copyto(v, planes[-1])
-    for plane in reversed(planes[:-1]):
-        v <<= kind.type(8)
-        np.copyto(t, plane)
-        v |= t
     np.left_shift(v, kind.type(width * 8 - 1), out=t)
     v >>= kind.type(1)
     v |= t
@@ -185,8 +197,9 @@ def encode_planes(data, width: int) -> bytes:
     return bytes(_encode_planes_view(memoryview(data).cast("B"), width))
 
 
-def _decode_planes_into(payload: memoryview, out: memoryview) -> None:
-    """Write into ``out`` the raw bytes of a byte-plane frame's ``payload`` (what follows 0x02)."""
+def _decode_planes_into(payload: memoryview, out: memoryview, *, rotated: bool = False) -> None:
+    """Write into ``out`` the raw bytes of a byte-plane frame's ``payload`` (what follows 0x03,
+    or 0x02 with ``rotated``)."""
     import numpy as np
 
     view = payload
@@ -218,11 +231,13 @@ def _decode_planes_into(payload: memoryview, out: memoryview) -> None:
     if n * width + len(tail) != size:
         raise FrameError(f"byte-plane frame holds {n * width + len(tail)} bytes, {size} expected")
     _join_into(planes, width, out)
+    if rotated:
+        _unrotate(width, out[: n * width])
     out[n * width :] = tail
 
 
 def decode_planes(payload, size: int) -> bytes:
-    """The ``size`` raw bytes of a byte-plane frame's payload (what follows its ``0x02``)."""
+    """The ``size`` raw bytes of a byte-plane frame's payload (what follows its ``0x03``)."""
     out = scratch.buffer("decoded", size)
     _decode_planes_into(memoryview(payload), out)
     return bytes(out)
@@ -300,12 +315,12 @@ def decode_view(kind: int, payload, size: int | None = None) -> memoryview:
         out = scratch.buffer("decoded", size)
         _zstd_decompress_into(view, out)
         return out
-    if kind == PLANES:
+    if kind in (PLANES, ROTATED_PLANES):
         size = planes_size(view) if size is None else size
         if size > MAX_RAW_BYTES:
             raise FrameError(f"byte-plane frame says it holds {size} bytes, more than any chunk ({MAX_RAW_BYTES})")
         out = scratch.buffer("decoded", size)
-        _decode_planes_into(view, out)
+        _decode_planes_into(view, out, rotated=kind == ROTATED_PLANES)
         return out
     raise FrameError(f"unknown encoding byte 0x{kind:02x}")
 

@@ -1,5 +1,6 @@
-"""The one atomic writer (concord/files.py): the file appears whole or not at all, and no temporary
-file is left behind, whatever happened."""
+"""The file helpers (concord/files.py): the atomic writer (the file appears whole or not at all,
+and no temporary file is left behind, whatever happened), writes that finish what a short write
+left, and one lock per file."""
 
 from __future__ import annotations
 
@@ -57,3 +58,51 @@ def test_a_temporary_name_is_unique_and_in_the_folder(tmp_path):
     a, b = temp_path(tmp_path), temp_path(tmp_path)
     assert a != b and os.path.dirname(a) == str(tmp_path) and os.path.basename(a).startswith(TMP_PREFIX)
     assert not os.path.exists(a)
+
+
+def test_pwrite_all_finishes_what_a_short_write_leaves(tmp_path, monkeypatch):
+    from concord import files
+
+    real = os.pwrite
+    calls = []
+
+    def short(fd, data, offset):  # the kernel may write less than asked (signals, limits)
+        calls.append(len(data))
+        return real(fd, memoryview(data)[:1000], offset)
+
+    monkeypatch.setattr(files.os, "pwrite", short)
+    path = tmp_path / "f"
+    path.write_bytes(b"\0" * 10)
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        files.pwrite_all(fd, bytes(range(256)) * 20, 5)
+    finally:
+        os.close(fd)
+    assert path.read_bytes() == b"\0" * 5 + bytes(range(256)) * 20
+    assert calls == [5120, 4120, 3120, 2120, 1120, 120]
+
+
+def test_pwrite_all_refuses_a_write_of_nothing(tmp_path, monkeypatch):
+    from concord import files
+
+    monkeypatch.setattr(files.os, "pwrite", lambda fd, data, offset: 0)
+    fd = os.open(tmp_path / "f", os.O_WRONLY | os.O_CREAT)
+    try:
+        with pytest.raises(OSError, match="wrote 0 bytes at offset 7"):
+            files.pwrite_all(fd, b"abc", 7)
+    finally:
+        os.close(fd)
+
+
+def test_file_locks_give_one_lock_per_path_across_threads():
+    import threading
+
+    from concord.files import FileLocks
+
+    locks, got = FileLocks(), []
+    threads = [threading.Thread(target=lambda: got.append(locks("/a"))) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len({id(x) for x in got}) == 1 and locks("/b") is not locks("/a")

@@ -97,12 +97,49 @@ def test_a_plane_is_compressed_only_when_a_sample_of_it_shrinks():
     frame = codec.encode(bf16.tobytes(), "auto", "BF16")
     # the mantissa plane (low byte) is close to random: kept raw; the exponent plane is coded
     assert _plane_modes(frame) == [0, 1]
-    # fp32 widened from bf16: its two low planes are zeros, and its third holds 7 mantissa bits
-    # and a zero (it shrinks by an eighth): all four are coded
+    # fp32 widened from bf16: its two low planes are zeros (coded); its third holds 7 mantissa
+    # bits and the exponent's lowest bit (random: raw); its top one sign and exponent (coded)
     widened = (bf16.astype(np.uint32) << 16).tobytes()
     frame = codec.encode(widened, "auto", "F32")
-    assert _plane_modes(frame) == [1, 1, 1, 1]
+    assert _plane_modes(frame) == [1, 1, 0, 1]
     assert codec.decode(frame) == widened and len(frame) < 0.4 * len(widened)
+
+
+#: 96 bf16 weights and a one-byte tail, as the 0x02 (rotated byte planes) frame earlier versions
+#: of Concord wrote for them; stores written then still hold such frames
+ROTATED_FRAME = bytes.fromhex(
+    "020200600000009c86672329453ab6439740d2143133c6b92b37a72d359f629aeb9d61fd28f53941095a0955207f"
+    "25204e918ebcfb1838a546f2898678efbe5db4d6bb0a2f4c857b012676b105a6472fff9ac2ade347f2198fce3d03"
+    "6de3237eacfbb6bd58c57e013c00000028b52ffd20609d010002c60b0dd0153a2949b937210f0080680106cfc115"
+    "9e36dfe6e2f83f977345293bea9745f2f8778523edcde3c69abaec1b100021"
+)
+ROTATED_RAW = bytes.fromhex(
+    "ce37c33bb3bb91bc14bca2bc9d3adb3c21bc4bbc203ce93b0a3b98bc19ba633cdcbc15bc1bbdd3bc16bd9abbcfbc"
+    "b13b4d3b75bb4ebd30bc7eba143bfabc1cbca0bc84bcad3c84bc2aba903c3fbc12bb103ba73ac8bcc73ade3cfdbc"
+    "8c3c1c3b52bc233d793cc4bcc33a3c3c77bb5f3caeba5a3ceb3c5dbc853b17bc263bc2bc3dbc80bb933cbb3cd8bc"
+    "82bc533c23bd17bcffbacd3c613cd6bbf1bba3bbf93c0cbcc7bbe73b1ebb81bbb6bc71b911bcbf3c563cfdb95b3c"
+    "debbac3ce2b83f3c21"
+)
+
+
+def test_rotated_byte_plane_frames_of_earlier_versions_still_decode():
+    assert ROTATED_FRAME[0] == codec.ROTATED_PLANES
+    assert codec.decode(ROTATED_FRAME) == ROTATED_RAW
+    assert bytes(codec.decode_view(ROTATED_FRAME[0], ROTATED_FRAME[1:], len(ROTATED_RAW))) == ROTATED_RAW
+    # every width: a 0x02 frame is the 0x03 frame of the elements rotated left by one bit
+    rng = np.random.default_rng(4)
+    values = (rng.standard_normal(3000) * 0.02).astype(np.float64)
+    for dtype, kind in (("BF16", np.uint16), ("F16", np.uint16), ("F32", np.uint32), ("F64", np.uint64)):
+        bits = 8 * np.dtype(kind).itemsize
+        if dtype == "BF16":
+            a = (values.astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
+        else:
+            a = values.astype({"F16": np.float16, "F32": np.float32, "F64": np.float64}[dtype]).view(kind)
+        rotated = ((a << kind(1)) | (a >> kind(bits - 1))).tobytes() + b"\x05"
+        frame = bytearray(codec.encode(rotated, "auto", dtype))
+        assert frame[0] == codec.PLANES
+        frame[0] = codec.ROTATED_PLANES
+        assert codec.decode(bytes(frame)) == a.tobytes() + b"\x05"
 
 
 def test_views_hold_the_same_bytes_as_copies():
