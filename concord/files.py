@@ -38,24 +38,41 @@ def pwrite_all(fd: int, data, offset: int) -> None:
         view, offset = view[n:], offset + n
 
 
-class FileLocks:
-    """One lock per file, for threads that write parts of the same files.
+class OpenFiles:
+    """Files opened once each (with ``flags``) for threads that read or write parts of them, and
+    closed together.
 
-    A local filesystem (ext4, XFS) lets one buffered write into a file run at a time, and a thread
-    that waits for it in the kernel spins on the CPU while the writer copies. Waiting on a lock
-    here sleeps instead, so the other threads' reading, decoding and hashing get the core. Writes
-    to one file are serialised either way; writes to different files still run side by side."""
+    :meth:`write` lets one thread at a time write into a file. A local filesystem (ext4, XFS) runs
+    one buffered write into a file at a time anyway, and a thread that waits for it in the kernel
+    spins on the CPU while the writer copies; waiting on a lock here sleeps instead, so the other
+    threads' reading, decoding and hashing get the core. Writes to different files still run side
+    by side."""
 
-    def __init__(self) -> None:
-        self._locks: dict[str, threading.Lock] = {}
-        self._guard = threading.Lock()
+    def __init__(self, flags: int) -> None:
+        self.flags = flags
+        self.fds: dict[str, int] = {}
+        self._writing: dict[str, threading.Lock] = {}
+        self._lock = threading.Lock()
 
-    def __call__(self, path: str) -> threading.Lock:
-        lock = self._locks.get(path)
-        if lock is None:
-            with self._guard:
-                lock = self._locks.setdefault(path, threading.Lock())
-        return lock
+    def fd(self, path: str) -> int:
+        with self._lock:
+            if path not in self.fds:
+                self.fds[path] = os.open(path, self.flags)
+                self._writing[path] = threading.Lock()
+            return self.fds[path]
+
+    def write(self, path: str, data, offset: int) -> None:
+        """All of ``data`` at ``offset`` of ``path``, one writer per file at a time."""
+        fd = self.fd(path)
+        with self._writing[path]:
+            pwrite_all(fd, data, offset)
+
+    def close(self) -> None:
+        with self._lock:
+            fds = list(self.fds.values())
+            self.fds.clear()
+        for fd in fds:
+            os.close(fd)
 
 
 def atomic_write(

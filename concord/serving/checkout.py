@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from concord.errors import CheckoutDiskFullError, HealthCheckFailedError, IntegrityError, UnsafePathError
-from concord.files import FileLocks, atomic_write, pwrite_all
+from concord.files import OpenFiles, atomic_write
 from concord.hashing import chunk_id
 from concord.progress import Progress, ensure
 from concord.serving.health import HealthCheck
@@ -177,26 +177,6 @@ def _copy(src_fd: int, src_off: int, dst_fd: int, dst_off: int, length: int) -> 
             done += got
 
 
-class _Files:
-    """Open file descriptors, opened once each, closed together."""
-
-    def __init__(self, flags: int) -> None:
-        self.flags = flags
-        self.fds: dict[str, int] = {}
-        self.lock = threading.Lock()
-
-    def fd(self, path: str) -> int:
-        with self.lock:
-            if path not in self.fds:
-                self.fds[path] = os.open(path, self.flags)
-            return self.fds[path]
-
-    def close(self) -> None:
-        for fd in self.fds.values():
-            os.close(fd)
-        self.fds.clear()
-
-
 def materialise(
     store: Store,
     manifest: Manifest,
@@ -220,9 +200,8 @@ def materialise(
     os.makedirs(part_dir, exist_ok=True)
     tally = _Tally()
     prog = ensure(progress)
-    dst = _Files(os.O_RDWR | getattr(os, "O_CLOEXEC", 0))
-    locks = FileLocks()
-    src = _Files(os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    dst = OpenFiles(os.O_RDWR | getattr(os, "O_CLOEXEC", 0))
+    src = OpenFiles(os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
     try:
         paths = _target_paths(manifest, part_dir)
         # every place each chunk goes: a chunk named twice is fetched or copied once
@@ -290,11 +269,9 @@ def materialise(
                         cache.put_chunk(cid, data, verify=False)
                 if len(data) != length:
                     raise IntegrityError(f"chunk {cid} in {store.uri}", f"{length} bytes", f"{len(data)} bytes")
-                with locks(path):
-                    pwrite_all(dst.fd(path), data, offset)
+                dst.write(path, data, offset)
             for path2, offset2, length2 in todo[1:]:
-                with locks(path2):
-                    pwrite_all(dst.fd(path2), data, offset2)
+                dst.write(path2, data, offset2)
                 tally.add("reused", length2)
             prog.advance(sum(t[2] for t in places[cid]))
 

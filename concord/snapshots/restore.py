@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Callable, Mapping
 
 from concord.errors import RestoreTargetError, UnsafePathError
-from concord.files import FileLocks, pwrite_all
+from concord.files import OpenFiles
 from concord.snapshots.manifest import Manifest, safe_relpath
 from concord.progress import Progress, ensure
 from concord.stores.base import Store
@@ -87,11 +87,11 @@ def restore(
     tmp = os.path.join(parent, f".{os.path.basename(out)}.concord-tmp-{uuid.uuid4().hex[:12]}")
     os.mkdir(tmp)
     prog = ensure(progress)
+    files = OpenFiles(os.O_WRONLY | getattr(os, "O_CLOEXEC", 0))
     try:
         paths = _target_paths(manifest, tmp)
         prog.start(manifest.total_bytes, "restore")
         jobs = []
-        locks = FileLocks()
         for f, path in zip(manifest.files, paths):
             os.makedirs(os.path.dirname(path), exist_ok=True)
             with open(path, "wb") as fh:
@@ -107,23 +107,20 @@ def restore(
                 from concord.errors import IntegrityError
 
                 raise IntegrityError(f"chunk {cid} in {store.uri}", f"{length} bytes", f"{len(data)} bytes")
-            fd = os.open(path, os.O_WRONLY)
-            try:
-                with locks(path):
-                    pwrite_all(fd, data, offset)
-            finally:
-                os.close(fd)
+            files.write(path, data, offset)
             prog.advance(length)
 
         with ThreadPoolExecutor(store.parallelism, thread_name_prefix="concord-restore") as pool:
             for _ in pool.map(write, jobs):
                 pass
+        files.close()
         if expected:
             _check_sha256(tmp, expected, manifest.root, store.uri)
         if os.path.isdir(out):
             os.rmdir(out)  # empty (checked above)
         os.rename(tmp, out)
     finally:
+        files.close()
         prog.close()
         if os.path.exists(tmp):
             shutil.rmtree(tmp, ignore_errors=True)

@@ -94,15 +94,28 @@ def test_pwrite_all_refuses_a_write_of_nothing(tmp_path, monkeypatch):
         os.close(fd)
 
 
-def test_file_locks_give_one_lock_per_path_across_threads():
+def test_open_files_open_each_file_once_and_write_whole_buffers(tmp_path):
     import threading
 
-    from concord.files import FileLocks
+    from concord.files import OpenFiles
 
-    locks, got = FileLocks(), []
-    threads = [threading.Thread(target=lambda: got.append(locks("/a"))) for _ in range(8)]
+    paths = [str(tmp_path / name) for name in ("a", "b")]
+    for p in paths:
+        with open(p, "wb") as f:
+            f.truncate(64 * 1024)
+    files = OpenFiles(os.O_WRONLY)
+
+    def fill(k: int) -> None:
+        files.write(paths[k % 2], bytes([k]) * 1024, (k // 2) * 1024)
+
+    threads = [threading.Thread(target=fill, args=(k,)) for k in range(128)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    assert len({id(x) for x in got}) == 1 and locks("/b") is not locks("/a")
+    assert len(files.fds) == 2
+    files.close()
+    assert files.fds == {}
+    for i, p in enumerate(paths):
+        data = open(p, "rb").read()
+        assert data == b"".join(bytes([2 * j + i]) * 1024 for j in range(64))
