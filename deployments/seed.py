@@ -23,6 +23,7 @@ under ``<project>/data``:
 * ``tiering/policy.yaml``: hot, warm and cold on local folders (``tiers/hot``, ``tiers/warm`` on a
   NAS, ``tiers/cold`` off-site), or warm and cold on S3 when an S3 endpoint is configured
   (``AWS_ENDPOINT_URL_S3`` or ``AWS_ENDPOINT_URL``: buckets ``concord-warm`` and ``concord-cold``);
+  cold keeps its chunks compressed (``compress: auto``) unless it already holds raw snapshots;
   the two checkpoints are taken into its tiers as ``minilm-step-0`` and ``minilm-step-100`` when the
   policy is seeded here;
 * in MLflow (``MLFLOW_TRACKING_URI``, else ``data/mlflow.db``): ``minilm`` version 1 (the
@@ -67,14 +68,17 @@ def s3_endpoint() -> str | None:
     return os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL") or None
 
 
-def policy_text() -> str:
-    """The seeded tier policy: local folders, or warm and cold on S3 when an endpoint is configured."""
+def policy_text(compress_cold: bool = True) -> str:
+    """The seeded tier policy: local folders, or warm and cold on S3 when an endpoint is configured.
+    With ``compress_cold`` the cold tier keeps its chunks compressed (``compress: auto``); a cold
+    store that already holds snapshots kept raw cannot change its encoding, so it is left out then."""
+    z = ", compress: auto" if compress_cold else ""
     if s3_endpoint():
         warm = "warm: {store: s3://concord-warm/ckpt, keep: 4, storage_class: STANDARD_IA}"
-        cold = "cold: {store: s3://concord-cold/ckpt}                    # S3 is off-site"
+        cold = f"cold: {{store: s3://concord-cold/ckpt{z}}}  # S3 is off-site"
     else:
         warm = "warm: {store: ../tiers/warm, keep: 4, media: nas}        # a NAS mounted here"
-        cold = "cold: {store: ../tiers/cold, media: tape, offsite: true} # off-site tape mounted here"
+        cold = f"cold: {{store: ../tiers/cold, media: tape, offsite: true{z}}}  # off-site tape mounted here"
     return f"""{POLICY_HEADER}
 # The tier policy of the checkpoints the watcher announces (docs/tiering.md has every key).
 # Relative folders are relative to this file.
@@ -288,20 +292,29 @@ class Seeder:
         from concord.tiering import load_policy
         from concord.tiering.engine import add_checkpoint
 
+        cold = None
+        if s3_endpoint():
+            from concord.stores.s3 import S3ObjectStore
+
+            stores = {b: S3ObjectStore(b, "ckpt", endpoint_url=s3_endpoint(), create_bucket=True) for b in ("concord-warm", "concord-cold")}
+            for store in stores.values():  # the buckets are made if missing
+                store.list_refs()
+            cold = stores["concord-cold"]
+        elif (self.data / "tiers" / "cold").is_dir():
+            from concord.stores.local import LocalDirStore
+
+            cold = LocalDirStore(str(self.data / "tiers" / "cold"))
         if not self.policy_path.exists():
+            # a cold tier that holds raw snapshots already (an older seed) keeps its encoding
+            empty = cold is None or (not cold.list_refs() and next(iter(cold.iter_chunk_stats()), None) is None)
             self.policy_path.parent.mkdir(parents=True, exist_ok=True)
             tmp = self.policy_path.with_name(f".{self.policy_path.name}.tmp")
-            tmp.write_text(policy_text())
+            tmp.write_text(policy_text(compress_cold=empty))
             os.replace(tmp, self.policy_path)
             self.say(f"tier policy {self.policy_path}: written" + (" (warm and cold on S3)" if s3_endpoint() else ""))
         if not self.policy_path.read_text().startswith(POLICY_HEADER):
             self.say(f"tier policy {self.policy_path}: yours, left as it is (no checkpoint added to its tiers)")
             return
-        if s3_endpoint():
-            from concord.stores.s3 import S3ObjectStore
-
-            for bucket in ("concord-warm", "concord-cold"):  # made if missing
-                S3ObjectStore(bucket, "ckpt", endpoint_url=s3_endpoint(), create_bucket=True).list_refs()
         policy = load_policy(str(self.policy_path))
         added = []
         for step in STEPS:

@@ -78,6 +78,7 @@ def test_a_seeded_policy_says_so_and_gets_the_seeded_checkpoints(tmp_path, monke
     monkeypatch.delenv("AWS_ENDPOINT_URL_S3", raising=False)
     text = policy_text()
     assert text.startswith(POLICY_HEADER) and "s3://" not in text
+    assert "offsite: true, compress: auto" in text and "compress" not in policy_text(compress_cold=False)
     monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:1")
     assert "s3://concord-warm" in policy_text() and "s3://concord-cold" in policy_text()
 
@@ -95,3 +96,36 @@ def test_with_an_s3_endpoint_warm_and_cold_are_seeded_on_s3(moto_server, tmp_pat
     rows = {c["name"]: c for c in status["checkpoints"]}
     assert set(rows) == {"minilm-step-0", "minilm-step-100"} and status["violations"] == []
     assert all(rows[n]["tiers"]["cold"]["present"] for n in rows)
+    from concord.stores.config import read_config
+
+    assert read_config(load_policy(str(seeder.policy_path)).cold.open()).compress == "auto"
+
+
+def test_the_seeded_cold_tier_is_compressed_unless_it_already_holds_raw_snapshots(tmp_path, monkeypatch):
+    from concord.snapshots.snapshot import snapshot
+    from concord.stores import open_store
+    from concord.stores.config import read_config
+    from concord.tiering import load_policy, tier_status
+
+    monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)
+    monkeypatch.delenv("AWS_ENDPOINT_URL_S3", raising=False)
+    fresh = Seeder(tmp_path / "fresh", source=_checkpoint(tmp_path / "base"),
+                   tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}", say=lambda line: None)
+    fresh.seed_checkpoints()
+    fresh.seed_tiers()
+    cold = open_store(str(fresh.data / "tiers" / "cold"))
+    assert read_config(cold).compress == "auto" and "compress: auto" in fresh.policy_path.read_text()
+    rows = {c["name"]: c for c in tier_status(load_policy(str(fresh.policy_path)))["checkpoints"]}
+    assert all(rows[n]["tiers"]["cold"]["present"] for n in ("minilm-step-0", "minilm-step-100"))
+
+    # a project whose cold tier was seeded raw before (its policy since deleted): left raw, still works
+    old = Seeder(tmp_path / "old", source=_checkpoint(tmp_path / "base-2"),
+                 tracking_uri=f"sqlite:///{tmp_path / 'mlflow-2.db'}", say=lambda line: None)
+    raw_cold = old.data / "tiers" / "cold"
+    raw_cold.mkdir(parents=True)
+    snapshot(tmp_path / "base-2", open_store(str(raw_cold)), ref="earlier/run")
+    old.seed_checkpoints()
+    old.seed_tiers()
+    assert "compress" not in old.policy_path.read_text() and read_config(open_store(str(raw_cold))) is None
+    status = tier_status(load_policy(str(old.policy_path)))
+    assert status["violations"] == [] and all(c["tiers"]["cold"]["present"] for c in status["checkpoints"])
