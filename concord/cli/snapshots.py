@@ -56,10 +56,12 @@ def cmd_snapshot(args, out) -> int:
         r = snapshot(args.source, store, **options)
     d = r.to_dict()
     d["store"] = store.uri
+    # a compressed or encrypted store keeps other bytes than the raw ones: both are shown
+    stored = f" ({human(r.new_stored_bytes)} stored)" if r.new_chunks and store.encoding().framed else ""
     lines = [
         f"snapshot {r.root}",
         f"  {r.files} files, {r.tensors} tensors, {r.chunks} chunks, {human(r.bytes)}",
-        f"  new in {store.uri}: {r.new_chunks} chunks, {human(r.new_bytes)}",
+        f"  new in {store.uri}: {r.new_chunks} chunks, {human(r.new_bytes)}{stored}",
     ]
     if r.ref:
         lines.append(f"  ref {r.ref} → version {r.ref_version}" + (f" (was {r.previous[:12]})" if r.previous else " (a new ref)"))

@@ -55,6 +55,8 @@ class SnapshotResult:
     ref: str | None = None
     ref_version: int | None = None
     previous: str | None = None
+    #: the bytes the new chunks take as the store keeps them (compressed, encrypted), as written
+    new_stored_bytes: int = 0
     manifest: Manifest | None = field(default=None, repr=False, compare=False)
 
     def to_dict(self) -> dict:
@@ -99,6 +101,7 @@ class _Snapshotter:
         self._claimed: set[str] = set()  # ids this snapshot has stored or found present
         self.new_chunks = 0
         self.new_bytes = 0
+        self.new_stored_bytes = 0
 
     def file_entry(self, rel: str, path: str, pool: ThreadPoolExecutor) -> FileEntry:
         with open(path, "rb") as f:
@@ -152,10 +155,12 @@ class _Snapshotter:
                     self._claimed.add(cid)
                 # put_chunk writes nothing (and sends nothing) when the store already has the chunk
                 # dtype lets a compressed store choose its codec (byte planes for floating tensors)
-                if mine and self.store.put_chunk_from_file(cid, fd, start, length, view, dtype=dtype):
+                stored = self.store.put_chunk_from_file(cid, fd, start, length, view, dtype=dtype) if mine else None
+                if stored:  # the bytes written, as stored (True from a store that only says whether)
                     with self._lock:
                         self.new_chunks += 1
                         self.new_bytes += length
+                        self.new_stored_bytes += length if stored is True else stored
                         written.append(cid)
             finally:
                 view.release()
@@ -232,6 +237,7 @@ def snapshot(
         bytes=manifest.total_bytes,
         new_chunks=snap.new_chunks,
         new_bytes=snap.new_bytes,
+        new_stored_bytes=snap.new_stored_bytes,
         ref=ref,
         ref_version=version,
         previous=expected,

@@ -357,11 +357,12 @@ class Store(ABC):
 
     def put_chunk_from_file(
         self, cid: str, fd: int, offset: int, length: int, data: memoryview, *, dtype: str | None = None
-    ) -> bool:
+    ) -> int | None:
         """Store the chunk ``cid`` whose bytes are ``length`` bytes of open file ``fd`` at ``offset``
-        (already hashed by the caller, and also given as ``data``). Stores that can copy between
-        files in the kernel override this; the default writes ``data``."""
-        return self.put_chunk(cid, data, verify=False, dtype=dtype)
+        (already hashed by the caller, and also given as ``data``); the bytes stored (after
+        encoding), or None if the chunk was there. Stores that can copy between files in the
+        kernel override this; the default writes ``data``."""
+        return self.put_chunk_sized(cid, data, verify=False, dtype=dtype)
 
     def get_chunk(self, cid: str, *, verify: bool = True) -> bytes:
         """The chunk's raw bytes (decoded); with ``verify`` they are re-hashed and must match ``cid``."""
@@ -423,6 +424,24 @@ class Store(ABC):
     def delete_chunk_object(self, name: str) -> None:
         """Remove the chunk stored under ``name`` (as :meth:`iter_chunk_stats` lists it)."""
         self._delete_object(chunk_key(_check_digest(name, "chunk object name")))
+
+    def chunk_frame(self, name: str) -> int | None:
+        """The encoding byte (:data:`concord.stores.codec.FRAMES`) of the chunk stored under
+        ``name`` (as :meth:`iter_chunk_stats` lists it), or None if it is absent or the store keeps
+        bare bytes (not compressed, not encrypted). Only the object's first two bytes are read: an
+        encrypted store keeps the byte in clear beside the nonce, so nothing is decrypted.
+        :class:`~concord.errors.UnknownEncodingError` if they are not a frame's."""
+        enc = self.encoding()
+        if not enc.framed:
+            return None
+        head = self._read_head(chunk_key(_check_digest(name, "chunk object name")), 2)
+        return None if head is None else enc.frame_of(name, head)
+
+    def _read_head(self, key: str, n: int) -> bytes | None:
+        """The first ``n`` bytes at ``key`` (fewer if the object is shorter), or None if absent.
+        Stores that can read part of an object override it; the default reads it whole."""
+        data = self._get_object(key)
+        return None if data is None else bytes(data[:n])
 
     def iter_chunks(self) -> Iterator[str]:
         """The id of every chunk held. An encrypted store's names do not reveal ids: it lists
@@ -605,6 +624,12 @@ class Store(ABC):
 
     def list_documents(self, prefix: str) -> list[str]:
         return sorted(self._list_keys(_check_document_key(prefix.rstrip("/")) + "/"))
+
+    def list_document_stats(self, prefix: str) -> list[tuple[str, int, float]]:
+        """``(key, size in bytes as stored, modification time in POSIX seconds)`` of every document
+        under ``prefix``, sorted by key, as :meth:`list_documents` lists them. One listing, no
+        request per document: what garbage collection reads to know how old a document is."""
+        return sorted(self._list_stats(_check_document_key(prefix.rstrip("/")) + "/"))
 
     def delete_document(self, key: str) -> None:
         """Remove a document (absent is fine): for short-lived ones, such as write leases."""

@@ -23,7 +23,7 @@ import os
 from dataclasses import dataclass
 from concord.errors import StoreConfigError, StoreKeyError, UnknownEncodingError
 from concord.stores import codec
-from concord.stores.cipher import ALGORITHM, KDF, Cipher, SealError, new_salt, read_key_file
+from concord.stores.cipher import ALGORITHM, KDF, SEALED, Cipher, SealError, new_salt, read_key_file
 
 CONFIG_KEY = "config"
 CONFIG_FORMAT = "concord/store-config"
@@ -159,6 +159,19 @@ class Encoding:
         except (codec.FrameError, SealError) as exc:
             raise UnknownEncodingError(self.store, f"chunk {cid}", str(exc)) from None
         return view if transient else bytes(view)
+
+    def frame_of(self, name: str, head: bytes) -> int:
+        """The encoding byte of a stored chunk (object ``name``) from its first two bytes: the
+        first, or in an encrypted store the one after the seal mark (kept in clear). Nothing is
+        decrypted; :class:`UnknownEncodingError` naming the object if ``head`` is no frame's."""
+        try:
+            if self.cipher is None:
+                return codec.frame_kind(head)
+            if len(head) < 2 or head[0] != SEALED:
+                raise SealError("not a sealed object" if head and head[0] != SEALED else "sealed object cut short")
+            return head[1]
+        except (codec.FrameError, SealError) as exc:
+            raise UnknownEncodingError(self.store, f"chunk object {name}", str(exc)) from None
 
     # ------------------------------------------------------------------ other objects
 

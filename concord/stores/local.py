@@ -159,12 +159,12 @@ class LocalDirStore(Store):
 
     def put_chunk_from_file(
         self, cid: str, fd: int, offset: int, length: int, data: memoryview, *, dtype: str | None = None
-    ) -> bool:
+    ) -> int | None:
         if self.encoding().framed:  # the bytes are encoded first: no kernel copy
-            return self.put_chunk(cid, data, verify=False, dtype=dtype)
+            return self.put_chunk_sized(cid, data, verify=False, dtype=dtype)
         path = self._path(chunk_key(cid))
         if not self._copy_file_range or os.path.exists(path):
-            return self.put_chunk(cid, data, verify=False)
+            return self.put_chunk_sized(cid, data, verify=False)
         folder = os.path.dirname(path)
         os.makedirs(folder, exist_ok=True)
         tmp = temp_path(folder)  # the one write that is not atomic_write's: the kernel copies the bytes
@@ -174,18 +174,43 @@ class LocalDirStore(Store):
         except OSError as exc:
             if exc.errno in (errno.EXDEV, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL):
                 type(self)._copy_file_range = False  # this kernel or filesystem pair can't: write instead
-                return self.put_chunk(cid, data, verify=False)
+                return self.put_chunk_sized(cid, data, verify=False)
             raise StoreAccessError(self.uri, f"cannot write chunk {cid} ({exc.strerror})") from exc
         finally:
             if os.path.exists(tmp):
                 os.unlink(tmp)
-        return True
+        return length
 
     def _get_object(self, key: str) -> bytes | None:
         return read_regular_file(self._path(key), store=self.uri, key=key)
 
     def _read_object_transient(self, key: str) -> memoryview | None:
         return read_regular_file(self._path(key), store=self.uri, key=key, slot="object")
+
+    def _read_head(self, key: str, n: int) -> bytes | None:
+        """The first ``n`` bytes of a regular file, looked at before it is opened and checked
+        again on the open descriptor, as :func:`read_regular_file` does."""
+        path = self._path(key)
+        try:
+            if not stat.S_ISREG(mode := os.stat(path).st_mode):
+                raise NotRegularFileError(self.uri, key, file_kind(mode))
+            fd = os.open(path, _OPEN_FLAGS)
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        except NotRegularFileError:
+            raise
+        except OSError as exc:
+            raise StoreAccessError(self.uri, f"cannot read {key} ({exc.strerror})") from exc
+        try:
+            if not stat.S_ISREG(mode := os.fstat(fd).st_mode):
+                raise NotRegularFileError(self.uri, key, file_kind(mode))
+            return os.pread(fd, n, 0)
+        except OSError as exc:
+            if isinstance(exc, NotRegularFileError):
+                raise
+            raise StoreAccessError(self.uri, f"cannot read {key} ({exc.strerror})") from exc
+        finally:
+            os.close(fd)
 
     def _exists_many(self, keys: list[str]) -> list[bool]:
         return [os.path.isfile(self._path(k)) for k in keys]

@@ -372,6 +372,25 @@ class S3ObjectStore(Store):
     def _get_object(self, key: str) -> bytes | None:
         return self._read_with_token(key)[0]
 
+    def _read_head(self, key: str, n: int) -> bytes | None:
+        """One ranged GET of the first ``n`` bytes (an empty object has none)."""
+        from botocore.exceptions import ClientError
+
+        with self._translate("read", key):
+            try:
+                response = self._client().get_object(Bucket=self.bucket, Key=self._key(key), Range=f"bytes=0-{n - 1}")
+            except ClientError as exc:
+                code = _error_code(exc)
+                if code in _NOT_FOUND_CODES:
+                    return None
+                if code == "InvalidRange":
+                    return b""
+                if code == "InvalidObjectState":
+                    raise ChunkArchivedError(self.uri, key, self._archived_class(key, exc)) from exc
+                raise
+            with response["Body"] as body:
+                return body.read(n)
+
     def _parallel(self, fn, items: list, action: str) -> list:
         """``fn`` over ``items`` on up to :attr:`parallelism` threads, results in order. The
         client is built (and the bucket checked) once here, not in every worker; the first
