@@ -90,10 +90,12 @@ def status_lines(status: dict, wide: bool = False) -> list[str]:
 
     limit = None if wide else STATUS_WIDTH
     if wide:
-        lines = [f"namespace {status['namespace']}: " + ", ".join(f"{t} {status['stores'][t]}" for t in TIERS)]
+        lines = [f"namespace {status['namespace']}: " + ", ".join(f"{t} {status['stores'][t]} ({status['encodings'][t]})" for t in TIERS)]
     else:
         lines = [f"namespace {status['namespace']}"]
-        lines += [f"  {t:<4}  " + _fit(str(status["stores"][t]), STATUS_WIDTH - 8) for t in TIERS]
+        for t in TIERS:
+            enc = f"  ({status['encodings'][t]})"
+            lines.append(f"  {t:<4}  " + _fit(str(status["stores"][t]), STATUS_WIDTH - 8 - len(enc)) + enc)
     head = ("CHECKPOINT", "STEP", *(("CREATED",) if wide else ()), "SIZE", *(t.upper() for t in TIERS))
     rows = []
     for c in status["checkpoints"]:

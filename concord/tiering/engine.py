@@ -495,9 +495,22 @@ def tier_status(
     return {
         "namespace": policy.namespace,
         "stores": {t: state.stores[t].uri for t in TIERS},
+        "encodings": {t: _encoding(state.stores[t]) for t in TIERS},
         "checkpoints": rows,
         "violations": copy_rule_violations(state, pinned, now),
     }
+
+
+def _encoding(store: Store) -> str:
+    """How a tier's store keeps chunks, in words: "plain", "compress auto", "compress zstd, encrypted"."""
+    from concord.stores.config import read_config
+
+    config = read_config(store)
+    if config is None:
+        return "plain"
+    parts = [f"compress {config.compress}"] if config.compress != "none" else []
+    parts += ["encrypted"] if config.encrypted else []
+    return ", ".join(parts) or "plain"
 
 
 def stored_bytes(store: Store) -> int:

@@ -105,7 +105,8 @@ def test_add_reports_the_snapshot_its_new_bytes_and_the_sweep(tiered, ckpts):
 def test_status_json_is_tier_status_and_reflects_the_keep_counts(capsys, policy, tiered, tmp_path):
     code, status, _ = run(capsys, "tier", "status", "--policy", policy)
     assert code == 0
-    assert set(status) == {"namespace", "stores", "checkpoints", "violations"}
+    assert set(status) == {"namespace", "stores", "encodings", "checkpoints", "violations"}
+    assert status["encodings"] == {t: "plain" for t in TIERS}
     assert status["namespace"] == "llama-lora" and status["violations"] == []
     assert status["stores"] == {t: str(tmp_path / "tiers" / t) for t in TIERS}
     assert [c["name"] for c in status["checkpoints"]] == ["step-400", "step-300", "step-200", "step-100"]

@@ -348,6 +348,9 @@ def test_a_tier_policy_sets_compression_per_tier(tmp_path):
     p = policy("auto")
     assert p.cold.to_dict()["compress"] == "auto"
     assert read_config(p.cold.open()).compress == "auto" and read_config(p.hot.open()) is None
+    from concord.tiering import tier_status
+
+    assert tier_status(p)["encodings"] == {"hot": "plain", "warm": "plain", "cold": "compress auto"}
     with pytest.raises(PolicyError, match="cold.compress must be one of none, zstd, auto"):
         policy("brotli")
     with pytest.raises(StoreConfigError, match="already configured"):
