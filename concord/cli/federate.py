@@ -3,7 +3,8 @@
 ``aggregate`` works on adapter folders and touches no store. ``run`` is one whole round: find
 each adapter ref in the cluster stores, aggregate, snapshot the result into the first cluster,
 replicate it to the others and append the round to the tenant's ledger. ``verify`` and ``log``
-read a tenant's ledger. torch is imported only by the commands that aggregate.
+read a tenant's ledger. ``run`` and ``verify`` keep this machine's memory of how far each ledger
+went (:mod:`concord.federation.seen`), so a ledger rolled back below it fails. torch is imported only by the commands that aggregate.
 """
 
 from __future__ import annotations
@@ -104,6 +105,7 @@ def _signing_key(args):
 
 def cmd_run(args, out) -> int:
     from concord.federation.rounds import run_round
+    from concord.federation.seen import LedgerMemory
 
     key = _signing_key(args)  # a bad key fails before any store is opened
     clusters = [writable_store(c) for c in args.cluster]
@@ -122,6 +124,7 @@ def cmd_run(args, out) -> int:
         lineage=lineage,
         progress=out.progress,
         key=key,
+        memory=None if args.no_remember else LedgerMemory(),
     )
     lines = [
         f"round {r['round']} of {r['tenant']}: {r['method']} over {len(r['clients'])} adapter(s) → {r['ref']} {r['root'][:12]} (rank {r['rank']})",
@@ -137,17 +140,35 @@ def cmd_run(args, out) -> int:
 
 
 def cmd_verify(args, out) -> int:
-    from concord.federation.ledger import validate_tenant, verify_ledger
+    import shlex
+
+    from concord.federation.ledger import validate_tenant
+    from concord.federation.seen import LedgerMemory, verify_remembered
 
     validate_tenant(args.tenant)
     store = readable_store(args.store)
     from concord.trust import load_policy
 
-    report = verify_ledger(store, args.tenant, trust=load_policy(args.trust), min_round=args.min_round)
+    again = ["concord", "federate", "verify", args.tenant, "--store", args.store, *(["--trust", args.trust] if args.trust else []), "--forget"]
+    result = verify_remembered(
+        store,
+        args.tenant,
+        trust=load_policy(args.trust),
+        min_round=args.min_round,
+        memory=None if args.no_remember else LedgerMemory(),
+        forget=args.forget,
+        fix=f"Restore the ledger from a good copy of the store; if the rollback was intended, accept it with `{shlex.join(again)}`",
+    )
+    report = result.report
     head = report.head[:12] if report.head else "(none)"
     lines = [f"ledger of {report.tenant} in {report.store}: {report.rounds} round(s), head {head}: {'ok' if report.ok else 'TAMPERED'}"]
     lines += [f"  ✗ {p}" for p in report.problems]
-    out.emit(report.to_dict(), lines)
+    if result.kept is not None and report.ok:
+        how = "first seen here (trusted on first use)" if result.seen is None else f"seen before at round {result.seen.round}"
+        lines.append(f"  remembered at round {result.kept.round} in {result.memory}; {how}")
+    out.emit(result.to_dict(), lines)
+    if result.error is not None:
+        return fail(result.error)
     if not report.ok:
         return fail(
             f"the ledger of {report.tenant} in {report.store} does not verify "
@@ -212,6 +233,10 @@ def register(sub, common: list) -> None:
         help="sign the round with this cluster's ECDSA private key, or a saved Concord Trust block's (checked by verify --trust)",
     )
     s.add_argument("--key-password-env", metavar="NAME", help="environment variable holding the key's password (default: CONCORD_KEY_PASSWORD)")
+    s.add_argument(
+        "--no-remember", action="store_true",
+        help="neither check the ledger against, nor add the round to, this machine's memory of ledgers ($CONCORD_HOME/ledgers-seen.json)",
+    )
     s.set_defaults(func=cmd_run)
 
     s = fed.add_parser("verify", parents=common, help="check a tenant's ledger: hashes, chain, head (exit 1 when tampered)")
@@ -220,7 +245,17 @@ def register(sub, common: list) -> None:
     s.add_argument("--trust", metavar="PUB.pem|block:NAME[,...]", help=TRUST_HELP + "; every round, and the head, must be signed by one of them")
     s.add_argument(
         "--min-round", type=positive_int, metavar="N",
-        help="the last round seen before: a ledger that now ends before it was rolled back (exit 1)",
+        help="the last round seen before: a ledger that now ends before it was rolled back (exit 1); "
+        "default: the round this machine remembers; a lower N does not lower that (see --forget)",
+    )
+    memory = s.add_mutually_exclusive_group()
+    memory.add_argument(
+        "--forget", action="store_true",
+        help="accept a rollback: verify without the round this machine remembers, then remember the ledger as it is now",
+    )
+    memory.add_argument(
+        "--no-remember", action="store_true",
+        help="verify without reading or writing this machine's memory of ledgers ($CONCORD_HOME/ledgers-seen.json)",
     )
     s.set_defaults(func=cmd_verify)
 

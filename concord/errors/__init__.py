@@ -62,6 +62,7 @@ from concord.errors.federation import (
     AggregationError,
     LedgerConflictError,
     LedgerError,
+    LedgerRollbackError,
     RoundMismatchError,
     TenantError,
 )
@@ -150,6 +151,7 @@ __all__ = [
     "ContractConflictError",
     "ContractNotFoundError",
     "LedgerError",
+    "LedgerRollbackError",
     "LedgerConflictError",
     "TenantError",
     "AdapterNotFoundError",

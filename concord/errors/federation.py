@@ -12,6 +12,7 @@ __all__ = [
     "AggregationError",
     "LedgerConflictError",
     "LedgerError",
+    "LedgerRollbackError",
     "RoundMismatchError",
     "TenantError",
 ]
@@ -25,6 +26,19 @@ class LedgerError(ConcordError, ValueError):
         self.problem = problem
         fix = fix or "Inspect it with `concord federate verify TENANT --store STORE`."
         super().__init__(f"{where}: {problem}. {fix}")
+
+
+class LedgerRollbackError(ConcordError, ValueError):
+    """A tenant's ledger is behind, or unlike, what this machine saw of it before (its memory of
+    verified ledgers): rolled back to an older copy, or its history rewritten. ``message`` is the
+    whole line, naming tenant, store, the round remembered, the round found and the fix."""
+
+    def __init__(self, tenant: str, store: str, remembered: int, found: int, message: str) -> None:
+        self.tenant = tenant
+        self.store = store
+        self.remembered = remembered
+        self.found = found
+        super().__init__(message)
 
 
 class LedgerConflictError(RefConflictError):

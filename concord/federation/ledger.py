@@ -22,7 +22,8 @@ rounds can be dropped and the head rewound onto the last one kept; so a keyed ap
 the head (:func:`sign_head`), and under a trust policy the head must be signed by a trusted key and
 name the last round. What remains is a rollback to an older signed head *with* its rounds (an
 older copy of the whole ledger): only a reader that remembers how far the ledger went can catch
-it, and ``verify_ledger(..., min_round=N)`` is that check.
+it, and ``verify_ledger(..., min_round=N, min_hash=H)`` is that check (``concord federate verify``
+keeps N and H for each ledger it verified: :mod:`concord.federation.seen`).
 
 Appending is safe under concurrency: the round's document is written only if no document holds
 that number yet (two rounds racing for one number: one wins, the other gets
@@ -419,6 +420,11 @@ class LedgerReport:
     rounds: int
     head: str | None
     problems: tuple[str, ...] = field(default_factory=tuple)
+    #: the number of the newest round document found (None: no round)
+    last_round: int | None = None
+    #: the problem, among ``problems``, saying the ledger is behind or unlike what was seen before
+    #: (``min_round``/``min_hash``): rolled back or rewritten; None when it is not
+    rollback: str | None = None
 
     def to_dict(self) -> dict:
         return {
@@ -426,19 +432,25 @@ class LedgerReport:
             "store": self.store,
             "ok": self.ok,
             "rounds": self.rounds,
+            "last_round": self.last_round,
             "head": self.head,
             "problems": list(self.problems),
+            "rollback": self.rollback,
         }
 
 
-def verify_ledger(store: Store, tenant: str, *, trust: "TrustPolicy | None" = None, min_round: int | None = None) -> LedgerReport:
+def verify_ledger(
+    store: Store, tenant: str, *, trust: "TrustPolicy | None" = None, min_round: int | None = None, min_hash: str | None = None
+) -> LedgerReport:
     """Check ``tenant``'s ledger in ``store``: every round's own hash, its tenant and number, the
     ``prev`` chain from the first round to the last, and the head (and its history) against the
     rounds. With ``trust``, every round must also carry a signature over its hash by one of the
     policy's keys: a round forged (or re-chained) by someone who can write the store but holds no
     trusted key is named; and the head must be signed by one of them and name the last round, so
     rounds dropped from the end are named too. ``min_round`` is the round the reader saw last
-    time: a ledger that now ends before it was rolled back (the one thing signatures cannot show).
+    time: a ledger that now ends before it was rolled back (the one thing signatures cannot show);
+    ``min_hash``, the hash round ``min_round`` had then: a ledger whose round ``min_round`` now
+    hashes otherwise had its history rewritten. Either is also the report's ``rollback``.
     Every problem found is listed; nothing is changed."""
     validate_tenant(tenant)
     problems: list[str] = []
@@ -512,12 +524,21 @@ def verify_ledger(store: Store, tenant: str, *, trust: "TrustPolicy | None" = No
             problems.append(f"the head's history ({len(history)} entries) does not list the rounds' hashes in order (head rewritten)")
     if trust is not None:
         problems += _head_problems(store, tenant, trust, last, hashes.get(last) if last is not None else None)
+    rollback = None
     if min_round is not None and (last or 0) < min_round:
-        problems.append(
+        rollback = (
             f"the ledger ends at round {last or 0}, but it went to round {min_round} before (rolled back: "
             "rounds removed together with the head that signed them)"
         )
-    return LedgerReport(tenant, store.uri, not problems, len(numbers), head, tuple(problems))
+    elif min_round is not None and min_hash is not None and hashes.get(min_round) != min_hash:
+        now = hashes.get(min_round)
+        rollback = (
+            f"round {min_round} now hashes to {now[:12] if now else '(unreadable)'}, but it was {min_hash[:12]} "
+            "when seen before (history rewritten: an older or other copy of the ledger put in its place)"
+        )
+    if rollback is not None:
+        problems.append(rollback)
+    return LedgerReport(tenant, store.uri, not problems, len(numbers), head, tuple(problems), last, rollback)
 
 
 __all__ = [

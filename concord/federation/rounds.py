@@ -29,6 +29,7 @@ from concord.progress import Progress, ensure
 from concord.stores.base import Store, split_ref, validate_segment
 
 if TYPE_CHECKING:  # pragma: no cover
+    from concord.federation.seen import LedgerMemory
     from concord.lineage import Lineage
     from concord.trust import SigningKey
 
@@ -139,9 +140,14 @@ def run_round(
     lineage: "Lineage | None" = None,
     progress: Progress | None = None,
     key: "SigningKey | None" = None,
+    memory: "LedgerMemory | None" = None,
 ) -> dict:
     """Run one federation round of ``tenant`` over ``adapters`` (ref names ``tenant/NAME`` or
     ``NAME``) held by ``clusters``; see the module's docstring for the steps.
+
+    With ``memory`` (this machine's memory of ledgers, :mod:`concord.federation.seen`) a ledger
+    behind or unlike what was seen of it before is refused before any adapter is read
+    (:class:`~concord.errors.LedgerRollbackError`), and the round recorded is remembered.
 
     Returns the round: ``tenant, round, hash, prev, ref, root, method, rank, ranks`` (per module),
     ``client_ranks, clients, relative_error, inputs, replicas, ledger, recorded, ledger_note,
@@ -164,6 +170,8 @@ def run_round(
         raise ValueError(f"a cluster store is named twice: {', '.join(s.uri for s in clusters)}")
     ledger_store = ledger_store or clusters[0]
     prog = ensure(progress)
+    if memory is not None:  # never append onto a ledger rolled back below what this machine saw
+        memory.check(ledger_store, tenant)
 
     found = [(ref, *locate(clusters, ref)) for ref in refs]
     inputs = [{"adapter": ref, "root": root, "cluster": store.uri} for ref, store, root in found]
@@ -218,6 +226,8 @@ def run_round(
     }
     outcome = record_round(ledger_store, tenant, record, key=key)  # key: the round is signed by this cluster
     entry = outcome.doc
+    if memory is not None:
+        memory.remember(ledger_store, tenant, entry["round"], entry["hash"])
     out = {
         "tenant": tenant,
         "round": entry["round"],
