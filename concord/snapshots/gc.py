@@ -561,7 +561,7 @@ def _signature_stats(store: Store) -> list[tuple[str, str, float]]:
     """``(document key, root, modification time)`` of every signature document of ``store``
     (``signatures/<root>/…``; anything else under ``signatures/`` is left alone)."""
     out = []
-    for key, _, mtime in store._list_stats(SIGNATURE_PREFIX + "/"):
+    for key, _, mtime in store.list_document_stats(SIGNATURE_PREFIX):
         parts = key.split("/")
         if len(parts) == 3 and len(parts[1]) == 64 and all(c in "0123456789abcdef" for c in parts[1]) and not parts[2].startswith(".tmp-"):
             out.append((key, parts[1], mtime))

@@ -3,18 +3,27 @@
 Everything is written into a temporary sibling folder, every chunk verified as it is read, and
 the folder is renamed into place only when complete: the destination either does not exist or
 holds the whole snapshot. A ``check_root`` (a trust policy's) runs before anything is written
-and may name SHA-256 digests the files must have, checked before the rename. Manifest paths that would leave the folder, or that hold a control
-character (which ``concord snapshot`` never records), are refused before any byte is written.
+and may answer with digests the files must have (a :class:`DigestCheck`): each file's bytes are
+fed to its digest as they are written, in file order, and the digests are compared before the
+rename, so the restored bytes are read once. Manifest paths that would leave the folder, or that
+hold a control character (which ``concord snapshot`` never records), are refused before any byte
+is written.
+
+Chunks are fetched and written by several threads. With a :class:`DigestCheck`, the thread that
+wrote a chunk feeds it to its file's digest as soon as the chunk before it in that file has been
+fed: chunks are taken in file order, so a thread waits only for work already under way, and the
+bytes are hashed while still in hand (no copy, no buffer of chunks that arrived early).
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+import threading
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Callable, Mapping
+from typing import Callable, Mapping, Protocol
 
 from concord.errors import RestoreTargetError, UnsafePathError
 from concord.files import OpenFiles
@@ -35,19 +44,56 @@ class RestoreResult:
         return dict(self.__dict__)
 
 
-def _check_sha256(folder: str, expected: Mapping[str, str], root: str, where: str) -> None:
-    """Refuse a restore whose files do not have the SHA-256 a signature lists for them."""
-    import hashlib
+class Hasher(Protocol):
+    def update(self, data) -> None: ...
 
-    from concord.errors import IntegrityError
 
-    for rel, digest in sorted(expected.items()):
-        h = hashlib.sha256()
-        with open(os.path.join(folder, *safe_relpath(rel).split("/")), "rb") as fh:
-            while block := fh.read(8 * 1024 * 1024):
-                h.update(block)
-        if h.hexdigest() != digest:
-            raise IntegrityError(f"{rel} of {root} from {where} (checked against its signature; nothing restored)", f"SHA-256 {digest}", h.hexdigest())
+class DigestCheck(Protocol):
+    """Digests a restore computes from the bytes it writes and has checked before its rename
+    (a trust policy's answer for a root vouched for by file digests only)."""
+
+    def hasher(self, path: str, size: int) -> Hasher | None:
+        """A new digest of file ``path`` (``size`` bytes), fed its bytes in order; None: not checked."""
+
+    def check(self, hashers: Mapping[str, Hasher]) -> None:
+        """Raise unless the digests (path → the hasher fed all its bytes) are the expected ones."""
+
+
+class _InOrder:
+    """Feeds each checked file's bytes, in file order, to its hasher. The thread that wrote chunk
+    ``k`` of a file waits until chunks ``0..k-1`` have been fed, then feeds its own. A chunk that
+    failed marks its file broken: the threads behind it stop waiting (the restore fails anyway)."""
+
+    def __init__(self, hashers: Mapping[int, Hasher]) -> None:
+        self.hashers = hashers
+        self.fed = dict.fromkeys(hashers, 0)  # file index → chunks fed; -1: broken
+        self.cond = threading.Condition()
+
+    def feed(self, file: int, k: int, data) -> None:
+        hasher = self.hashers.get(file)
+        if hasher is None:
+            return
+        with self.cond:
+            while self.fed[file] != k:
+                if self.fed[file] < 0:
+                    return
+                self.cond.wait()
+        done = False
+        try:
+            hasher.update(data)  # alone: no other thread may feed this file now
+            done = True
+        finally:
+            self._set(file, k + 1 if done else -1)
+
+    def broken(self, file: int) -> None:
+        if file in self.fed:
+            self._set(file, -1)
+
+    def _set(self, file: int, value: int) -> None:
+        with self.cond:
+            if self.fed[file] >= 0:
+                self.fed[file] = value
+            self.cond.notify_all()
 
 
 def _target_paths(manifest: Manifest, base: str) -> list[str]:
@@ -66,8 +112,9 @@ def _target_paths(manifest: Manifest, base: str) -> list[str]:
 
 
 #: a check of a root before it is restored (a trust policy's ``restore_check``): raises to refuse
-#: it; may return the SHA-256 (hex) some files must have, checked before the final rename
-RootCheck = Callable[[Store, str], "Mapping[str, str] | None"]
+#: it; may return digests the files must have, computed as they are written and checked before
+#: the final rename
+RootCheck = Callable[[Store, str], "DigestCheck | None"]
 
 
 def restore(
@@ -81,7 +128,7 @@ def restore(
     out = os.path.abspath(os.fspath(out_dir))
     if os.path.exists(out) and (not os.path.isdir(out) or os.listdir(out)):
         raise RestoreTargetError(out)
-    expected = check_root(store, manifest.root) if check_root is not None else None
+    digests = check_root(store, manifest.root) if check_root is not None else None
     parent = os.path.dirname(out)
     os.makedirs(parent, exist_ok=True)
     tmp = os.path.join(parent, f".{os.path.basename(out)}.concord-tmp-{uuid.uuid4().hex[:12]}")
@@ -90,32 +137,48 @@ def restore(
     files = OpenFiles(os.O_WRONLY | getattr(os, "O_CLOEXEC", 0))
     try:
         paths = _target_paths(manifest, tmp)
+        hashers: dict[int, Hasher] = {}
+        if digests is not None:
+            for i, f in enumerate(manifest.files):
+                h = digests.hasher(f.path, f.size)
+                if h is not None:
+                    hashers[i] = h
+        feed = _InOrder(hashers) if hashers else None
         prog.start(manifest.total_bytes, "restore")
         jobs = []
-        for f, path in zip(manifest.files, paths):
+        for i, (f, path) in enumerate(zip(manifest.files, paths)):
             os.makedirs(os.path.dirname(path), exist_ok=True)
             with open(path, "wb") as fh:
                 fh.truncate(f.size)
+            k = 0  # the manifest's parts and chunks are in file order, contiguous (checked when it is read)
             for p in f.parts:
                 for cid, offset, length in p.chunk_spans(manifest.chunk_size):
-                    jobs.append((path, cid, offset, length))
+                    jobs.append((i, k, path, cid, offset, length))
+                    k += 1
 
         def write(job) -> None:
-            path, cid, offset, length = job
-            data = store.read_chunk(cid, verify=True)  # transient: written at once
-            if len(data) != length:
-                from concord.errors import IntegrityError
+            i, k, path, cid, offset, length = job
+            try:
+                data = store.read_chunk(cid, verify=True)  # transient: written (and hashed) at once
+                if len(data) != length:
+                    from concord.errors import IntegrityError
 
-                raise IntegrityError(f"chunk {cid} in {store.uri}", f"{length} bytes", f"{len(data)} bytes")
-            files.write(path, data, offset)
+                    raise IntegrityError(f"chunk {cid} in {store.uri}", f"{length} bytes", f"{len(data)} bytes")
+                files.write(path, data, offset)
+            except BaseException:
+                if feed is not None:
+                    feed.broken(i)
+                raise
+            if feed is not None:
+                feed.feed(i, k, data)
             prog.advance(length)
 
         with ThreadPoolExecutor(store.parallelism, thread_name_prefix="concord-restore") as pool:
             for _ in pool.map(write, jobs):
                 pass
         files.close()
-        if expected:
-            _check_sha256(tmp, expected, manifest.root, store.uri)
+        if digests is not None:
+            digests.check({manifest.files[i].path: h for i, h in hashers.items()})
         if os.path.isdir(out):
             os.rmdir(out)  # empty (checked above)
         os.rename(tmp, out)

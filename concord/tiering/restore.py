@@ -21,7 +21,7 @@ import shutil
 import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Callable, Mapping
+from typing import Callable
 
 from concord.errors import ChunkNotFoundError, CheckpointNotFoundError, ConcordError, IntegrityError, RestoreTargetError, RestoreTimeoutError
 from concord.snapshots.manifest import Manifest
@@ -268,7 +268,7 @@ def restore_checkpoint(
     progress: Progress | None = None,
     stores: dict[str, Store] | None = None,
     record: bool = True,
-    check_root: Callable[[Store, str], Mapping[str, str] | None] | None = None,
+    check_root: Callable[[Store, str], object] | None = None,
 ) -> TierRestoreResult:
     """Restore checkpoint ``name`` into ``out_dir`` (which must not exist, or be empty).
 

@@ -16,7 +16,8 @@ The stable API other wings and rooms call (import from ``concord.trust``)::
                                                         # store, keys tried)
     policy.require(store, root) -> Verdict              # the same, with a policy in hand
     policy.restore_check(store, root)                   # for restore's check_root hook: None, or
-                                                        # the SHA-256 per file still to check
+                                                        # the digests the restore checks as it
+                                                        # writes (RestoreDigests)
     policy.report(store, root) -> Verdict               # never raises: .signed_by, .trusted
 
     # (c) the signature documents of a root (OMS bundles, JSON bytes)

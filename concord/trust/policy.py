@@ -17,9 +17,11 @@ key and holds for the root (:func:`concord.trust.signing.check_bundle`). What ea
   unless trusted; a root trusted only through a root-less ``model_signing`` bundle has its files'
   SHA-256 computed from the store and compared first.
 - :meth:`TrustPolicy.restore_check` (restore): the same, except that for a root-less bundle it
-  returns the expected SHA-256 per file instead of reading the store twice: the restore hashes
-  what it wrote and refuses before its final rename. For a bundle that names the root nothing more
-  is needed: restore verifies every chunk against the root's Merkle tree as it reads it.
+  returns the digests to check (:class:`RestoreDigests`) instead of reading the store first: the
+  restore feeds each file's bytes to them as it writes (whole-file or per-shard, with the bundle's
+  hash) and refuses before its final rename, so every byte is read once. For a bundle that names
+  the root nothing more is needed: restore verifies every chunk against the root's Merkle tree as
+  it reads it.
 - :meth:`TrustPolicy.report`: never raises; ``signed_by`` and ``trusted`` for verify and audits.
 
 ``require`` and ``restore_check`` match the ``check_root`` hook of
@@ -41,7 +43,9 @@ from concord.trust import bundle as oms
 from concord.trust.keys import PublicKey, SigningKey, load_public_key, load_signing_key, public_key_from_pem
 from concord.trust.signing import (
     Checked,
+    FileDigests,
     check_bundle,
+    compare_digests,
     check_digests,
     read_signature,
     signature_ids,
@@ -185,18 +189,15 @@ class TrustPolicy:
             return Verdict(root, store.uri, tuple(docs), True, c.key_id, problems, dict(c.expected), c)
         return Verdict(root, store.uri, tuple(docs), False, None, problems)
 
-    def restore_check(self, store: Store, root: str) -> Mapping[str, str] | None:
-        """Raise unless ``root`` is trusted; the SHA-256 its restored files must have when only a
-        root-less bundle vouches for it, else None."""
+    def restore_check(self, store: Store, root: str) -> "RestoreDigests | None":
+        """Raise unless ``root`` is trusted; when only a root-less bundle vouches for it, the
+        digests its restored files must have (checked by the restore as it writes), else None."""
         v = self.report(store, root)
         if not v.trusted:
             raise UntrustedRootError(store.uri, root, self.key_ids, _problems(v))
-        if v.checked is not None and not v.checked.serialization.whole_file_sha256:
-            # a restore checks whole-file SHA-256 as it writes; other digests are checked here,
-            # from the store's bytes (each chunk verified against the root as it is read), first
-            self._check_digests(store, root, v)
+        if v.checked is None:
             return None
-        return v.expected
+        return RestoreDigests(v.checked, root, store.uri, self.key_ids, f"{store.uri}/{signature_key(root, v.trusted_by)}")
 
     def require(self, store: Store, root: str) -> Verdict:
         """Raise :class:`UntrustedRootError` unless ``root`` is trusted in ``store``."""
@@ -212,6 +213,51 @@ class TrustPolicy:
             check_digests(store, load_manifest(store, root), v.checked, f"{store.uri}/{signature_key(root, v.trusted_by)}")
         except ConcordError as exc:
             raise UntrustedRootError(store.uri, root, self.key_ids, (_problem(exc),)) from exc
+
+
+class RestoreDigests:
+    """The digests a root-less bundle names, checked by a restore from the bytes it writes
+    (:class:`concord.snapshots.restore.DigestCheck`): each file it signs gets a
+    :class:`~concord.trust.signing.FileDigests` of the bundle's serialization (whole file or
+    shards; sha256, blake2b or blake3), fed the file's bytes in order. A file that differs fails
+    as before the restore hashed in flight: whole-file SHA-256 with
+    :class:`~concord.errors.IntegrityError` naming the file, other serializations with
+    :class:`~concord.errors.UntrustedRootError` naming the files or shards that differ."""
+
+    def __init__(self, checked: Checked, root: str, store: str, key_ids: tuple[str, ...], where: str) -> None:
+        self.checked = checked
+        self.root = root
+        self.store = store
+        self.key_ids = key_ids
+        self.where = where
+        ser = checked.serialization
+        self.paths = {ser.path_of(name) for name in checked.expected}
+
+    @property
+    def expected(self) -> Mapping[str, str]:
+        """Resource name (a path, or ``PATH:START:END`` for a shard) → digest (hex)."""
+        return self.checked.expected
+
+    def hasher(self, path: str, size: int) -> FileDigests | None:
+        return FileDigests(path, size, self.checked.serialization) if path in self.paths else None
+
+    def check(self, hashers: Mapping[str, FileDigests]) -> None:
+        from concord.errors import IntegrityError
+
+        actual = {name: digest for h in hashers.values() for name, digest in h.result().items()}
+        ser = self.checked.serialization
+        if ser.whole_file_sha256:
+            for rel, digest in sorted(self.expected.items()):
+                if actual.get(rel) != digest:
+                    raise IntegrityError(
+                        f"{rel} of {self.root} from {self.store} (checked against its signature; nothing restored)",
+                        f"SHA-256 {digest}", str(actual.get(rel)),
+                    )
+            return
+        try:
+            compare_digests(self.expected, actual, self.where, "shard(s)" if ser.method == "shards" else "file(s)")
+        except ConcordError as exc:
+            raise UntrustedRootError(self.store, self.root, self.key_ids, (_problem(exc),)) from exc
 
 
 def _keys_of_source(entry: str, name: str, rest: str) -> tuple[PublicKey, ...]:

@@ -73,7 +73,7 @@ def signed_paths(manifest: Manifest, ignore_paths: Iterable[str] = oms.GIT_PATHS
     return [f.path for f in manifest.files if not oms.is_ignored(f.path, ignore)]
 
 
-class _Digests:
+class FileDigests:
     """The digests of one file as a serialization cuts it: fed the file's bytes in order."""
 
     def __init__(self, path: str, size: int, serialization: oms.Serialization) -> None:
@@ -119,7 +119,7 @@ def file_digests(
     files = [f for f in manifest.files if wanted is None or f.path in wanted]
     jobs = [(i, cid, length) for i, f in enumerate(files) for p in f.parts for cid, _, length in p.chunk_spans(manifest.chunk_size)]
     if not serialization.whole_file_sha256:
-        hashers = [_Digests(f.path, f.size, serialization) for f in files]
+        hashers = [FileDigests(f.path, f.size, serialization) for f in files]
     else:
         hashers = [hashlib.sha256() for _ in files]
 

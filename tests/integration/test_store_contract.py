@@ -152,6 +152,31 @@ def test_list_stats_is_relative_to_the_store_root(any_store):
     assert list(any_store._list_stats("nothing-here/")) == []
 
 
+def test_list_document_stats_gives_each_documents_size_and_age(any_store):
+    before = time.time()
+    a, b = f"signatures/{_root('a')}/{'1' * 64}.sig", f"signatures/{_root('b')}/{'2' * 64}.sig"
+    any_store.put_document(b, b"second")
+    any_store.put_document(a, b"first!!")
+    any_store.put_document("signaturesX/other", b"not under the prefix")
+    any_store.put_document("ledger/acme/000001.json", b"12345")
+    stats = any_store.list_document_stats("signatures")
+    assert [(k, n) for k, n, _ in stats] == [(a, 7), (b, 6)]  # sorted, as list_documents
+    assert [k for k, _, _ in stats] == any_store.list_documents("signatures")
+    # S3 keeps whole seconds; a little slack for the clocks of two processes
+    assert all(before - 5 <= mtime <= time.time() + 5 for _, _, mtime in stats)
+    assert any_store.list_document_stats("signatures/") == stats
+    assert [k for k, _, _ in any_store.list_document_stats(f"signatures/{_root('a')}")] == [a]
+    assert any_store.list_document_stats("nothing-here") == []
+    with pytest.raises(InvalidNameError):
+        any_store.list_document_stats("chunks")  # documents only
+
+
+def test_s3_list_document_stats_reads_the_time_from_the_listing(s3_store, moto_server):
+    s3_store.put_document("leases/w1", b"lease")
+    head = _raw_client(moto_server).head_object(Bucket=s3_store.bucket, Key=f"{s3_store.prefix}/leases/w1")
+    assert s3_store.list_document_stats("leases") == [("leases/w1", 5, head["LastModified"].timestamp())]
+
+
 def test_iter_chunks_ignores_temp_and_misplaced_files(any_store):
     cid, data = _chunk()
     any_store.put_chunk(cid, data)
