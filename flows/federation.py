@@ -50,7 +50,9 @@ def lora_federation(
     every cluster, and append the round to the tenant's ledger.
 
     A round never reads or writes another tenant's refs or ledger: naming another tenant's
-    adapter fails the run before any store is read.
+    adapter fails the run before any store is read. The worker remembers how far each ledger
+    went (in its own CONCORD_HOME): a ledger rolled back below that fails the run before any
+    adapter is read, and the ledger check afterwards reports it.
 
     Args:
         tenant: The tenant whose adapters are aggregated.

@@ -3,6 +3,11 @@
 Thin wrappers over :func:`concord.federation.rounds.run_round` and :func:`concord.federation.ledger.verify_ledger`:
 they open the stores from their specs, call the core, emit an event and return a plain dict.
 
+Both keep the worker's memory of how far each ledger went (``$CONCORD_HOME/ledgers-seen.json`` on
+the machine the task runs on, :mod:`concord.federation.seen`): a ledger rolled back below it, or
+rewritten, is refused by ``federate_task`` before any adapter is read and reported tampered by
+``verify_ledger_task``.
+
 Events (an automation pages on ``concord.ledger.tampered``)::
 
     concord.federation.completed   resource concord.tenant.<tenant>
@@ -37,6 +42,7 @@ def federate_task(
     record_lineage: bool = False,
     tracking_uri: str | None = None,
     trust_block: str | None = None,
+    remember: bool = True,
 ) -> dict:
     """One federation round of ``tenant``: aggregate ``adapters`` (refs ``NAME`` or
     ``tenant/NAME``) found in ``clusters``, snapshot the result into the first cluster under
@@ -47,10 +53,12 @@ def federate_task(
 
     With ``trust_block`` (a saved Concord Trust block holding this cluster's signing key) the
     round is signed over its hash, so ``verify_ledger_task`` under that block's trusted keys
-    accepts it. Emits ``concord.federation.completed``. Retried only when a store does not answer; a retry
+    accepts it. With ``remember`` (the default) a ledger behind what this worker saw of it is
+    refused before any adapter is read, and the round is remembered. Emits ``concord.federation.completed``. Retried only when a store does not answer; a retry
     before the ledger append redoes nothing already done (same result, same root, ref in place).
     """
     from concord.federation.rounds import run_round
+    from concord.federation.seen import LedgerMemory
 
     specs = list(clusters)
     key = None
@@ -79,6 +87,7 @@ def federate_task(
             lineage=lineage,
             progress=PrefectProgress(),
             key=key,
+            memory=LedgerMemory() if remember else None,
         )
     log = run_logger()
     if r["lineage"] and "error" in r["lineage"]:
@@ -109,23 +118,28 @@ def federate_task(
 
 
 @task(name="verify-ledger", task_run_name="verify-ledger-{tenant}", **RETRIED)
-def verify_ledger_task(store: str, tenant: str, trust_block: str | None = None) -> dict:
+def verify_ledger_task(store: str, tenant: str, trust_block: str | None = None, remember: bool = True) -> dict:
     """Check ``tenant``'s ledger in ``store`` (round hashes, chain, head; under a trust policy,
-    the trust block's keys or ``$CONCORD_TRUSTED_KEYS``, every round's signature too). Returns the
-    report rather than raising: the caller decides what tampering means. Emits
-    ``concord.ledger.verified`` or ``concord.ledger.tampered``."""
-    from concord.federation.ledger import verify_ledger
+    the trust block's keys or ``$CONCORD_TRUSTED_KEYS``, every round's signature too). With
+    ``remember`` (the default), also against what this worker saw of it before, as ``concord
+    federate verify`` does: a ledger rolled back below that round, or rewritten, is tampered
+    (``error`` names it and the fix); one that verifies is remembered. Returns the report rather
+    than raising: the caller decides what tampering means. Emits ``concord.ledger.verified`` or
+    ``concord.ledger.tampered``."""
+    from concord.federation.seen import LedgerMemory, verify_remembered
     from tasks.trust import trust_policy
 
     policy = trust_policy(trust_block)
     with open_stores(store) as (s,):
-        report = verify_ledger(s, tenant, trust=policy)
-    out = report.to_dict()
+        result = verify_remembered(s, tenant, trust=policy, memory=LedgerMemory() if remember else None)
+    report = result.report
+    out = result.to_dict()
+    out["error"] = str(result.error) if result.error is not None else None
     name = events.LEDGER_VERIFIED if report.ok else events.LEDGER_TAMPERED
     out["event_id"] = events.emit(name, events.tenant(tenant), [events.store(report.store, "ledger")], dict(out))
     log = run_logger()
     if report.ok:
         log.info("ledger of %s in %s: %d round(s), head %s", tenant, report.store, report.rounds, (report.head or "(none)")[:12])
     else:
-        log.error("ledger of %s in %s does not verify: %s", tenant, report.store, "; ".join(report.problems))
+        log.error("ledger of %s in %s does not verify: %s", tenant, report.store, out["error"] or "; ".join(report.problems))
     return out
