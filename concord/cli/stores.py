@@ -67,7 +67,7 @@ def info_lines(u) -> list[str]:
         f"  snapshots    {u.manifests}" + (f" ({u.unreferenced_manifests} no ref names)" if u.unreferenced_manifests else ""),
     ]
     n, o = u.named, u.orphans
-    ratio = f", ratio {u.ratio:.2f}× (stored is {100 * n.stored_bytes / n.raw_bytes:.0f}% of raw)" if u.ratio else ""
+    ratio = f" ({u.ratio:.3f}× of raw)" if u.ratio else ""
     if not o.count:
         raw = f" for {human(n.raw_bytes)} raw" if n.count else ""
         lines.append(f"  chunks       {n.count}, {human(n.stored_bytes)} stored{raw}{ratio}")

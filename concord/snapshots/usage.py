@@ -88,9 +88,10 @@ class StoreUsage:
 
     @property
     def ratio(self) -> float | None:
-        """Raw bytes ÷ stored bytes of the chunks the manifests name (1.5: stored in two thirds)."""
+        """Stored bytes ÷ raw bytes of the chunks the manifests name (0.67: a third saved), the way
+        every ratio of stored to raw bytes in Concord is given."""
         named = self.named
-        return round(named.raw_bytes / named.stored_bytes, 4) if named.stored_bytes and named.raw_bytes else None
+        return round(named.stored_bytes / named.raw_bytes, 4) if named.stored_bytes and named.raw_bytes else None
 
     def to_dict(self) -> dict:
         return {
