@@ -4,7 +4,9 @@ Each default below has its own variable, which wins when set:
 
 * the home folder: ``$CONCORD_HOME``, else ``data`` (relative to the working directory);
 * the registry of data snapshots and contracts: ``$CONCORD_REGISTRY``, else ``<home>/registry``;
-* MLflow: ``$MLFLOW_TRACKING_URI``, else a sqlite database ``<home>/mlflow.db`` (absolute path).
+* MLflow: ``$MLFLOW_TRACKING_URI``, else a sqlite database ``<home>/mlflow.db`` (absolute path);
+* how far each federation ledger went when this machine last verified it: ``<home>/ledgers-seen.json``
+  (:mod:`concord.federation.seen`).
 
 The CLI, the tasks and the flows all ask here, so one setting moves all of them together.
 Standard library only.
