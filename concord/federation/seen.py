@@ -109,6 +109,12 @@ class LedgerMemory:
             return {}
         except IsADirectoryError:
             raise self._fail("a folder") from None
+        except OSError as exc:
+            raise LedgerError(
+                self.path,
+                f"the memory of verified ledgers cannot be read ({exc.strerror or exc})",
+                "Point CONCORD_HOME at a folder this user can read and write, or pass --no-remember to verify without it.",
+            ) from exc
         if len(data) > _MAX_BYTES:
             raise self._fail(f"over {_MAX_BYTES} bytes")
         try:
@@ -150,8 +156,15 @@ class LedgerMemory:
         """The entries, read under the memory's lock, written back (atomically) on a clean exit."""
         import fcntl
 
-        os.makedirs(os.path.dirname(self.path), exist_ok=True)
-        fd = os.open(self.path + ".lock", os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
+        try:
+            os.makedirs(os.path.dirname(self.path), exist_ok=True)
+            fd = os.open(self.path + ".lock", os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
+        except OSError as exc:
+            raise LedgerError(
+                self.path,
+                f"the memory of verified ledgers cannot be written ({exc.strerror or exc})",
+                "Point CONCORD_HOME at a folder this user can write, or pass --no-remember to verify without it.",
+            ) from exc
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
             entries = self._read()

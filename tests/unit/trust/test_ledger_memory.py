@@ -163,10 +163,20 @@ def test_two_processes_remembering_at_once_keep_both_entries(tmp_path):
     assert not [p for p in path.parent.iterdir() if p.name.startswith(".tmp-")]
 
 
-def test_a_damaged_memory_is_named_with_its_fix(rolled_back, capsys):
+def test_a_damaged_memory_is_named_with_its_fix(rolled_back, tmp_path, monkeypatch, capsys):
     store, trust = rolled_back
     Path(memory_path()).write_text(json.dumps({"format": "something else"}))
     capsys.readouterr()
     assert _verify(store, trust) == 1
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and memory_path() in err and "not a memory of verified ledgers" in err and "remove it" in err
+    # a home that cannot hold it: one line naming the fix, never a traceback
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    monkeypatch.setenv("CONCORD_HOME", str(blocker))
+    assert _verify(store, trust, "--forget") == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "cannot be written" in err and "--no-remember" in err
+    assert _verify(store, trust) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "cannot be read" in err and "--no-remember" in err
