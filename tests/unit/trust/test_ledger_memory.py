@@ -180,3 +180,29 @@ def test_a_damaged_memory_is_named_with_its_fix(rolled_back, tmp_path, monkeypat
     assert _verify(store, trust) == 1
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "cannot be read" in err and "--no-remember" in err
+
+
+def test_federate_run_refuses_to_append_to_a_ledger_behind_what_it_saw(tmp_path, keydir, home, capsys):
+    from test_federation import write_adapter
+
+    from concord.snapshots.snapshot import snapshot
+
+    stores = [LocalDirStore(tmp_path / c) for c in ("a", "b")]
+    for i, s in enumerate(stores):
+        snapshot(write_adapter(tmp_path / f"ad{i}", seed=i), s, ref=f"t/adapter-{i}")
+    run = ["federate", "run", "--tenant", "t", "--cluster", stores[0].uri, "--cluster", stores[1].uri, "--adapter", "adapter-0", "adapter-1"]
+    run += ["--key", str(keydir / "alice.pem")]
+    assert main([*run, "--weights", "1,1"]) == 0
+    ledger = stores[0]
+    _copy_ledger(ledger, tmp_path / "at-round-1")
+    assert main([*run, "--weights", "1,3"]) == 0
+    assert LedgerMemory().recall(ledger, "t").round == 2
+    _put_back(tmp_path / "at-round-1", ledger)
+    result = ledger.read_ref("t/federated")
+    capsys.readouterr()
+    assert main([*run, "--weights", "1,2"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "ends at round 1, but this machine saw it at round 2" in err
+    assert len(list_rounds(ledger, "t")) == 1 and ledger.read_ref("t/federated") == result  # nothing read, nothing written
+    assert main([*run, "--weights", "1,2", "--no-remember"]) == 0  # told not to look: appended as round 2
+    assert [r["round"] for r in list_rounds(ledger, "t")] == [1, 2]
