@@ -12,8 +12,8 @@ thread feeds SHA-256, in file order.
 
 A bundle that binds a root (``predicate.concord.root``) holds for that root only. A bundle made
 by ``model_signing sign`` binds no root: it holds for a root whose files have exactly the SHA-256
-digests it lists (checked from the store's bytes when it is imported, and again, from the
-restored bytes, by a restore under a trust policy).
+digests it lists (checked from the store's bytes when it is imported, and again by a restore
+under a trust policy, from the bytes it writes: :class:`FileDigests`, fed in file order).
 """
 
 from __future__ import annotations
@@ -321,18 +321,6 @@ def import_signature(store: Store, root: str, data: bytes, keys: Iterable[Public
     checked = verify_bundle(store, root, data, keys, where=where)
     store.put_document(signature_key(root, checked.key_id), data, overwrite=True)
     return checked
-
-
-def hash_folder_files(folder: str, paths: Iterable[str]) -> dict[str, str]:
-    """SHA-256 (hex) of each relative posix path under ``folder`` (for a restore's check)."""
-    out = {}
-    for rel in paths:
-        h = hashlib.sha256()
-        with open(os.path.join(folder, *rel.split("/")), "rb") as fh:
-            while chunk := fh.read(8 * 1024 * 1024):
-                h.update(chunk)
-        out[rel] = h.hexdigest()
-    return out
 
 
 def snapshot_signed(source: str | os.PathLike, store: Store, data: bytes, keys: Iterable[PublicKey], *, where: str = "", **options):
