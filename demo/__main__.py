@@ -44,6 +44,12 @@ def run(home: Path, story: Story) -> None:
         *release_folders(home),
     ):
         shutil.rmtree(path, ignore_errors=True)
+    # what this home remembers of the ledgers in the stores just removed (a re-run starts them again
+    # at round 1, which would otherwise read as a rollback)
+    from concord.federation.seen import MEMORY_FILE
+
+    for name in (MEMORY_FILE, MEMORY_FILE + ".lock"):
+        (home / name).unlink(missing_ok=True)
     # MLflow's database is shared with `make serve` and kept: a re-run adds runs and versions to it
     home.mkdir(parents=True, exist_ok=True)
     print(f"Concord demo in {home}")

@@ -11,6 +11,20 @@ from concord.home import patched_environ
 from concord.stores import LocalDirStore
 
 
+@pytest.fixture(scope="module", autouse=True)
+def concord_home(tmp_path_factory):
+    """A home of the module's own (what this machine remembers of ledgers, the default registry),
+    so no test writes into the checkout's ``data`` folder; a test may still set its own."""
+    import os
+
+    if os.environ.get("CONCORD_HOME"):
+        yield os.environ["CONCORD_HOME"]
+        return
+    home = str(tmp_path_factory.mktemp("concord-home"))
+    with patched_environ({"CONCORD_HOME": home}):
+        yield home
+
+
 @pytest.fixture
 def ckpt(tmp_path: Path) -> Path:
     return make_checkpoint(tmp_path / "ckpt")
