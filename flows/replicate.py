@@ -160,8 +160,10 @@ def pipeline_summary(source: str, ref: str, snap: dict, replicas: list[dict]) ->
     snapshot-summary, replication-summary)."""
     was = f" (was {short(snap['previous'])})" if snap.get("previous") else " (a new ref)"
     moved = f"version {snap['ref_version']}{was}" if snap.get("previous") != snap["root"] else "unchanged"
-    rows = [(f"`{snap['store']}` (primary)", "snapshotted", f"{snap['new_chunks']} new chunk(s), {human(snap['new_bytes'])}", moved)]
-    rows += [(f"`{r['store']}`", "replicated", f"{r['chunks_sent']} chunk(s) sent, {human(r['bytes_sent'])}",
+    rows = [(f"`{snap['store']}` (primary)", "snapshotted", f"{snap['new_chunks']} new chunk(s), {human(snap['new_bytes'])}"
+             + (f" ({human(snap['new_stored_bytes'])} stored)" if snap.get("new_stored_bytes", snap["new_bytes"]) != snap["new_bytes"] else ""), moved)]
+    rows += [(f"`{r['store']}`", "replicated", f"{r['chunks_sent']} chunk(s) sent, {human(r['bytes_sent'])}"
+              + (f" ({human(r['raw_bytes_sent'])} raw)" if r.get("raw_bytes_sent", r["bytes_sent"]) != r["bytes_sent"] else ""),
               f"version {r['ref_version']}") for r in replicas]
     return (
         f"## `{source}` as `{ref}`: snapshot {short(snap['root'])}, {human(snap['bytes'])}\n\n"

@@ -52,7 +52,8 @@ def snapshot_checkpoint(
         ("root", f"`{r['root']}`"),
         ("files / tensors / chunks", f"{r['files']} / {r['tensors']} / {r['chunks']}"),
         ("size", human(r["bytes"])),
-        ("new in store", f"{r['new_chunks']} chunk(s), {human(r['new_bytes'])}"),
+        ("new in store", f"{r['new_chunks']} chunk(s), {human(r['new_bytes'])}"
+         + (f" ({human(r['new_stored_bytes'])} stored)" if r.get("new_stored_bytes", r["new_bytes"]) != r["new_bytes"] else "")),
     ]
     if r["ref"]:
         was = f" (was {short(r['previous'])})" if r["previous"] else " (a new ref)"

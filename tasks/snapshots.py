@@ -37,12 +37,13 @@ def snapshot_task(
         r = snapshot(source, s, ref=ref, chunk_size=chunk_size, message=message, progress=PrefectProgress())
     out = r.to_dict() | {"store": s.uri, "source": os.path.abspath(source)}
     related = [events.store(s.uri, "store")] + ([events.ref(r.ref)] if r.ref else [])
-    fields = ("root", "files", "tensors", "chunks", "bytes", "new_chunks", "new_bytes")
+    fields = ("root", "files", "tensors", "chunks", "bytes", "new_chunks", "new_bytes", "new_stored_bytes")
     payload = {k: out[k] for k in fields + ("store", "ref", "ref_version", "previous", "source")}
     out["event_id"] = events.emit(events.SNAPSHOT_CREATED, events.snapshot(r.root), related, payload)
+    stored = f", {r.new_stored_bytes} stored" if r.new_stored_bytes != r.new_bytes else ""
     run_logger().info(
-        "snapshot %s: %d files, %d tensors, %d bytes (%d new) in %s%s",
-        r.root[:12], r.files, r.tensors, r.bytes, r.new_bytes, s.uri, f"; ref {r.ref} v{r.ref_version}" if r.ref else "",
+        "snapshot %s: %d files, %d tensors, %d bytes (%d new%s) in %s%s",
+        r.root[:12], r.files, r.tensors, r.bytes, r.new_bytes, stored, s.uri, f"; ref {r.ref} v{r.ref_version}" if r.ref else "",
     )
     return out
 

@@ -118,6 +118,18 @@ def test_snapshot_task_returns_a_plain_dict_and_emits_snapshot_created(checkpoin
 
     again = snapshot_task.fn(src, stores["a"], ref=REF, chunk_size=1 * MiB)
     assert again["root"] == r["root"] and again["new_bytes"] == 0 and again["ref_version"] == 1
+    assert r["new_stored_bytes"] == r["new_bytes"] and e.payload["new_stored_bytes"] == r["new_bytes"]  # a plain store
+
+
+def test_snapshot_task_into_a_compressed_store_says_what_it_stored(checkpoint, tmp_path, events):
+    from concord.stores.config import configure
+
+    store = str(tmp_path / "z")
+    configure(open_store(store), compress="auto")
+    r = snapshot_task.fn(checkpoint("v1"), store, ref=REF, chunk_size=1 * MiB)
+    on_disk = sum(p.stat().st_size for p in (tmp_path / "z" / "chunks").rglob("*") if p.is_file())
+    assert r["new_stored_bytes"] == on_disk and on_disk < r["new_bytes"] == r["bytes"]
+    assert _only(events(), "concord.snapshot.created").payload["new_stored_bytes"] == on_disk
 
 
 def test_diff_task_names_the_changed_tensor(checkpoint, stores):
