@@ -137,7 +137,7 @@ def sweep_report(namespace: str, sweep: dict, added: dict | None = None) -> str:
     rows = []
     if added is not None:
         new = ", ".join(f"{t} {human(n)}" for t, n in added["new_bytes"].items())
-        rows.append(("added", f"`{added['name']}` {short(added['root'])}, {human(added['bytes'])} (new bytes: {new})"))
+        rows.append(("added", f"`{added['name']}` {short(added['root'])}, {human(added['bytes'])} (new bytes, as each tier stores them: {new})"))
     rows += [
         ("copied", len(sweep["copied"])),
         ("demoted", len(sweep["demoted"])),

@@ -178,7 +178,7 @@ def cmd_add(args, out) -> int:
     r = add_checkpoint(policy, args.checkpoint_dir, args.name, step=args.step, progress=out.progress).to_dict()
     sent = ", ".join(f"{t} {_human(n)}" for t, n in r["new_bytes"].items())
     step = "" if r["step"] is None else f", step {r['step']}"
-    lines = [f"added {r['name']} ({r['root'][:12]}{step}, {_human(r['bytes'])}) to {policy.namespace}; new bytes: {sent}"]
+    lines = [f"added {r['name']} ({r['root'][:12]}{step}, {_human(r['bytes'])}) to {policy.namespace}; new bytes as stored: {sent}"]
     sweep = r["sweep"]
     if sweep is not None:
         lines += sweep_lines(sweep)
