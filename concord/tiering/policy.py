@@ -46,9 +46,9 @@ _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d|w)?\s*$")
 _UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800, None: 1}
 
 _TIER_KEYS = {
-    "hot": {"store", "keep", "keep_days", "storage_class", "media", "rto", "rpo", "compress"},
-    "warm": {"store", "keep", "keep_days", "storage_class", "media", "rto", "rpo", "compress"},
-    "cold": {"store", "storage_class", "media", "offsite", "rto", "rpo", "compress"},
+    "hot": {"store", "keep", "keep_days", "storage_class", "media", "rto", "rpo", "compress", "key_file"},
+    "warm": {"store", "keep", "keep_days", "storage_class", "media", "rto", "rpo", "compress", "key_file"},
+    "cold": {"store", "storage_class", "media", "offsite", "rto", "rpo", "compress", "key_file"},
 }
 _TOP_KEYS = {"namespace", "hot", "warm", "cold", "rpo", "pin", "gc_grace", "ready", "restore"}
 _READY_KEYS = {"marker", "settle"}
@@ -118,6 +118,10 @@ class TierSpec:
     #: how the tier's store keeps chunks (none, zstd, auto): set on the store when it is first
     #: opened empty (``concord init``); a store already configured otherwise is refused
     compress: str | None = None
+    #: the file holding the tier's store key (``concord init --encrypt`` wrote it): the tier's
+    #: store is opened with it, and a store first opened empty is made encrypted with it; without
+    #: it an encrypted store takes ``--key-file`` / ``CONCORD_KEY_FILE`` like every other
+    key_file: str | None = None
 
     @property
     def archive(self) -> bool:
@@ -152,17 +156,33 @@ class TierSpec:
             if not hasattr(store, "storage_class"):
                 raise PolicyError(self.tier, [f"{self.tier}.storage_class is set but {self.store} is not an S3 store"])
             store.storage_class = self.storage_class
-        if self.compress:
+        if self.key_file:
+            from concord.stores.cipher import read_key_file
+
+            try:
+                store.unlock(read_key_file(self.key_file))
+            except ValueError as exc:
+                raise PolicyError(self.tier, [f"{self.tier}.key_file: {exc}"]) from None
+        if self.compress or self.key_file:
             from concord.stores.config import configure, read_config
 
             current = read_config(store)
-            if current is None or current.compress != self.compress:
-                configure(store, compress=self.compress, encrypt=bool(current and current.encrypted))
+            compress = self.compress or (current.compress if current else "none")
+            encrypt = bool(self.key_file) or bool(current and current.encrypted)
+            if current is None or current.compress != compress or current.encrypted != encrypt:
+                configure(store, compress=compress, encrypt=encrypt)  # refuses a store that holds snapshots
+        if self.key_file:
+            from concord.errors import StoreKeyError
+
+            try:
+                store.encoding()  # the key must be the store's own, checked before anything is read
+            except StoreKeyError as exc:
+                raise StoreKeyError(exc.store, exc.problem, f"Fix {self.tier}.key_file ({self.key_file}) in the tier policy") from None
         return store
 
     def to_dict(self) -> dict:
         out: dict[str, Any] = {"store": self.store}
-        for key in ("keep", "keep_days", "storage_class", "media", "offsite", "compress"):
+        for key in ("keep", "keep_days", "storage_class", "media", "offsite", "compress", "key_file"):
             value = getattr(self, key)
             if value is not None:
                 out[key] = value
@@ -387,6 +407,7 @@ class TierPolicy:
                 refused_store = True
             sc = text(raw.get("storage_class"), f"{t}.storage_class", "STANDARD_IA")
             media = text(raw.get("media"), f"{t}.media", "tape")
+            key_file = text(raw.get("key_file"), f"{t}.key_file", "keys/cold.key")
             compress = text(raw.get("compress"), f"{t}.compress", "auto")
             if compress is not None and compress not in COMPRESS_MODES:
                 problems.append(f"{t}.compress must be one of {', '.join(COMPRESS_MODES)}, got {_show(compress)}")
@@ -402,6 +423,7 @@ class TierPolicy:
                 rto_seconds=dur(raw.get("rto"), f"{t}.rto"),
                 rpo_seconds=dur(raw.get("rpo"), f"{t}.rpo"),
                 compress=compress,
+                key_file=(key_file or "").strip() or None,
             )
         if any(p.startswith((f"{t} is required", f"{t} must be a mapping")) for t in TIERS for p in problems):
             raise PolicyError(source, problems)  # the rest would only repeat what is missing
@@ -601,4 +623,9 @@ def _relative_to(doc: dict, folder: str) -> dict:
                 path = os.path.expanduser(address.path)
                 if not os.path.isabs(path):
                     out[t] = {**tier, "store": os.path.normpath(os.path.join(folder, path))}
+        tier = out.get(t)
+        if isinstance(tier, dict) and isinstance(tier.get("key_file"), str) and tier["key_file"].strip():
+            path = os.path.expanduser(tier["key_file"].strip())
+            if not os.path.isabs(path):
+                out[t] = {**tier, "key_file": os.path.normpath(os.path.join(folder, path))}
     return out

@@ -357,6 +357,47 @@ def test_a_tier_policy_sets_compression_per_tier(tmp_path):
         policy("zstd").cold.open()
 
 
+def test_a_tier_policy_gives_each_tier_its_own_key(tmp_path, ckpt, monkeypatch):
+    from concord.errors import PolicyError
+    from concord.stores.cipher import Cipher, write_key_file
+    from concord.tiering import add_checkpoint, load_policy, tier_status
+
+    monkeypatch.delenv("CONCORD_KEY_FILE", raising=False)
+    (tmp_path / "keys").mkdir()
+    keys = {t: new_key() for t in ("warm", "cold")}
+    for t, k in keys.items():
+        write_key_file(str(tmp_path / "keys" / f"{t}.key"), k)
+    policy_file = tmp_path / "policy.yaml"
+    policy_file.write_text(
+        "namespace: run\n"
+        "hot:  {store: tiers/hot, keep: 1}\n"
+        "warm: {store: tiers/warm, keep: 2, media: nas, key_file: keys/warm.key}\n"
+        "cold: {store: tiers/cold, media: tape, offsite: true, compress: auto, key_file: keys/cold.key}\n"
+    )
+    p = load_policy(str(policy_file))  # key files are relative to the policy file, like its folders
+    assert p.cold.key_file == str(tmp_path / "keys" / "cold.key") and p.cold.to_dict()["key_file"] == p.cold.key_file
+    r = add_checkpoint(p, ckpt, "step-1", step=1)
+    assert all(r.new_bytes[t] > 0 for t in ("hot", "warm", "cold"))
+    assert tier_status(p)["encodings"] == {"hot": "plain", "warm": "encrypted", "cold": "compress auto, encrypted"}
+    for t, k in keys.items():  # each tier's store was made encrypted with its own key
+        config = read_config(LocalDirStore(tmp_path / "tiers" / t))
+        assert config.encryption["key_id"] == Cipher(k, bytes.fromhex(config.encryption["salt"])).key_id
+    # the cold copy restores with the policy's key, and nothing else opens it
+    from concord.tiering import restore_checkpoint
+
+    out = restore_checkpoint(p, "step-1", tmp_path / "back", tier="cold")
+    assert out.tier == "cold" and files_equal(ckpt, Path(out.path))
+    with pytest.raises(StoreKeyError):
+        LocalDirStore(tmp_path / "tiers" / "cold").encoding()
+    # a wrong key names the store; an unreadable key file names the tier's key
+    policy_file.write_text(policy_file.read_text().replace("keys/cold.key", "keys/warm.key"))
+    with pytest.raises(StoreKeyError, match="not this store's key .*Fix cold.key_file"):
+        tier_status(load_policy(str(policy_file)))
+    policy_file.write_text(policy_file.read_text().replace("auto, key_file: keys/warm.key", "auto, key_file: keys/none.key"))
+    with pytest.raises(PolicyError, match="cold.key_file: cannot read key file"):
+        tier_status(load_policy(str(policy_file)))
+
+
 def test_ledger_rounds_in_an_encrypted_store_are_sealed_and_still_verify(tmp_path):
     from concord.federation.ledger import append_round, verify_ledger
 
