@@ -31,6 +31,7 @@ from concord.cli._common import (
     name_arg,
     open_lineage,
     peek_store,
+    keyed_store,
     positive_int,
     readable_store,
     ref_arg,
@@ -184,9 +185,30 @@ def _is_file(contract: str) -> bool:
     return contract.endswith(".json") or "/" in contract or os.sep in contract
 
 
-def _open_all(specs: list[str]) -> list:
-    """The stores whose snapshots are compared: each must exist (a mistyped path is an error)."""
-    return [readable_store(s) for s in specs]
+def _store_keys(pairs: list[str] | None, specs: list[str]) -> dict[str, str]:
+    """``--store-key STORE=FILE`` pairs as ``{STORE: FILE}``; STORE as the command names it."""
+    keys: dict[str, str] = {}
+    for pair in pairs or ():
+        store, sep, path = pair.rpartition("=")
+        if not sep or not store or not path:
+            raise ValueError(f"--store-key {pair}: give STORE=FILE, e.g. --store-key s3://bucket/eu=eu.key")
+        if store not in specs:
+            raise ValueError(f"--store-key {pair}: {store} is not one of the stores compared ({', '.join(specs)})")
+        if store in keys:
+            raise ValueError(f"--store-key names {store} twice")
+        keys[store] = path
+    return keys
+
+
+def _open_all(specs: list[str], pairs: list[str] | None = None, open_one=readable_store) -> list:
+    """The stores whose snapshots are compared: each must exist (a mistyped path is an error), and
+    an encrypted one opens with its own key (``--store-key STORE=FILE``, else ``--key-file``)."""
+    keys = _store_keys(pairs, specs)
+    out = []
+    for spec in specs:
+        store = open_one(spec)
+        out.append(keyed_store(store, keys[spec], f"--store-key {spec}=FILE") if spec in keys else store)
+    return out
 
 
 def store_labels(specs):
@@ -228,7 +250,7 @@ def cmd_audit_replicas(args, out) -> int:
     from concord.audit.report import AuditReport
 
     lineage = _tracker(args)
-    stores = _open_all(args.stores)
+    stores = _open_all(args.stores, args.store_key)
     report = AuditReport.assemble(replicas=_compare_replicas(store_labels(args.stores), stores, args.ref, args, out))
     return _finish(report, out, _track_ref(lineage, report, args))
 
@@ -237,7 +259,7 @@ def cmd_audit_cards(args, out) -> int:
     from concord.audit.report import AuditReport
 
     lineage = _tracker(args)
-    stores = _open_all(args.stores)
+    stores = _open_all(args.stores, args.store_key)
     report = AuditReport.assemble(cards=_compare_cards(store_labels(args.stores), stores, args.ref, args))
     return _finish(report, out, _track_ref(lineage, report, args))
 
@@ -250,7 +272,8 @@ def cmd_audit_model(args, out) -> int:
     lineage.ensure_ready()
     held = model_holders(lineage, args.name, args.version)
     labels = store_labels(held["stores"])
-    stores = [peek_store(s) for s in held["stores"]]  # a cluster that is gone is a finding of the report
+    # a cluster that is gone is a finding of the report
+    stores = _open_all(held["stores"], args.store_key, open_one=peek_store)
     report = AuditReport.assemble(
         replicas=_compare_replicas(labels, stores, held["root"], args, out),
         cards=_compare_cards(labels, stores, held["root"], args),
@@ -277,6 +300,11 @@ def register(sub, common: list) -> None:
     weights.add_argument("--trust", metavar="PUB.pem|block:NAME[,...]", help=TRUST_HELP + "; a root no trusted key signed, on any store, is critical")
     refp = argparse.ArgumentParser(add_help=False)
     refp.add_argument("--reference", metavar="CLUSTER", type=name_arg("cluster label or store"), help="the cluster the others are compared with (default: the first store)")
+    keys = argparse.ArgumentParser(add_help=False)
+    keys.add_argument(
+        "--store-key", action="append", metavar="STORE=FILE",
+        help="the key of one encrypted STORE, as the command names it (repeat for each); the others take --key-file, else $CONCORD_KEY_FILE; never printed",
+    )
     cards = argparse.ArgumentParser(add_help=False)
     cards.add_argument("--require", type=_names("license,retention"), metavar="FIELD,...", help="card fields every cluster must have (default: the module's list)")
 
@@ -300,7 +328,7 @@ def register(sub, common: list) -> None:
     s.set_defaults(func=cmd_audit_data)
 
     s = audit.add_parser(
-        "replicas", parents=[*common, weights, refp, lin, trk],
+        "replicas", parents=[*common, weights, keys, refp, lin, trk],
         help="compare a snapshot's weights across stores: Merkle roots, then tensors in ULPs; exit 3 when critical",
     )
     s.add_argument("--ref", required=True, metavar="REF", type=ref_arg, help="ref (or 64-hex root) of the snapshot, in every store")
@@ -308,14 +336,14 @@ def register(sub, common: list) -> None:
     s.set_defaults(func=cmd_audit_replicas)
 
     s = audit.add_parser(
-        "cards", parents=[*common, cards, refp, lin, trk], help="compare a snapshot's model card (README, metadata) across stores; exit 3 when critical"
+        "cards", parents=[*common, cards, keys, refp, lin, trk], help="compare a snapshot's model card (README, metadata) across stores; exit 3 when critical"
     )
     s.add_argument("--ref", required=True, metavar="REF", type=ref_arg, help="ref (or 64-hex root) of the snapshot, in every store")
     s.add_argument("stores", metavar="STORE", nargs="+", help=STORE_HELP)
     s.set_defaults(func=cmd_audit_cards)
 
     s = audit.add_parser(
-        "model", parents=[*common, lin, weights, cards, refp, trk],
+        "model", parents=[*common, lin, weights, cards, keys, refp, trk],
         help="audit a registered model version: its replicas and model cards on every store lineage records",
     )
     s.add_argument("name", metavar="NAME")

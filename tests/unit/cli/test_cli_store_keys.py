@@ -103,3 +103,25 @@ def test_verify_repairs_from_a_store_with_another_key(chain, capsys):
     code, out, err = run(capsys, "verify", b, "--ref", "models/m", "--key-file", kb, "--repair-from", a, "--repair-key-file", ka, "--json")
     assert code == 0, err
     assert len(json.loads(out)["repaired"]) == 1
+
+
+def test_audit_replicas_and_cards_give_each_store_its_own_key(chain, capsys):
+    plain, a, b, ka, kb = chain
+    for store, key in ((a, ka), (b, kb)):
+        assert run(capsys, "sync", plain, store, "--ref", "models/m", "--target-key-file", key)[0] == 0
+    code, out, err = run(capsys, "audit", "replicas", "--ref", "models/m", plain, a, b,
+                         "--store-key", f"{a}={ka}", "--store-key", f"{b}={kb}", "--json")
+    assert code == 0, err
+    report = json.loads(out)
+    assert report["severity"] == "ok", report
+    code, out, err = run(capsys, "audit", "cards", "--ref", "models/m", a, b, "--store-key", f"{a}={ka}", "--store-key", f"{b}={kb}")
+    assert code == 3 and "no model card" in err and "key" not in err, err  # read with the keys: the toy has no card
+    # a store's key that is not its own is one line naming the store and the option
+    code, out, err = run(capsys, "audit", "replicas", "--ref", "models/m", a, b, "--store-key", f"{a}={kb}", "--store-key", f"{b}={kb}")
+    assert code == 1 and len(err.strip().splitlines()) == 1
+    assert str(a) in err and f"--store-key {a}=FILE" in err and "not this store's key" in err
+    # a pair naming no compared store, or no file, is refused before anything is read
+    code, out, err = run(capsys, "audit", "replicas", "--ref", "models/m", a, b, "--store-key", f"{plain}={ka}")
+    assert code != 0 and "is not one of the stores compared" in err
+    code, out, err = run(capsys, "audit", "replicas", "--ref", "models/m", a, b, "--store-key", str(ka))
+    assert code != 0 and "give STORE=FILE" in err
