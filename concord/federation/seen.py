@@ -233,8 +233,7 @@ class LedgerMemory:
         rounds = list_rounds(store, tenant)
         found = rounds[-1].get("round") if rounds else 0
         found = found if isinstance(found, int) else len(rounds)
-        at = next((r for r in rounds if r.get("round") == seen.round), None)
-        digest = round_hash(at) if at is not None else None
+        digest = _hash_in(rounds, seen.round)
         if found < seen.round or digest != seen.hash:
             raise self.behind(store, tenant, seen, found, digest)
         return seen
@@ -306,9 +305,15 @@ def verify_remembered(
 def _hash_of(store: Store, tenant: str, number: int) -> str | None:
     """The hash round ``number`` of ``tenant``'s ledger now has, or None when it cannot be read."""
     try:
-        at = next((r for r in list_rounds(store, tenant) if r.get("round") == number), None)
+        rounds = list_rounds(store, tenant)
     except LedgerError:
         return None
+    return _hash_in(rounds, number)
+
+
+def _hash_in(rounds: list[dict], number: int) -> str | None:
+    """The hash of round ``number`` among ``rounds`` (round documents), or None if it is not there."""
+    at = next((r for r in rounds if r.get("round") == number), None)
     return round_hash(at) if at is not None else None
 
 
