@@ -152,6 +152,8 @@ class Lease:
     expires: float  # POSIX seconds; +inf for a lease that cannot be read
     #: its process seen from this machine: "alive", "gone", or None (another machine: unknown)
     process: str | None = None
+    #: the document does not read (garbage bytes, another shape); ``what`` says how to remove it
+    unreadable: bool = False
 
     def stale(self, now: float) -> bool:
         """Whether the lease no longer holds: its process is gone, or (for a process this machine
@@ -289,7 +291,12 @@ def _acquire(store: Store, what: str, ttl: float, wait_seconds: float, sleep) ->
         if left <= 0:
             raise StoreLockedError(store.uri, collecting[0].what, wait_seconds)
         if not announced:
-            log.warning("%s: waiting for %s to finish before %s", store.uri, collecting[0].what, what)
+            lock = collecting[0]
+            until = min(left, max(0.0, lock.expires - time.time()))
+            if lock.unreadable:
+                log.warning("%s: %s; waiting up to %.0f s before %s", store.uri, lock.what, until, what)
+            else:
+                log.warning("%s: waiting up to %.0f s for %s to finish before %s", store.uri, left, lock.what, what)
             announced = True
         sleep(min(delay, left))
         delay = min(delay * 2, 5.0)
@@ -316,13 +323,17 @@ def _release(store: Store, key: str) -> None:
         log.warning("could not remove lease %s from %s (%s); it expires by itself", key, store.uri, exc)
 
 
-def _read_docs(store: Store, prefix: str, kind: str) -> list[Lease]:
+def _read_docs(store: Store, prefix: str, kind: str, stale_after: float | None = None) -> list[Lease]:
+    """The documents under ``prefix``, read back. One that does not read never expires, or with
+    ``stale_after`` expires that many seconds after it was last written (its modification time):
+    a live holder's heartbeat rewrites its document, whole and readable, far more often."""
     out = []
-    for key in store.list_documents(prefix):
+    for key, _, mtime in store.list_document_stats(prefix):
+        expires = float("inf") if stale_after is None else mtime + stale_after
         try:
             data = store.get_document(key)
         except (StoreError, OSError, ValueError) as exc:
-            out.append(Lease(key, f"unreadable {kind} {key} ({exc}; remove it once no writer uses {store.uri})", float("inf")))
+            out.append(Lease(key, _unreadable(store, kind, key, str(exc), stale_after), expires, unreadable=True))
             continue
         if data is None:
             continue  # its writer finished while we looked
@@ -334,10 +345,19 @@ def _read_docs(store: Store, prefix: str, kind: str) -> list[Lease]:
             if expires.tzinfo is None:
                 expires = expires.replace(tzinfo=timezone.utc)
             out.append(Lease(key, str(doc["what"])[:500], expires.timestamp(), _process_state(doc)))
-        except (ValueError, KeyError, TypeError, AttributeError, RecursionError, OverflowError):
-            what = f"unreadable {kind} {key} (remove it once no snapshot or sync writes to {store.uri})"
-            out.append(Lease(key, what, float("inf")))
+        except (ValueError, KeyError, TypeError, AttributeError, RecursionError, OverflowError) as exc:
+            problem = f"not a {kind} document ({type(exc).__name__}: {str(exc)[:120]})"
+            out.append(Lease(key, _unreadable(store, kind, key, problem, stale_after), expires, unreadable=True))
     return out
+
+
+def _unreadable(store: Store, kind: str, key: str, problem: str, stale_after: float | None) -> str:
+    """One line naming an unreadable lease or lock document and how to remove it."""
+    where = f"{store.uri.rstrip('/')}/{key}"
+    remove = f"aws s3 rm {where}" if where.startswith("s3://") else f"rm {where}"
+    who = "no collection runs on" if kind == "collection lock" else "no snapshot or sync writes to"
+    when = f"; it counts as stale {stale_after:g} s after it was last written" if stale_after is not None else ""
+    return f"unreadable {kind} {key} ({problem[:200]}): remove it (`{remove}`) once {who} {store.uri}{when}"
 
 
 def read_leases(store: Store) -> list[Lease]:
@@ -347,8 +367,10 @@ def read_leases(store: Store) -> list[Lease]:
 
 
 def read_locks(store: Store) -> list[Lease]:
-    """Every collection lock in ``store`` (normally none, or one)."""
-    return _read_docs(store, LOCK_PREFIX, "collection lock")
+    """Every collection lock in ``store`` (normally none, or one). One that cannot be read is
+    stale once :data:`DEFAULT_LEASE_TTL` has passed since it was last written: a collection at
+    work rewrites its lock, whole, at every heartbeat."""
+    return _read_docs(store, LOCK_PREFIX, "collection lock", stale_after=DEFAULT_LEASE_TTL)
 
 
 def _live_leases(store: Store, now: float) -> list[Lease]:
