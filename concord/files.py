@@ -28,6 +28,19 @@ def temp_path(folder: str | os.PathLike) -> str:
     return os.path.join(os.fspath(folder), f"{TMP_PREFIX}{uuid.uuid4().hex}")
 
 
+def fsync_path(path: str | os.PathLike) -> None:
+    """Flush the file or folder at ``path`` to disk (a folder: the names in it, as a rename left
+    them). Something removed meanwhile has nothing left to flush."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    except FileNotFoundError:
+        return
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def pwrite_all(fd: int, data, offset: int) -> None:
     """Write all of ``data`` at ``offset`` of ``fd`` (``os.pwrite`` may write less than asked)."""
     view = memoryview(data).cast("B")
@@ -87,7 +100,9 @@ def atomic_write(
 
     The folder is created if needed. ``mode`` gives the file's permissions (default: as ``open``
     creates a file, 0o666 less the umask). ``fsync`` (the default) flushes the bytes to disk before
-    the rename; a caller that trades durability for speed (a folder store's chunks) turns it off.
+    the rename, and the folder after it, so the file is there, whole, after a power cut; a caller
+    that flushes many files together (a folder store's chunks, see
+    :mod:`concord.stores.local`) turns it off.
 
     With ``exclusive`` the file appears only if ``path`` does not exist yet, decided atomically by
     the filesystem (a hard link of the finished temp file), so of two writers racing for one name
@@ -109,18 +124,20 @@ def atomic_write(
                 os.fsync(fd)
         if not exclusive:
             os.replace(tmp, path)
-            return True
-        try:
-            os.link(tmp, path)
-        except FileExistsError:
-            return False
-        except OSError as exc:
-            if exc.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EXDEV):
-                raise
-            # a filesystem without hard links: fall back to check-then-replace (a narrow window)
-            if os.path.exists(path):
+        else:
+            try:
+                os.link(tmp, path)
+            except FileExistsError:
                 return False
-            os.replace(tmp, path)
+            except OSError as exc:
+                if exc.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EXDEV):
+                    raise
+                # a filesystem without hard links: fall back to check-then-replace (a narrow window)
+                if os.path.exists(path):
+                    return False
+                os.replace(tmp, path)
+        if fsync:
+            fsync_path(folder)
         return True
     finally:
         if os.path.lexists(tmp):

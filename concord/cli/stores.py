@@ -6,11 +6,12 @@ from __future__ import annotations
 import os
 
 from concord.cli._common import STORE_HELP, human, readable_store, writable_store
+from concord.errors import ConcordError
 
 
 def cmd_init(args, out) -> int:
-    from concord.stores.cipher import new_key, read_key_file, write_key_file
-    from concord.stores.config import KEY_FILE_ENV, configure
+    from concord.stores.cipher import read_key_file
+    from concord.stores.config import KEY_FILE_ENV, configure, new_key_file
 
     key = None
     created_key = False
@@ -20,18 +21,21 @@ def cmd_init(args, out) -> int:
             raise ValueError(f"--encrypt needs the store's key: give --key-file FILE (a new FILE gets a new key) or set {KEY_FILE_ENV}")
         if os.path.exists(path):
             key = read_key_file(path)
-        else:
-            key = new_key()
+        else:  # the key is on disk before anything of the store is
+            key = new_key_file(path, args.store)
             created_key = True
     elif args.key_file:
         raise ValueError("--key-file goes with --encrypt (or with any command on an encrypted store)")
-    store = writable_store(args.store)
     try:
-        config = configure(store, compress=args.compress, encrypt=args.encrypt, key=key)
-    finally:
-        store.close()
-    if created_key:  # only once the store took it: a refused init leaves no key file behind
-        write_key_file(path, key)
+        store = writable_store(args.store)
+        try:
+            config = configure(store, compress=args.compress, encrypt=args.encrypt, key=key)
+        finally:
+            store.close()
+    except (ConcordError, ValueError):  # refused before the configuration was written
+        if created_key:  # a refused init leaves no key file behind: no store names it
+            os.unlink(path)
+        raise
     payload = {"store": store.uri, **config.describe(), "key_file_created": created_key}
     enc = config.describe()["encryption"]
     lines = [

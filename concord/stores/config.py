@@ -21,9 +21,11 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass
+
 from concord.errors import StoreConfigError, StoreKeyError, UnknownEncodingError
+from concord.files import atomic_write
 from concord.stores import codec
-from concord.stores.cipher import ALGORITHM, KDF, SEALED, Cipher, SealError, new_salt, read_key_file
+from concord.stores.cipher import ALGORITHM, KDF, SEALED, Cipher, SealError, new_key, new_salt, read_key_file
 
 CONFIG_KEY = "config"
 CONFIG_FORMAT = "concord/store-config"
@@ -226,6 +228,27 @@ def load_encoding(store: "Store") -> Encoding:
     return Encoding(config, cipher, store.uri)
 
 
+def new_key_file(path: str, store: str) -> bytes:
+    """A new store key for ``store`` (its address, for the error), written first: to the new file
+    ``path`` in a folder that exists, only its owner can read it, whole (temporary name, flushed,
+    renamed, folder flushed) before anything of the store is, so a store never names a key that is
+    not on disk. :class:`~concord.errors.StoreConfigError` if it cannot be written (an existing
+    file is refused, never overwritten)."""
+    folder = os.path.dirname(os.path.abspath(path))
+    fix = "Give --key-file a new file in a folder you can write; nothing of the store was written."
+    if not os.path.isdir(folder):
+        what = "does not exist" if not os.path.lexists(folder) else "is not a folder"
+        raise StoreConfigError(store, f"cannot write the new key file {path}: its folder {folder} {what}", fix)
+    key = new_key()
+    try:
+        written = atomic_write(path, (key.hex() + "\n").encode(), mode=0o600, exclusive=True)
+    except OSError as exc:
+        raise StoreConfigError(store, f"cannot write the new key file {path} ({exc.strerror or exc})", fix) from None
+    if not written:
+        raise StoreConfigError(store, f"the key file {path} appeared while a new key was written to it", fix)
+    return key
+
+
 def configure(store: "Store", *, compress: str = codec.COMPRESS_NONE, encrypt: bool = False, key: bytes | None = None) -> StoreConfig:
     """Write ``store``'s configuration (``concord init``). An empty store takes any; a store that
     already holds objects only the configuration it already has (asking again changes nothing).
@@ -277,5 +300,6 @@ __all__ = [
     "StoreConfig",
     "configure",
     "load_encoding",
+    "new_key_file",
     "read_config",
 ]
