@@ -105,6 +105,9 @@ def _status(args, out) -> int:
         size = human(v.bytes) if v.bytes is not None else "?"
         lines.append(f" {mark} {v.root}  {size:>10}  {v.last_used or ''}")
     lines += [f"   partial {p} (a re-run of its checkout resumes it)" for p in s.partial]
+    if s.pending_gate:
+        lines.append(f"   gate pending for {s.pending_gate[:12]}: its checkout was interrupted before the health gate "
+                     "passed (re-run it with the gate, or --rollback)")
     out.emit(s.to_dict(), lines)
     return 0
 
@@ -156,7 +159,7 @@ def register(sub, common: list[argparse.ArgumentParser]) -> None:
     hc = s.add_mutually_exclusive_group()
     hc.add_argument("--health-cmd", metavar="CMD", help="shell command run after the flip; non-zero exit flips back")
     hc.add_argument("--health-url", metavar="URL", help="GET after the flip; anything but 2xx flips back")
-    s.add_argument("--health-timeout", type=positive_float, default=60.0, metavar="S", help="seconds per attempt (default 60)")
+    s.add_argument("--health-timeout", type=positive_float, default=60.0, metavar="S", help="seconds per attempt, for the whole answer or command (default 60)")
     s.add_argument("--health-attempts", type=positive_int, default=1, metavar="N", help="attempts before the gate fails (default 1)")
     s.add_argument("--health-interval", type=positive_float, default=2.0, metavar="S", help="seconds between attempts (default 2)")
     s.add_argument("--wait", type=positive_float, default=600.0, metavar="S",

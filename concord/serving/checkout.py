@@ -12,10 +12,18 @@ written and whose size, times and inode are unchanged since (``.manifests/<root>
 and any other copied range is read back and hashed (``rehash`` reads back every one). Only a
 whole, verified version is renamed to ``<root>/``, and only then is the link flipped.
 
-Crash safety: a checkout killed at any point leaves the link on the version it named and no
-half version under any name the link can point to; a re-run finds ``.partial-<root>/`` and keeps
-every range already right (hashed, not trusted). A full disk removes the partial version and
-says so. Checkouts, rollbacks and prunes of one link take its lock in turn.
+A version the node keeps from before is never modified: checking it out again re-checks it in
+place, reading only, and flips to it when every file is right; a damaged one is repaired in a
+new ``.partial-<root>/`` whose unchanged files are hard links to the kept ones (only the damaged
+files are written), exchanged with it in one atomic rename once whole and verified.
+
+Crash safety: a checkout killed at any point leaves the link on the version it named, every
+kept version whole, and no half version under any name the link can point to; a re-run finds
+``.partial-<root>/`` and keeps every range already right (hashed, not trusted). A full disk
+removes the partial version and says so. A checkout killed during its health gate leaves
+``gate.json`` naming the version the gate never passed: the next checkout of that root runs its
+gate again (without a gate, it flips back), and a rollback flips back. Checkouts, rollbacks and
+prunes of one link take its lock in turn.
 """
 
 from __future__ import annotations
@@ -24,6 +32,7 @@ import errno
 import json
 import os
 import shutil
+import stat
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -35,7 +44,7 @@ from concord.files import OpenFiles, atomic_write
 from concord.hashing import chunk_id
 from concord.progress import Progress, ensure
 from concord.serving.health import HealthCheck
-from concord.serving.versions import DEFAULT_WAIT, Layout, fsync_dir, prune
+from concord.serving.versions import DEFAULT_WAIT, Layout, end_leftover_gate, fsync_dir, prune, remove_tree, swap_dirs
 from concord.snapshots.manifest import Manifest, safe_relpath
 from concord.stores.base import Store
 from concord.text import control_char
@@ -153,6 +162,79 @@ def _local_sources(layout: Layout, order: list[str], rehash: bool) -> dict[str, 
     return out
 
 
+def _damaged_files(layout: Layout, manifest: Manifest, rehash: bool) -> list[str]:
+    """The paths of ``manifest``'s files whose bytes in the kept ``<root>/`` are not the
+    manifest's, read without writing: a file unchanged since it was verified is taken as it is
+    (``rehash``: hashed too), any other is hashed chunk by chunk. A file that is missing, not a
+    plain file, reached through a link, or of another size is damaged."""
+    root = manifest.root
+    vdir = layout.version_dir(root)
+    real = os.path.realpath(vdir)
+    good = set() if rehash else _verified_files(layout, root, vdir)
+    bad = []
+    for f in manifest.files:
+        if f.path in good:
+            continue
+        rel = safe_relpath(f.path)
+        path = os.path.join(vdir, *rel.split("/"))
+        try:
+            st = os.lstat(path)
+            if not stat.S_ISREG(st.st_mode) or st.st_size != f.size or os.path.realpath(path) != os.path.join(real, *rel.split("/")):
+                bad.append(f.path)
+                continue
+            fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0))
+        except OSError:
+            bad.append(f.path)
+            continue
+        try:
+            if any(chunk_id(os.pread(fd, length, offset)) != cid
+                   for p in f.parts for cid, offset, length in p.chunk_spans(manifest.chunk_size)):
+                bad.append(f.path)
+        finally:
+            os.close(fd)
+    return bad
+
+
+def _link_or_copy(src: str, dst: str) -> None:
+    """Put the verified file ``src`` at ``dst`` as a hard link (the same bytes, nothing written);
+    a filesystem without hard links gets a copy in the kernel."""
+    try:
+        if os.path.lexists(dst):
+            if os.path.samefile(src, dst):
+                return
+            os.unlink(dst)
+        os.link(src, dst)
+        return
+    except OSError as exc:
+        if exc.errno not in (errno.EPERM, errno.EMLINK, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EXDEV):
+            raise
+    sfd = os.open(src, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    try:
+        dfd = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0), 0o644)
+        try:
+            size = os.fstat(sfd).st_size
+            if size:
+                _copy(sfd, 0, dfd, 0, size)
+        finally:
+            os.close(dfd)
+    finally:
+        os.close(sfd)
+
+
+def _own_file(path: str) -> None:
+    """Make sure writing ``path`` changes no other file: a hard link (to a kept version, left by
+    a killed repair) or anything but a plain file is removed first."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if st.st_nlink > 1 or not stat.S_ISREG(st.st_mode):
+        if stat.S_ISDIR(st.st_mode):
+            shutil.rmtree(path)
+        else:
+            os.unlink(path)
+
+
 #: the block size copies are aligned to, so a filesystem that shares blocks (XFS, Btrfs) can
 #: reflink the middle of each range (a reflink needs both offsets on a block boundary)
 BLOCK = 4096
@@ -187,15 +269,19 @@ def materialise(
     fsync: bool = True,
     rehash: bool = False,
     progress: Progress | None = None,
+    damaged: list[str] | None = None,
 ) -> _Tally:
     """Write ``manifest`` into ``<versions>/<root>/``, whole and verified (see the module's doc).
     ``sources`` are the roots of versions on this node to copy from, most preferred first. With
-    ``rehash``, bytes copied from files unchanged since they were verified are hashed again too."""
+    ``rehash``, bytes copied from files unchanged since they were verified are hashed again too.
+    ``damaged``: ``<root>/`` is kept already and these of its files are damaged; the others are
+    hard-linked into the new copy, which then takes the kept one's place."""
     root = manifest.root
     part_dir = layout.partial_dir(root)
+    kept_dir = layout.version_dir(root) if damaged is not None else None
     resuming = os.path.isdir(part_dir)
-    # a kept version moved back to be checked out again: its files unchanged since they were
-    # verified are kept as they are; everything else in a partial version is hashed
+    # files of a partial version unchanged since they were verified are kept as they are;
+    # everything else in it is hashed
     intact = _verified_files(layout, root, part_dir) if resuming and not rehash else set()
     os.makedirs(part_dir, exist_ok=True)
     tally = _Tally()
@@ -208,6 +294,12 @@ def materialise(
         places: dict[str, list[tuple[str, int, int]]] = {}
         for f, path in zip(manifest.files, paths):
             os.makedirs(os.path.dirname(path), exist_ok=True)
+            if kept_dir is not None and f.path not in damaged:
+                _link_or_copy(os.path.join(kept_dir, *f.path.split("/")), path)
+                tally.add("reused", f.size)
+                continue
+            if f.path not in intact:
+                _own_file(path)
             fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
             try:
                 if os.fstat(fd).st_size != f.size:
@@ -224,6 +316,7 @@ def materialise(
         local = _local_sources(layout, sources, rehash)
         in_cache = cache.has_chunks([c for c in places if c not in local]) if cache is not None else set()
         prog.start(manifest.total_bytes, "checkout")
+        prog.advance(tally.reused)  # files kept whole or hard-linked
 
         def read(path: str, offset: int, length: int) -> bytes:
             return os.pread(dst.fd(path), length, offset)
@@ -284,8 +377,16 @@ def materialise(
                 os.fsync(fd)
         dst.close()
         atomic_write(layout.manifest_path(root), manifest.to_json(), fsync=fsync)
-        _record_files(layout, root, part_dir, manifest, fsync)
-        os.rename(part_dir, layout.version_dir(root))
+        if kept_dir is None:
+            _record_files(layout, root, part_dir, manifest, fsync)
+            os.rename(part_dir, layout.version_dir(root))
+        else:  # the repaired copy and the damaged kept one change places at once
+            if fsync:
+                fsync_dir(part_dir)
+            swap_dirs(part_dir, kept_dir)
+            remove_tree(part_dir)
+            # recorded after the old links are gone (removing a link changes a file's change time)
+            _record_files(layout, root, kept_dir, manifest, fsync)
         if fsync:
             fsync_dir(layout.folder)  # the rename itself survives a power cut before the flip
     except OSError as exc:
@@ -333,31 +434,68 @@ def checkout(
     os.makedirs(os.path.dirname(layout.link), exist_ok=True)
     with layout.locked(wait):
         current = layout.current()
+        pending = layout.pending_gate(current)  # the version the link names never passed its gate
+        if pending is not None:
+            end_leftover_gate(pending)
+        # where a failing gate flips back to: never to a version whose own gate never passed
+        fallback = pending["previous"] if pending is not None else current
+        if fallback is not None and not os.path.isdir(layout.version_dir(fallback)):
+            fallback = layout.previous(current)
+        tally = _Tally()
         if current == root and os.path.isdir(layout.version_dir(root)):
-            pruned = tuple(prune(layout, keep)) if keep else ()
-            return CheckoutResult(
-                root, layout.link, manifest.total_bytes, 0, 0, 0, layout.previous(current),
-                round(time.perf_counter() - t0, 6), False, manifest.n_files, pruned,
-            )
-        if os.path.isdir(layout.version_dir(root)):
-            # a version kept from before: re-checked byte by byte, repaired where it differs
-            if os.path.isdir(layout.partial_dir(root)):
-                shutil.rmtree(layout.partial_dir(root))
-            os.rename(layout.version_dir(root), layout.partial_dir(root))
-        order = ([current] if current else []) + [r for r in reversed(layout.versions()) if r != current]
-        tally = materialise(
-            store, manifest, layout, sources=order, cache=cache, fsync=fsync, rehash=rehash, progress=progress
-        )
-        layout.flip(root)
-        layout.record(root, "checkout")
+            if pending is None:
+                pruned = tuple(prune(layout, keep)) if keep else ()
+                return CheckoutResult(
+                    root, layout.link, manifest.total_bytes, 0, 0, 0, layout.previous(current),
+                    round(time.perf_counter() - t0, 6), False, manifest.n_files, pruned,
+                )
+            if health is None:
+                _flip_back(layout, fallback)
+                raise HealthCheckFailedError(
+                    layout.link, str(pending.get("check") or "the health gate"),
+                    f"it never passed: the checkout that flipped to {root[:12]} was interrupted during it, "
+                    "and this run names no gate to run again", fallback,
+                )
+            tally.add("reused", manifest.total_bytes)
+        else:
+            if os.path.isdir(layout.version_dir(root)):
+                # a version kept from before: re-checked in place (read, never written); a damaged
+                # one is repaired in a copy built beside it
+                damaged = _damaged_files(layout, manifest, rehash)
+                if not damaged:
+                    _record_files(layout, root, layout.version_dir(root), manifest, fsync)
+                    tally.add("reused", manifest.total_bytes)
+            else:
+                damaged = None
+            if damaged is None or damaged:
+                order = ([current] if current else []) + [r for r in reversed(layout.versions()) if r != current]
+                tally = materialise(
+                    store, manifest, layout, sources=order, cache=cache, fsync=fsync, rehash=rehash,
+                    progress=progress, damaged=damaged,
+                )
+            if health is not None:
+                layout.mark_gate(root, fallback, health.describe())
+            layout.flip(root)
+            layout.record(root, "checkout")
+            if health is None:
+                layout.clear_gate()  # a gate pending for the version flipped away from is moot
         if health is not None:
-            problem = health.run(layout.link, root)
+            problem = health.run(
+                layout.link, root, started=lambda pgid: layout.mark_gate(root, fallback, health.describe(), pgid)
+            )
             if problem is not None:
-                layout.flip(current)
-                layout.record(current, "health-rollback")
-                raise HealthCheckFailedError(layout.link, health.describe(), problem, current)
+                _flip_back(layout, fallback)
+                raise HealthCheckFailedError(layout.link, health.describe(), problem, fallback)
+            layout.clear_gate()
         pruned = tuple(prune(layout, keep, spare=None)) if keep else ()
     return CheckoutResult(
-        root, layout.link, manifest.total_bytes, tally.fetched, tally.reused, tally.cached, current,
+        root, layout.link, manifest.total_bytes, tally.fetched, tally.reused, tally.cached, fallback,
         round(time.perf_counter() - t0, 6), True, manifest.n_files, pruned,
     )
+
+
+def _flip_back(layout: Layout, to: str | None) -> None:
+    """After a gate that failed (or never passed): the link names ``to`` again (None: removed)."""
+    layout.flip(to)
+    layout.record(to, "health-rollback")
+    layout.clear_gate()

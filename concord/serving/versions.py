@@ -10,12 +10,20 @@ folder beside it on the same filesystem::
         .manifests/<root>.json  each version's manifest (which byte ranges are which chunk)
         .manifests/<root>.files.json  each file's size, times and inode once verified
         history.json            every flip, oldest first: which version was current before which
+        gate.json               while a health gate runs: the version it judges and where a failure flips back
         .lock                   held (flock) by a checkout, rollback or prune of this link
 
 The flip is a new link made under a temporary name and renamed over ``DEST`` (``rename(2)`` is
 atomic), so a reader opening ``DEST/model.safetensors`` resolves either the old version or the new,
 never a mixture and never nothing. Versions are removed only by pruning, which never removes the
 current version or the one before it, and renames a version away before deleting its files.
+
+A kept version is never modified in place: a repaired copy is built beside it as a partial
+version (its unchanged files hard-linked) and exchanged with it in one ``renameat2`` call.
+
+``gate.json`` is written before a flip that a health gate must confirm and removed once the gate
+has decided. A checkout killed in between leaves it naming the version the link names, so the
+next checkout, rollback or prune of the link knows that version never passed its gate.
 """
 
 from __future__ import annotations
@@ -41,6 +49,7 @@ PARTIAL_PREFIX = ".partial-"
 TRASH_PREFIX = ".trash-"
 MANIFESTS = ".manifests"
 HISTORY = "history.json"
+GATE = "gate.json"
 LOCK = ".lock"
 #: flips remembered in history.json (older ones are dropped; versions are named by their folders)
 HISTORY_LIMIT = 200
@@ -167,6 +176,35 @@ class Layout:
                 return r
         return None
 
+    # ------------------------------------------------------------------ the pending health gate
+
+    def pending_gate(self, current: str | None) -> dict | None:
+        """The gate record of ``current`` (the root the link names) when its gate never decided:
+        ``{"root", "previous", "check", "pgid", "started"}``; None otherwise. A record naming
+        another root is stale (the link moved on) and is removed (the caller holds the lock)."""
+        doc = _read_gate(self)
+        if doc is None or doc.get("root") != current or current is None:
+            self.clear_gate()
+            return None
+        previous = doc.get("previous")
+        doc["previous"] = previous if isinstance(previous, str) and is_digest(previous) else None
+        return doc
+
+    def mark_gate(self, root: str, previous: str | None, check: str, pgid: int | None = None) -> None:
+        """Note, durably and before the flip, that ``root``'s gate has not passed yet."""
+        doc = {"format": STATE_FORMAT, "root": root, "previous": previous, "check": check, "since": _now()}
+        if pgid is not None:
+            doc.update(pgid=pgid, started=process_start(pgid))
+        atomic_write(os.path.join(self.folder, GATE), json.dumps(doc).encode())
+        fsync_dir(self.folder)
+
+    def clear_gate(self) -> None:
+        try:
+            os.unlink(os.path.join(self.folder, GATE))
+        except FileNotFoundError:
+            return
+        fsync_dir(self.folder)
+
     # ------------------------------------------------------------------ the lock
 
     @contextmanager
@@ -200,6 +238,50 @@ def fsync_dir(path: str) -> None:
         pass  # some filesystems cannot fsync a folder; the rename is still atomic
     finally:
         os.close(fd)
+
+
+def process_start(pid: int) -> str | None:
+    """When process ``pid`` started (clock ticks since boot, from ``/proc``), or None: with its
+    pid, it names one process even after the pid is reused."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[19].decode()
+    except (OSError, IndexError):
+        return None
+
+
+def end_leftover_gate(pending: dict) -> None:
+    """Kill what is left of the gate command of a checkout that was killed while it ran (its
+    process group, when its leader is still the process that was started)."""
+    pgid, started = pending.get("pgid"), pending.get("started")
+    if isinstance(pgid, int) and pgid > 1 and started is not None and process_start(pgid) == started:
+        from concord.serving.health import kill_group
+
+        kill_group(pgid)
+
+
+def swap_dirs(a: str, b: str) -> None:
+    """Exchange two folders atomically (``renameat2(RENAME_EXCHANGE)``): at every moment each name
+    holds one whole folder. Where the kernel or filesystem cannot, ``b`` is moved aside and ``a``
+    renamed to it (a moment with nothing at ``b``), and ``a`` holds what ``b`` held."""
+    import ctypes
+
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).renameat2
+    except (OSError, AttributeError):
+        fn = None
+    if fn is not None:
+        fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+        at_fdcwd, rename_exchange = -100, 2
+        if fn(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0:
+            return
+        err = ctypes.get_errno()
+        if err not in (errno.ENOSYS, errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP):
+            raise OSError(err, os.strerror(err), b)
+    aside = os.path.join(os.path.dirname(b), f"{TRASH_PREFIX}{uuid.uuid4().hex}")
+    os.rename(b, aside)
+    os.rename(a, b)
+    os.rename(aside, a)
 
 
 def remove_tree(path: str) -> None:
@@ -241,11 +323,17 @@ def rollback(dest: str | os.PathLike, *, expect: str | None = None, wait: float 
         current = layout.current()
         if expect is not None and current != expect:
             return None
+        pending = layout.pending_gate(current)
+        if pending is not None:
+            end_leftover_gate(pending)
         previous = layout.previous(current)
+        if pending is not None and pending["previous"] in layout.versions():
+            previous = pending["previous"]  # where the gate it never passed would have flipped back
         if previous is None or current is None:
             raise NoPreviousVersionError(layout.link)
         layout.flip(previous)
         layout.record(previous, "rollback")
+        layout.clear_gate()
     return RollbackResult(previous, current, layout.link, round(time.perf_counter() - t0, 6))
 
 
@@ -270,6 +358,8 @@ class Status:
     previous: str | None
     versions: list[VersionInfo] = field(default_factory=list)
     partial: list[str] = field(default_factory=list)
+    #: the current root when a checkout flipped to it and was interrupted before its gate passed
+    pending_gate: str | None = None
 
     def to_dict(self) -> dict:
         return {
@@ -278,6 +368,7 @@ class Status:
             "previous": self.previous,
             "versions": [v.to_dict() for v in self.versions],
             "partial": list(self.partial),
+            "pending_gate": self.pending_gate,
         }
 
 
@@ -316,7 +407,19 @@ def status(dest: str | os.PathLike) -> Status:
     partial = []
     if os.path.isdir(layout.folder):
         partial = sorted(n[len(PARTIAL_PREFIX):] for n in os.listdir(layout.folder) if n.startswith(PARTIAL_PREFIX))
-    return Status(layout.link, current, previous, versions, partial)
+    pending = _read_gate(layout)
+    gate = current if pending is not None and pending.get("root") == current else None
+    return Status(layout.link, current, previous, versions, partial, gate)
+
+
+def _read_gate(layout: Layout) -> dict | None:
+    """``gate.json`` as it is, without the lock (status only reads)."""
+    try:
+        with open(os.path.join(layout.folder, GATE), "rb") as f:
+            doc = json.loads(f.read(65536))
+    except (OSError, ValueError):
+        return None
+    return doc if isinstance(doc, dict) else None
 
 
 def prune(layout: Layout, keep: int, *, spare: str | None = None) -> list[str]:
@@ -328,6 +431,7 @@ def prune(layout: Layout, keep: int, *, spare: str | None = None) -> list[str]:
         raise ValueError(f"keep must be 1 or more (the current version is always kept), got {keep!r}")
     current = layout.current()
     previous = layout.previous(current)
+    pending = layout.pending_gate(current)
     used = _last_used(layout)
     roots = layout.versions()
 
@@ -335,7 +439,8 @@ def prune(layout: Layout, keep: int, *, spare: str | None = None) -> list[str]:
         return (used.get(root, ""), os.stat(layout.version_dir(root)).st_mtime)
 
     ordered = sorted(roots, key=recency, reverse=True)
-    kept = set(ordered[:keep]) | {r for r in (current, previous, spare) if r}
+    back = pending["previous"] if pending is not None else None  # where an ungated current flips back to
+    kept = set(ordered[:keep]) | {r for r in (current, previous, spare, back) if r}
     removed = []
     for root in ordered:
         if root in kept:
