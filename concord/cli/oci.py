@@ -5,6 +5,7 @@ an OCI registry, and back. Credentials come from ``CONCORD_REGISTRY_USERNAME`` /
 from __future__ import annotations
 
 import argparse
+from contextlib import contextmanager
 
 from concord.cli._common import STORE_HELP, TRUST_HELP, human, readable_store, ref_arg, writable_store
 
@@ -22,6 +23,26 @@ def _reference(text: str):
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+@contextmanager
+def _sigterm_interrupts():
+    """SIGTERM interrupts the command as Ctrl-C does, so what it staged is removed on the way out."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    before = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, before)
+
+
 def cmd_export_oci(args, out) -> int:
     from concord.oci.export import export_oci
     from concord.snapshots.refs import load_manifest, resolve_root
@@ -32,7 +53,8 @@ def cmd_export_oci(args, out) -> int:
     name = args.name or args.ref.split("~")[0].rsplit("/", 1)[-1]
     if len(name) == 64:  # a root names no model
         name = None
-    r = export_oci(store, manifest, args.reference, name=name, plain_http=args.plain_http, progress=out.progress)
+    with _sigterm_interrupts():
+        r = export_oci(store, manifest, args.reference, name=name, plain_http=args.plain_http, progress=out.progress)
     d = r.to_dict()
     d["store"] = store.uri
     lines = [
@@ -58,7 +80,8 @@ def cmd_import_oci(args, out) -> int:
         opened.append(writable_store(args.store))
         return opened[0]
 
-    r = import_oci(args.reference, store, store_ref=args.ref, plain_http=args.plain_http, progress=out.progress, trust=policy)
+    with _sigterm_interrupts():
+        r = import_oci(args.reference, store, store_ref=args.ref, plain_http=args.plain_http, progress=out.progress, trust=policy)
     d = r.to_dict()
     d["store"] = opened[0].uri
     lines = [

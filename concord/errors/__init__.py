@@ -85,11 +85,13 @@ from concord.errors.serving import (
 from concord.errors.oci import (
     OciAuthError,
     OciDigestMismatchError,
+    OciDocumentError,
     OciError,
     OciNotAModelError,
     OciNotFoundError,
     OciReferenceError,
     OciRegistryUnreachableError,
+    OciTimeoutError,
     OciUnsafePathError,
 )
 from concord.errors.audit import (

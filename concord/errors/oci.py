@@ -10,11 +10,13 @@ from concord.errors.snapshots import UnsafePathError
 __all__ = [
     "OciAuthError",
     "OciDigestMismatchError",
+    "OciDocumentError",
     "OciError",
     "OciNotAModelError",
     "OciNotFoundError",
     "OciReferenceError",
     "OciRegistryUnreachableError",
+    "OciTimeoutError",
     "OciUnsafePathError",
 ]
 
@@ -37,6 +39,8 @@ class OciReferenceError(OciError, ValueError):
 class OciRegistryUnreachableError(OciError, ConnectionError):
     """The registry does not answer (refused, unknown host, TLS failure, time-out)."""
 
+    exit_code = 14
+
     def __init__(self, registry: str, url: str, cause: str, *, plain_http: bool) -> None:
         self.registry = registry
         hint = (
@@ -45,6 +49,34 @@ class OciRegistryUnreachableError(OciError, ConnectionError):
             else "check the address and that the registry runs; a registry that speaks plain HTTP needs --plain-http"
         )
         super().__init__(f"registry {registry} does not answer at {url} ({cause}): {hint}")
+
+
+class OciTimeoutError(OciRegistryUnreachableError, TimeoutError):
+    """A registry answer that did not arrive within its deadline (stalled, or dripping bytes)."""
+
+    def __init__(self, registry: str, what: str, seconds: float) -> None:
+        self.registry = registry
+        self.what = what
+        self.seconds = seconds
+        ConcordError.__init__(
+            self,
+            f"registry {registry}: {what} did not arrive within its {seconds:.0f} s deadline "
+            "(the registry stalled or sends too slowly); nothing was kept from it: try again, "
+            "or check the registry and the link to it",
+        )
+
+
+class OciDocumentError(OciError, ValueError):
+    """A registry answer (manifest, index, token, error) that is not the JSON document it should be."""
+
+    def __init__(self, reference: str, what: str, problem: str) -> None:
+        self.reference = reference
+        self.what = what
+        self.problem = problem
+        super().__init__(
+            f"{reference}: the registry's {what} is not what the distribution API sends ({problem}); "
+            "nothing was written. The registry is misbehaving or not a registry: check its address"
+        )
 
 
 class OciAuthError(OciError, PermissionError):
@@ -69,6 +101,8 @@ class OciAuthError(OciError, PermissionError):
 class OciNotFoundError(OciError, FileNotFoundError):
     """A tag, manifest or blob the registry does not hold."""
 
+    exit_code = 10
+
     def __init__(self, reference: str, what: str = "manifest") -> None:
         self.reference = reference
         super().__init__(
@@ -90,6 +124,8 @@ class OciNotAModelError(OciError, ValueError):
 
 class OciDigestMismatchError(OciError, ValueError):
     """A blob whose bytes do not hash to the digest (or size) its descriptor names."""
+
+    exit_code = 15
 
     def __init__(self, reference: str, what: str, expected: str, actual: str) -> None:
         self.reference = reference

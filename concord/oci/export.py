@@ -1,12 +1,16 @@
 """Publish a snapshot to an OCI registry as a CNCF ModelPack artifact.
 
 Each file of the snapshot becomes one unarchived layer, streamed from the store chunk by chunk
-(a few chunks in flight, never a whole file in memory). A layer's digest is SHA-256 over the
-file's bytes: it is taken from the tag's current manifest when that manifest lists the same
-Concord file hash (the file did not change), else computed in a first pass over the chunks.
-The registry is asked first (``HEAD``) and a blob it holds is not sent again, so a new version
-sends only the files that changed. The manifest is pushed last, after every blob it names;
-then the snapshot's signatures, each as a referrer whose ``subject`` is the model manifest.
+(a few chunks in flight, never a whole file in memory), every chunk checked against the
+manifest, itself checked against the root, as it is read. A layer's digest is SHA-256 over the
+file's bytes, always computed from those checked bytes (never taken from the registry or a
+manifest already there). The registry is asked (``HEAD``) whether it holds a blob of that digest:
+a blob it holds is not sent again (it is, by its content digest, these very bytes), so a new
+version sends only the files that changed. The manifest is pushed last, after every blob it
+names; then the snapshot's signatures that hold for its root
+(:func:`~concord.oci.signatures.check_holds`), each as a referrer whose ``subject`` is the model
+manifest. A signature in the store that cannot hold for the root refuses the export before
+anything is pushed.
 """
 
 from __future__ import annotations
@@ -22,10 +26,11 @@ from concord.errors.oci import OciError
 from concord.oci import modelpack as mp
 from concord.oci.reference import Reference
 from concord.oci.registry import Registry
-from concord.oci.signatures import push_signatures
+from concord.oci.signatures import check_holds, push_signatures
 from concord.progress import Progress, ensure
 from concord.snapshots.manifest import FileEntry, Manifest
 from concord.stores.base import Store
+from concord.trust import signature_documents
 
 #: chunks read ahead of the one being sent: bounds memory to a few chunks per file
 READ_AHEAD = 4
@@ -91,25 +96,6 @@ def file_digest(store: Store, f: FileEntry, chunk_size: int, pool: ThreadPoolExe
     return "sha256:" + h.hexdigest()
 
 
-def _known_digests(reg: Registry, tag: str | None) -> dict[str, tuple[str, int]]:
-    """Concord file hash → (digest, size) from the manifest the tag points at now, if any."""
-    if not tag:
-        return {}
-    from concord.errors.oci import OciNotFoundError
-
-    try:
-        data, _ = reg.get_manifest(tag)
-        doc = json.loads(data)
-    except (OciNotFoundError, ValueError):
-        return {}
-    out = {}
-    for layer in doc.get("layers") or [] if isinstance(doc, dict) else []:
-        ann = layer.get("annotations") if isinstance(layer, dict) else None
-        if isinstance(ann, dict) and isinstance(ann.get(mp.FILE_HASH), str) and isinstance(layer.get("digest"), str):
-            out[ann[mp.FILE_HASH]] = (layer["digest"], layer.get("size"))
-    return out
-
-
 def _config_json(store: Store, manifest: Manifest) -> dict | None:
     f = manifest.by_path.get("config.json")
     if f is None or f.size > MAX_CONFIG_JSON:
@@ -136,16 +122,17 @@ def export_oci(
         from concord.errors.oci import OciReferenceError
 
         raise OciReferenceError(str(ref), "an export needs a tag to push to, not a digest (the digest is what the push answers)")
+    manifest = Manifest.from_json(manifest.to_json(), expected_root=manifest.root, verify=True)  # every node re-hashed up to the root
     prog = ensure(progress)
     uploaded = layers_uploaded = 0
     with Registry(ref, plain_http=plain_http) as reg, ThreadPoolExecutor(READ_AHEAD + 1, thread_name_prefix="concord-oci") as pool:
-        known = _known_digests(reg, ref.tag)
         descriptors: list[dict] = []
+        sha256: dict[str, str] = {}
         prog.start(manifest.total_bytes, "export")
         try:
             for f in manifest.files:
-                hit = known.get(f.hash)
-                digest = hit[0] if hit and hit[1] == f.size else file_digest(store, f, manifest.chunk_size, pool)
+                digest = file_digest(store, f, manifest.chunk_size, pool)  # from checked bytes, every time
+                sha256[f.path] = digest.split(":", 1)[1]
                 if not reg.has_blob(digest):
                     reg.put_blob(digest, f.size, lambda f=f: _counted(file_blocks(store, f, manifest.chunk_size, pool), prog))
                     uploaded += f.size
@@ -155,6 +142,9 @@ def export_oci(
                 descriptors.append(mp.layer_descriptor(f, digest))
         finally:
             prog.close()
+        documents = signature_documents(store, manifest.root) if signatures else {}
+        for key_id, bundle in documents.items():
+            check_holds(store, manifest.root, manifest, key_id, bundle, f"{key_id[:16]} of {manifest.root[:12]} in {store.uri}", sha256)
         config = mp.model_config(manifest, _config_json(store, manifest), name=name, layer_digests=[d["digest"] for d in descriptors])
         config_bytes = json.dumps(config, sort_keys=True, separators=(",", ":")).encode()
         config_digest = "sha256:" + hashlib.sha256(config_bytes).hexdigest()
@@ -172,7 +162,7 @@ def export_oci(
         body = json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
         digest = "sha256:" + hashlib.sha256(body).hexdigest()
         reg.put_manifest(body, ref.target)
-        signed = push_signatures(reg, store, manifest.root, {"mediaType": mp.MANIFEST_TYPE, "digest": digest, "size": len(body)}) if signatures else []
+        signed = push_signatures(reg, documents, {"mediaType": mp.MANIFEST_TYPE, "digest": digest, "size": len(body)})
     return ExportResult(
         reference=str(ref),
         digest=digest,

@@ -39,6 +39,12 @@ CHUNK_SIZE = "dev.concord.chunk-size"
 #: a layer's Concord file hash: an export reuses the digest of an unchanged file from the tag's last manifest
 FILE_HASH = "dev.concord.file-hash"
 
+#: a layer's file path has at most this many folders and bytes (far above any model's layout)
+MAX_PATH_DEPTH = 32
+MAX_PATH_BYTES = 1024
+#: layers an imported artifact may have at most
+MAX_LAYERS = 100_000
+
 _WEIGHT_EXT = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".gguf", ".ggml", ".onnx", ".h5", ".msgpack", ".npz", ".pdparams", ".tflite", ".mlmodel", ".nemo")
 _DOC_NAMES = ("readme", "license", "licence", "notice", "copying", "changelog", "model_card", "use_policy")
 _DOC_EXT = (".md", ".rst", ".pdf")
@@ -133,6 +139,11 @@ def layer_descriptor(f: FileEntry, digest: str) -> dict:
     }
 
 
+def is_sha256_digest(value: object) -> bool:
+    """Whether ``value`` is ``sha256:`` and 64 lowercase hex digits (the only digests checked)."""
+    return isinstance(value, str) and len(value) == 71 and value.startswith("sha256:") and all(c in "0123456789abcdef" for c in value[7:])
+
+
 def check_model_manifest(doc: object, reference: str) -> list[tuple[str, dict]]:
     """Check that ``doc`` is a ModelPack manifest Concord can import; ``(path, layer)`` for each
     layer. Every path is checked before anything is written: relative, normalised, inside the
@@ -148,19 +159,27 @@ def check_model_manifest(doc: object, reference: str) -> list[tuple[str, dict]]:
     layers = doc.get("layers")
     if not isinstance(layers, list) or not layers:
         raise OciNotAModelError(reference, "it has no layers")
+    if len(layers) > MAX_LAYERS:
+        raise OciNotAModelError(reference, f"it has {len(layers)} layers, more than the {MAX_LAYERS} an import takes")
+    if doc.get("annotations") is not None and not isinstance(doc.get("annotations"), dict):
+        raise OciNotAModelError(reference, "its annotations are not an object")
     out: list[tuple[str, dict]] = []
     seen: set[str] = set()
     for i, layer in enumerate(layers):
-        if not isinstance(layer, dict) or not isinstance(layer.get("digest"), str) or not isinstance(layer.get("size"), int) or layer["size"] < 0:
+        size = layer.get("size") if isinstance(layer, dict) else None
+        if not isinstance(layer, dict) or not isinstance(layer.get("digest"), str) or isinstance(size, bool) or not isinstance(size, int) or size < 0:
             raise OciNotAModelError(reference, f"layer {i} has no digest or size")
         if layer.get("mediaType") not in RAW_TYPES:
             raise OciNotAModelError(reference, f"layer {i} is {layer.get('mediaType')!r}; only unarchived (.raw) layers are imported")
-        if not layer["digest"].startswith("sha256:") or len(layer["digest"]) != 71:
-            raise OciNotAModelError(reference, f"layer {i} has digest {layer['digest']!r}; only sha256 digests are checked")
+        if not is_sha256_digest(layer["digest"]):
+            raise OciNotAModelError(reference, f"layer {i} has digest {layer['digest'][:80]!r}; only sha256 digests are checked")
         annotations = layer.get("annotations") if isinstance(layer.get("annotations"), dict) else {}
         path = annotations.get(FILEPATH)
         if not isinstance(path, str):
             raise OciNotAModelError(reference, f"layer {i} has no {FILEPATH} annotation")
+        if len(path.encode("utf-8", "replace")) > MAX_PATH_BYTES or path.count("/") >= MAX_PATH_DEPTH:
+            shown = path[:60] + "..." if len(path) > 60 else path
+            raise OciUnsafePathError(reference, shown, f"it is longer than {MAX_PATH_BYTES} bytes or deeper than {MAX_PATH_DEPTH} folders")
         try:
             safe_relpath(path)
         except UnsafePathError as exc:

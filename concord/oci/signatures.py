@@ -5,17 +5,35 @@ pushed as an OCI referrer of the model manifest: a manifest whose ``subject`` is
 its key id. A registry with the referrers API lists it there; for one without (CNCF
 distribution 2.8) the referrers tag schema's index (tag ``sha256-<hex of the subject>``) is
 updated too. An import reads them back into ``signatures/<root>/`` of the target store.
+
+A signature is pushed, or kept from a registry, only when it holds for the root as far as the
+bytes can tell without the signer's key (:func:`check_holds`): it parses as a bundle, names the
+key id it is filed under, and signs this root (or, made by ``model_signing``, exactly its files'
+digests). A trust policy checks the key's signature itself where the root is used.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+from typing import Mapping
 
-from concord.errors.oci import OciNotFoundError
-from concord.oci.registry import INDEX_TYPE, MANIFEST_TYPE, Registry, fallback_tag
+from concord.errors import SignatureError
+from concord.errors.oci import OciDigestMismatchError, OciNotFoundError
+from concord.oci.registry import (
+    INDEX_TYPE,
+    MANIFEST_TYPE,
+    Registry,
+    descriptors,
+    doc_field,
+    document,
+    fallback_tag,
+)
+from concord.snapshots.manifest import Manifest
 from concord.stores.base import Store
-from concord.trust import signature_documents, signature_key
+from concord.trust import bundle as oms
+from concord.trust import signature_key
+from concord.trust.signing import Checked, check_digests, check_names, compare_digests
 
 SIGNATURE_TYPE = "application/vnd.dev.sigstore.bundle.v0.3+json"
 EMPTY_TYPE = "application/vnd.oci.empty.v1+json"
@@ -29,9 +47,9 @@ def _digest(data: bytes) -> str:
     return "sha256:" + hashlib.sha256(data).hexdigest()
 
 
-def push_signatures(reg: Registry, store: Store, root: str, subject: dict) -> list[str]:
-    """Push each signature of ``root`` as a referrer of ``subject``; the key ids pushed."""
-    documents = signature_documents(store, root)
+def push_signatures(reg: Registry, documents: Mapping[str, bytes], subject: dict) -> list[str]:
+    """Push each signature (key id → bundle, checked with :func:`check_holds`) as a referrer of
+    ``subject``; the key ids pushed."""
     if not documents:
         return []
     empty = _digest(EMPTY)
@@ -63,11 +81,12 @@ def _update_fallback_index(reg: Registry, subject_digest: str, descriptors: list
     """Add ``descriptors`` to the referrers tag schema's index of the subject (kept as it was
     for the referrers already listed)."""
     tag = fallback_tag(subject_digest)
+    what = f"referrers index {tag}"
     try:
         data, _ = reg.get_manifest(tag, accept=(INDEX_TYPE,))
-        manifests = list(json.loads(data).get("manifests") or [])
-    except (OciNotFoundError, ValueError):
-        manifests = []
+    except OciNotFoundError:
+        data = None
+    manifests = [] if data is None else list(descriptors(document(data, str(reg.ref), what), "manifests", str(reg.ref), what))
     have = {m.get("digest") for m in manifests if isinstance(m, dict)}
     manifests += [d for d in descriptors if d["digest"] not in have]
     index = {"schemaVersion": 2, "mediaType": INDEX_TYPE, "manifests": manifests}
@@ -75,29 +94,38 @@ def _update_fallback_index(reg: Registry, subject_digest: str, descriptors: list
 
 
 def pull_signatures(reg: Registry, subject_digest: str) -> list[tuple[str, bytes]]:
-    """``(key id, bundle)`` of every signature referrer of ``subject_digest``, each blob checked
-    against its digest."""
-    from concord.errors.oci import OciDigestMismatchError
-
+    """``(key id, bundle)`` of every signature referrer of ``subject_digest``, each manifest and
+    blob checked against its digest and for its shape (:class:`OciDocumentError` otherwise)."""
+    reference = str(reg.ref)
     out = []
     for desc in reg.referrers(subject_digest):
-        if not isinstance(desc, dict) or desc.get("artifactType") != SIGNATURE_TYPE or not isinstance(desc.get("digest"), str):
+        if desc.get("artifactType") != SIGNATURE_TYPE or not _is_digest(desc.get("digest")):
             continue
         data, _ = reg.get_manifest(desc["digest"])
         if _digest(data) != desc["digest"]:
-            raise OciDigestMismatchError(str(reg.ref), "a signature manifest", desc["digest"], _digest(data))
-        doc = json.loads(data)
-        if (doc.get("subject") or {}).get("digest") != subject_digest:
+            raise OciDigestMismatchError(reference, "a signature manifest", desc["digest"], _digest(data))
+        what = f"signature manifest {desc['digest']}"
+        doc = document(data, reference, what)
+        subject = doc_field(doc, "subject", dict, reference, what, required=False) or {}
+        if subject.get("digest") != subject_digest:
             continue
-        for layer in doc.get("layers") or []:
-            key_id = (layer.get("annotations") or {}).get(KEY_ID) or (doc.get("annotations") or {}).get(KEY_ID)
-            if layer.get("mediaType") != SIGNATURE_TYPE or not _is_key_id(key_id):
+        annotations = doc_field(doc, "annotations", dict, reference, what, required=False) or {}
+        for layer in descriptors(doc, "layers", reference, what):
+            layer_annotations = layer.get("annotations") if isinstance(layer.get("annotations"), dict) else {}
+            key_id = layer_annotations.get(KEY_ID) or annotations.get(KEY_ID)
+            if layer.get("mediaType") != SIGNATURE_TYPE or not _is_key_id(key_id) or not _is_digest(layer.get("digest")):
                 continue
             bundle = reg.read_blob(layer["digest"], MAX_SIGNATURE)
             if _digest(bundle) != layer["digest"]:
-                raise OciDigestMismatchError(str(reg.ref), f"signature {key_id}", layer["digest"], _digest(bundle))
+                raise OciDigestMismatchError(reference, f"signature {key_id}", layer["digest"], _digest(bundle))
             out.append((key_id, bundle))
     return out
+
+
+def _is_digest(value: object) -> bool:
+    from concord.oci.modelpack import is_sha256_digest
+
+    return is_sha256_digest(value)
 
 
 def _is_key_id(value: object) -> bool:
@@ -105,8 +133,42 @@ def _is_key_id(value: object) -> bool:
     return isinstance(value, str) and len(value) == 64 and all(c in "0123456789abcdef" for c in value)
 
 
-def keep_signatures(store: Store, root: str, signatures: list[tuple[str, bytes]]) -> None:
+def check_holds(
+    store: Store,
+    root: str,
+    manifest: Manifest,
+    key_id: str,
+    data: bytes,
+    where: str,
+    sha256: Mapping[str, str] | None = None,
+) -> oms.Bundle:
+    """Refuse a signature of ``root`` that cannot hold for it, whoever's key made it: not a
+    bundle, filed under a key id it does not name, signing another root or other files, or
+    (a root-less bundle) other digests than the root's files have. ``sha256`` (path → hex digest
+    of the root's files, computed from verified bytes) spares a read for files/sha256 bundles;
+    other digests are computed from the chunks of ``store``. :class:`SignatureError` otherwise."""
+    parsed = oms.parse_bundle(data, where)
+    if parsed.key_hint and parsed.key_hint != key_id:
+        raise SignatureError(where, f"it names key {parsed.key_hint[:16]}, not the key {key_id[:16]} it is filed under", "Attach each signature under its own key id")
+    st = parsed.statement
+    if st.root is not None and st.root != root:
+        raise SignatureError(where, f"it signs root {st.root}, not {root}", "A signature holds for the root it names only")
+    check_names(((f.path, f.size) for f in manifest.files), st, where)
+    if st.root is None:
+        expected = dict(st.resources)
+        if sha256 is not None and st.serialization.whole_file_sha256:
+            compare_digests(expected, {p: sha256[p] for p in expected if p in sha256}, where)
+        else:
+            check_digests(store, manifest, Checked(key_id, "", False, expected, st.serialization), where)
+    return parsed
+
+
+def keep_signatures(store: Store, root: str, signatures: list[tuple[str, bytes]]) -> list[str]:
     """Keep imported bundles as the trust wing keeps them (``signatures/<root>/<key id>.sig``),
-    as they came: a trust policy checks them where a root is restored, synced or checked out."""
+    where the store has none by that key yet: a signature the store holds is never replaced.
+    The key ids written."""
+    written = []
     for key_id, bundle in signatures:
-        store.put_document(signature_key(root, key_id), bundle, overwrite=True)
+        if store.put_document(signature_key(root, key_id), bundle, overwrite=False):
+            written.append(key_id)
+    return written

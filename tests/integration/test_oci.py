@@ -173,7 +173,7 @@ def test_signatures_travel_as_referrers(published, registry, tmp_path, capsys):
     assert code == 0
     code, _, text = cli(capsys, "import", "oci", unsigned, "--store", str(tmp_path / "strict"), "--ref", "m/unsigned",
                         "--trust", str(tmp_path / "key.pub.pem"), "--plain-http")
-    assert code == 1 and text.count("\n") == 1 and unsigned_root in text
+    assert code == 13 and text.count("\n") == 1 and unsigned_root in text
     assert LocalDirStore(str(tmp_path / "strict")).read_ref("m/unsigned") is None
 
 
@@ -203,15 +203,15 @@ def test_bad_input_gets_one_line_and_leaves_nothing(published, registry, tmp_pat
     src = str(published["store"].root)
     target = tmp_path / "target"
 
-    def refused(*argv: str) -> str:
+    def refused(*argv: str, exit_code: int = 1) -> str:
         code, _, text = cli(capsys, *argv)
-        assert code == 1 and text.startswith("concord: error: ") and text.count("\n") == 1, text
+        assert code == exit_code and text.startswith("concord: error: ") and text.count("\n") == 1, text
         assert not (target / "refs").exists() or not list((target / "refs").rglob("*"))
         return text
 
-    assert "does not answer" in refused("import", "oci", "127.0.0.1:9/models/toy:v1", "--store", str(target), "--plain-http")
-    assert "--plain-http" in refused("export", "oci", src, "--ref", "m/toy", f"{registry}/models/toy:v1")
-    assert "no such manifest" in refused("import", "oci", f"{registry}/models/toy:missing", "--store", str(target), "--plain-http")
+    assert "does not answer" in refused("import", "oci", "127.0.0.1:9/models/toy:v1", "--store", str(target), "--plain-http", exit_code=14)
+    assert "--plain-http" in refused("export", "oci", src, "--ref", "m/toy", f"{registry}/models/toy:v1", exit_code=14)
+    assert "no such manifest" in refused("import", "oci", f"{registry}/models/toy:missing", "--store", str(target), "--plain-http", exit_code=10)
 
     reg = Registry(parse_reference(f"{registry}/models/other:v1"), plain_http=True)
     empty = b"{}"
@@ -251,7 +251,7 @@ def test_a_layer_whose_bytes_do_not_match_its_digest_is_refused(published, tmp_p
         data.write_bytes(bytes(damaged))
         target = tmp_path / "target"
         code, _, text = cli(capsys, "import", "oci", ref, "--store", str(target), "--ref", "m/toy", "--plain-http")
-        assert code == 1 and "hashes to" in text and "tokenizer.txt" in text
+        assert code == 15 and "hashes to" in text and "tokenizer.txt" in text
         assert not (target / "refs").exists() or not list((target / "refs").rglob("*"))
         assert not (target / "manifests").exists() or not list((target / "manifests").iterdir())
 
