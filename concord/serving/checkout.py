@@ -463,7 +463,11 @@ def checkout(
                 # one is repaired in a copy built beside it
                 damaged = _damaged_files(layout, manifest, rehash)
                 if not damaged:
-                    _record_files(layout, root, layout.version_dir(root), manifest, fsync)
+                    try:  # what was hashed need not be again (only a note: a full disk skips it)
+                        _record_files(layout, root, layout.version_dir(root), manifest, fsync)
+                    except OSError as exc:
+                        if exc.errno not in DISK_FULL:
+                            raise
                     tally.add("reused", manifest.total_bytes)
             else:
                 damaged = None
@@ -489,8 +493,8 @@ def checkout(
             layout.clear_gate()
         pruned = tuple(prune(layout, keep, spare=None)) if keep else ()
     return CheckoutResult(
-        root, layout.link, manifest.total_bytes, tally.fetched, tally.reused, tally.cached, fallback,
-        round(time.perf_counter() - t0, 6), True, manifest.n_files, pruned,
+        root, layout.link, manifest.total_bytes, tally.fetched, tally.reused, tally.cached,
+        fallback if current == root else current, round(time.perf_counter() - t0, 6), True, manifest.n_files, pruned,
     )
 
 

@@ -163,9 +163,15 @@ class Layout:
         return [e for e in entries if isinstance(e, dict)] if isinstance(entries, list) else []
 
     def record(self, root: str | None, action: str) -> None:
+        """Add a flip to the history. On a full disk the entry is lost, never the flip: a
+        rollback must work when nothing else can be written."""
         entries = self.history() + [{"root": root, "time": _now(), "action": action}]
         doc = {"format": STATE_FORMAT, "link": self.link, "history": entries[-HISTORY_LIMIT:]}
-        atomic_write(os.path.join(self.folder, HISTORY), json.dumps(doc, indent=1).encode())
+        try:
+            atomic_write(os.path.join(self.folder, HISTORY), json.dumps(doc, indent=1).encode())
+        except OSError as exc:
+            if exc.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+                raise
 
     def previous(self, current: str | None) -> str | None:
         """The version the link named before ``current`` that is still on this node, or None."""

@@ -141,21 +141,28 @@ def test_a_full_disk_while_repairing_a_kept_version_leaves_it_intact(served):
     layout = Layout.of(dest)
     kept = Path(layout.version_dir(m1.root))
     before = tree_bytes(kept)
-    limit = part.offset  # a file size limit stands in for a full disk: the repaired chunk lies past it
+    def small_disk(limit: int):
+        """A file size limit stands in for a full disk (writes past it fail with EFBIG, as ENOSPC would)."""
 
-    def small_disk() -> None:
-        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+        def limited() -> None:
+            signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+            resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
 
-    done = subprocess.run(
-        [CONCORD, "checkout", store.uri, "--root", m1.root, str(dest)],
-        env={**os.environ, "CONCORD_NO_PROGRESS": "1"}, capture_output=True, text=True, preexec_fn=small_disk, timeout=120,
-    )
+        return limited
+
+    def concord(*args: str, limit: int) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [CONCORD, "checkout", *args], env={**os.environ, "CONCORD_NO_PROGRESS": "1"},
+            capture_output=True, text=True, preexec_fn=small_disk(limit), timeout=120,
+        )
+
+    done = concord(store.uri, "--root", m1.root, str(dest), limit=part.offset)  # the repaired chunk lies past it
     assert done.returncode != 0 and "filled up" in done.stderr and done.stderr.count("\n") == 1
     assert os.readlink(dest) == layout.target(m2.root)
     assert sorted(layout.versions()) == sorted([m1.root, m2.root])
     assert tree_bytes(kept) == before
     assert not os.path.exists(layout.partial_dir(m1.root))
-    assert main(["checkout", "--rollback", str(dest)]) == 0
+    done = concord("--rollback", str(dest), limit=0)  # and a rollback needs no byte of room
+    assert done.returncode == 0, done.stderr
     assert os.readlink(dest) == layout.target(m1.root)
 
