@@ -16,13 +16,12 @@ import os
 from typing import Any, Iterable, Iterator, Literal, Optional
 from urllib.parse import urlparse
 
-import httpx
 from prefect.blocks.core import Block
 from prefect.blocks.system import Secret
-from prefect.exceptions import ObjectNotFound
 from pydantic import ConfigDict, Field, PrivateAttr, SecretStr, field_validator, model_validator
 
-from concord.errors import InvalidStoreURIError, StoreUnreachableError
+from blocks.api import load_block, where_blocks_live
+from concord.errors import InvalidStoreURIError
 from concord.redact import redact
 from concord.stores.base import Ref, Store
 from concord.stores.local import LocalDirStore
@@ -462,7 +461,7 @@ def load_store_block(name: str) -> Store:
         block = _load(spec, Block, name, slug)
         if block is None:
             raise InvalidStoreURIError(
-                spec, f"there is no {slug} block named {document!r}. {_how_to_create(document)}"
+                spec, f"there is no {slug} block named {document!r} in {where_blocks_live()}. {_how_to_create(document)}"
             )
         if not isinstance(block, StoreBlockMixin):
             raise InvalidStoreURIError(
@@ -481,7 +480,7 @@ def load_store_block(name: str) -> Store:
         raise InvalidStoreURIError(
             spec,
             f"no Concord store block is named {name!r} (looked for "
-            f"{' and '.join(f'{s}/{name}' for s in _slugs())}). {_how_to_create(name)}",
+            f"{' and '.join(f'{s}/{name}' for s in _slugs())} in {where_blocks_live()}). {_how_to_create(name)}",
         )
     if len(found) > 1:
         raise InvalidStoreURIError(
@@ -496,19 +495,13 @@ def load_store_block(name: str) -> Store:
 def _load(spec: str, block_type: type[Block], name: str, slug: str) -> Optional[Block]:
     """``block_type.load(name)``, or None if no such block document exists."""
     try:
-        return block_type.load(name, _sync=True)
+        return load_block(block_type, name, spec, slug=slug)
     except ValueError as exc:
-        if isinstance(exc.__cause__, ObjectNotFound):
-            return None
         raise InvalidStoreURIError(spec, f"the saved {slug} block cannot be loaded ({exc})") from exc
     except KeyError as exc:
         # Block.load("type/name") of a type no imported class implements
         raise InvalidStoreURIError(
             spec, f"unknown block type {slug!r}; Concord store blocks are {' and '.join(_slugs())}"
-        ) from exc
-    except httpx.TransportError as exc:
-        raise StoreUnreachableError(
-            spec, f"the Prefect API did not answer ({exc}); check PREFECT_API_URL"
         ) from exc
 
 

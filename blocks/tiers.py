@@ -16,12 +16,11 @@ from __future__ import annotations
 import os
 from typing import Any, Literal, Optional
 
-import httpx
 from prefect.blocks.core import Block
-from prefect.exceptions import ObjectNotFound
 from pydantic import Field, field_validator
 
-from concord.errors import InvalidStoreURIError, PolicyError, StoreUnreachableError
+from blocks.api import load_block, where_blocks_live
+from concord.errors import InvalidStoreURIError, PolicyError
 from concord.stores.address import FOLDER, StoreAddress
 from concord.tiering.policy import TierPolicy, format_duration, parse_duration
 
@@ -405,18 +404,16 @@ def load_policy_block(name: str) -> TierPolicy:
     if not name:
         raise PolicyError(spec, ["no block name after 'block:'"])
     try:
-        block = TierPolicyBlock.load(name, _sync=True)
+        block = load_block(TierPolicyBlock, name, spec)
     except ValueError as exc:
-        if isinstance(exc.__cause__, ObjectNotFound):
-            raise PolicyError(
-                spec,
-                [
-                    f"there is no {TierPolicyBlock.get_block_type_slug()} block named {name!r}; create it with "
-                    f"`TierPolicyBlock(...).save({name!r})` or in the Prefect UI after "
-                    "`prefect block register -m blocks.tiers`"
-                ],
-            ) from None
         raise PolicyError(spec, [f"the saved block cannot be loaded ({' '.join(str(exc).split())})"]) from exc
-    except httpx.TransportError as exc:
-        raise StoreUnreachableError(spec, f"the Prefect API did not answer ({exc}); check PREFECT_API_URL") from exc
+    if block is None:
+        raise PolicyError(
+            spec,
+            [
+                f"there is no {TierPolicyBlock.get_block_type_slug()} block named {name!r} in {where_blocks_live()}; create it with "
+                f"`TierPolicyBlock(...).save({name!r})` or in the Prefect UI after "
+                "`prefect block register -m blocks.tiers`"
+            ],
+        )
     return block.get_policy()

@@ -18,12 +18,11 @@ from typing import Optional
 
 from typing import Callable
 
-import httpx
 from prefect.blocks.core import Block
 from prefect.blocks.system import Secret
-from prefect.exceptions import ObjectNotFound
 from pydantic import Field, SecretStr, field_validator
 
+from blocks.api import load_block, where_blocks_live
 from concord.errors import ConcordError, KeyFileError, KeyPasswordError, TrustPolicyError
 
 __all__ = ["TrustBlock", "load_trust_block", "signing_key_of_block", "trusted_keys_of_block"]
@@ -70,12 +69,17 @@ class TrustBlock(Block):
         return keys
 
     def get_policy(self):
-        """The trust policy of the trusted keys, or None when the block lists none."""
+        """The trust policy of the trusted keys; a block that lists none is a
+        :class:`~concord.errors.TrustPolicyError` (an empty list is never "no policy")."""
         from concord.trust import TrustPolicy
 
+        where = f"block {self._block_document_name or 'TrustBlock'}"
         if not self.trusted_keys:
-            return None
-        return TrustPolicy.from_pems(self.trusted_keys, f"block {self._block_document_name or 'TrustBlock'}")
+            raise TrustPolicyError(
+                where, "the block lists no trusted key",
+                "Add the public keys (PEM) to trust to its trusted_keys, or do not name it where a trust policy is read",
+            )
+        return TrustPolicy.from_pems(self.trusted_keys, where)
 
     def get_signing_key(self):
         """The deployment's signing key, or None when the block has none."""
@@ -101,20 +105,17 @@ def _load(name: str, error: Callable[..., ConcordError]) -> TrustBlock:
     if not name:
         raise error(where, "no block name given", "Write block:NAME, the name of a saved Concord Trust block")
     try:
-        return TrustBlock.load(name, _sync=True)
+        block = load_block(TrustBlock, name, where)
     except ValueError as exc:
-        if isinstance(exc.__cause__, ObjectNotFound):
-            raise error(
-                where,
-                f"there is no {TrustBlock.get_block_type_slug()} block named {name!r}",
-                f"Create it with `TrustBlock(trusted_keys=[PEM, ...], signing_key=Secret.load(...)).save({name!r})` or in the Prefect UI "
-                "after `prefect block register -m blocks.trust`, or check PREFECT_API_URL",
-            ) from None
         raise error(where, f"the saved block cannot be loaded ({' '.join(str(exc).split())[:200]})", "Save it again") from None
-    except httpx.TransportError as exc:
+    if block is None:
         raise error(
-            where, f"the Prefect API did not answer ({type(exc).__name__})", "Start it, or set PREFECT_API_URL to one that runs"
-        ) from None
+            where,
+            f"there is no {TrustBlock.get_block_type_slug()} block named {name!r} in {where_blocks_live()}",
+            f"Create it with `TrustBlock(trusted_keys=[PEM, ...], signing_key=Secret.load(...)).save({name!r})` or in the Prefect UI "
+            "after `prefect block register -m blocks.trust`, or check PREFECT_API_URL",
+        )
+    return block
 
 
 def trusted_keys_of_block(name: str) -> list[str]:
