@@ -33,10 +33,11 @@ test-prereqs:
 
 # Unit and integration tests in one process, the end-to-end tests (real served instances) in another,
 # so no client state of a served instance outlives it into the Prefect test harness.
+# Each phase says what it runs and how long it took; pytest lists its slowest tests.
 test: install test-prereqs
-	$(VENV)/bin/lint-imports
-	$(VENV)/bin/pytest -q tests/unit tests/integration $(PYTEST_ARGS)
-	$(VENV)/bin/pytest -q tests/e2e $(PYTEST_ARGS)
+	@bash tests/phase.sh "import contracts" $(VENV)/bin/lint-imports
+	@bash tests/phase.sh "unit and integration tests" $(VENV)/bin/pytest -q --durations=15 tests/unit tests/integration $(PYTEST_ARGS)
+	@bash tests/phase.sh "end-to-end tests" $(VENV)/bin/pytest -q --durations=10 tests/e2e $(PYTEST_ARGS)
 
 test-unit: install
 	$(VENV)/bin/pytest -q tests/unit $(PYTEST_ARGS)

@@ -13,6 +13,9 @@ if "-v" not in sys.argv[1:] and "--verbose" not in sys.argv[1:]:
     os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the demo's model is a local folder: never ask the Hub
+# the first run on a Prefect home builds the temporary server's database (half a minute of CPU, more
+# on a loaded laptop): wait for it longer than a CLI lookup would
+os.environ.setdefault("CONCORD_PREFECT_START_TIMEOUT", "300")
 
 import argparse  # noqa: E402
 import shutil  # noqa: E402
@@ -57,12 +60,30 @@ def run(home: Path, story: Story) -> None:
     print("clusters:   " + ", ".join(f"{c} ({stores[c]})" for c in CLUSTERS))
     print(f"lineage:    MLflow at {shown_uri(os.environ['MLFLOW_TRACKING_URI'])}")
 
+    start_prefect()
     base_root, tuned_root = snapshots_story(home, story, stores, base)
     lineage_story(home, story, stores, base_root, tuned_root)
     federation_story(home, story, stores, base)
     tiering_story(home, story, base)
     audit_story(home, story, stores, base)
     release_story(home, story, stores, base, snapshots_folders(home)[0])
+
+
+def start_prefect() -> None:
+    """The Prefect API the flows report to: the configured one, or Prefect's temporary server,
+    started here deliberately (within CONCORD_PREFECT_START_TIMEOUT) rather than by the first flow."""
+    from blocks.api import configured_api, ensure_api, start_timeout
+
+    api = configured_api()
+    if api:
+        print(f"prefect:    {api}")
+    else:
+        print(f"prefect:    starting its temporary server (up to {start_timeout():g} s; the first run on a Prefect home "
+              "builds its database) …", flush=True)
+    t0 = time.monotonic()
+    ensure_api("the demo")
+    if not api:
+        print(f"prefect:    temporary server up in {time.monotonic() - t0:.1f} s")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -76,8 +97,13 @@ def main(argv: list[str] | None = None) -> int:
     if not os.environ.get("MLFLOW_TRACKING_URI", "").strip():
         os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{PROJECT_DIR / 'data' / 'mlflow.db'}"
     story = Story()
+    from concord.errors import PrefectUnavailableError
+
     try:
         run(home, story)
+    except PrefectUnavailableError as exc:  # nothing ran: one line saying what to do, no traceback
+        print(f"DEMO FAILED: {exc}", file=sys.stderr)
+        return 1
     except Exception as exc:  # a step that could not even run: report it as a failed check
         traceback.print_exc()
         story.check(False, f"the demo stopped: {type(exc).__name__}: {exc}")

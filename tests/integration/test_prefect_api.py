@@ -153,3 +153,16 @@ def toy_root(tmp_path) -> tuple[str, str]:
 
     result = snapshot(make_checkpoint(tmp_path / "toy"), LocalDirStore(tmp_path / "store"), ref="models/toy")
     return str(tmp_path / "store"), result.root
+
+
+def test_the_demo_gives_up_on_a_temporary_server_that_never_starts_in_one_line(tmp_path):
+    _database_holding(tmp_path / "prefect-home", "concord-local-store", "cluster")
+    env = {k: v for k, v in os.environ.items() if k not in _UNSET}
+    env.update(PREFECT_HOME=str(tmp_path / "prefect-home"), CONCORD_HOME=str(tmp_path / "demo"),
+               MLFLOW_TRACKING_URI=f"sqlite:///{tmp_path / 'mlflow.db'}", CONCORD_PREFECT_START_TIMEOUT="5")
+    done = subprocess.run([sys.executable, "-m", "demo"], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=240)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "Traceback" not in done.stdout + done.stderr, done.stderr
+    (line,) = done.stderr.splitlines()
+    assert line.startswith("DEMO FAILED: the demo: Prefect's temporary server did not start"), line
+    assert "starting its temporary server (up to 5 s" in done.stdout
