@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import yaml
 
+from concord.errors import ConcordError
+
 #: deepest nesting of lists and mappings a document may have
 MAX_DEPTH = 64
 
 
-class YAMLRefused(yaml.YAMLError):
+class YAMLRefused(ConcordError, yaml.YAMLError):
     """The document uses a YAML feature these documents never need (anchors, aliases, deep nesting)."""
 
     def __init__(self, problem: str, mark=None) -> None:

@@ -63,13 +63,16 @@ class Output:
 
 def fail(message: object) -> int:
     """The CLI's one error printer: ``concord: error: MESSAGE`` as one bounded line on stderr
-    (:func:`concord.text.one_line`); returns the exit status 1."""
+    (:func:`concord.text.one_line`); returns the exit status: a Concord error's ``exit_code``
+    (its kind: 10 not found, 11 locked, 12 wrong key, 13 untrusted, 14 unreachable, 15 damaged
+    data), else 1."""
+    from concord.errors import ConcordError
     from concord.redact import redact
     from concord.text import one_line
 
     # a library's error may show an endpoint's password: hidden here whatever raised it
     print(f"concord: error: {one_line(redact(message))}", file=sys.stderr)
-    return 1
+    return message.exit_code if isinstance(message, ConcordError) else 1
 
 
 def human(n: float) -> str:
@@ -121,14 +124,14 @@ def keyed_store(store, key_file: str | None, option: str):
     The key is checked at once, so a command that opens two stores names, in one line, the store
     whose key is missing or wrong and the option that gives it, before anything is read or written.
     A store that is not encrypted needs no key and ignores one."""
-    from concord.errors import StoreKeyError
+    from concord.errors import StoreKeyError, StoreKeyFileError
     from concord.stores.cipher import read_key_file
 
     if key_file:
         try:
             store.unlock(read_key_file(key_file))
-        except ValueError as exc:
-            raise ValueError(f"{option}: {exc}") from None
+        except StoreKeyFileError as exc:
+            raise StoreKeyFileError(exc.path, f"{option}: {exc.problem}") from None
     try:
         store.encoding()
     except StoreKeyError as exc:

@@ -31,7 +31,14 @@ from concord.errors.stores import (
     StoreNotFoundError,
     StoreUnreachableError,
 )
-from concord.errors.store_config import StoreConfigError, StoreKeyError, UnknownEncodingError
+from concord.errors.store_config import (
+    FrameError,
+    SealError,
+    StoreConfigError,
+    StoreKeyError,
+    StoreKeyFileError,
+    UnknownEncodingError,
+)
 from concord.errors.snapshots import (
     ControlCharacterNameError,
     GcRefusedError,
@@ -73,6 +80,7 @@ from concord.errors.tiering import (
     CopyRuleError,
     PolicyError,
     RestoreTimeoutError,
+    TierCopyNotFoundError,
     TierStoreUnavailableError,
 )
 from concord.errors.serving import (
@@ -133,6 +141,9 @@ __all__ = [
     "StoreConfigError",
     "StoreKeyError",
     "UnknownEncodingError",
+    "StoreKeyFileError",
+    "FrameError",
+    "SealError",
     "SafetensorsError",
     "SourceNotFoundError",
     "SourceChangedError",
@@ -168,6 +179,7 @@ __all__ = [
     "CopyRuleError",
     "RestoreTimeoutError",
     "TierStoreUnavailableError",
+    "TierCopyNotFoundError",
     "DriftConfigError",
     "ReplicaConfigError",
     "ModelCardNotFoundError",

@@ -37,6 +37,8 @@ class ReplicaConfigError(ConcordError, ValueError):
 class ModelCardNotFoundError(ConcordError, FileNotFoundError):
     """A snapshot holds no model card (no README.md, card.json or model_card.json at its top level)."""
 
+    exit_code = 10
+
     def __init__(self, store: str, root: str) -> None:
         self.store = store
         self.root = root

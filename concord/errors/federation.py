@@ -80,6 +80,8 @@ class TenantError(ConcordError, ValueError):
 class AdapterNotFoundError(StoreError, KeyError):
     """No cluster store holds the adapter ref a federation round names."""
 
+    exit_code = 10
+
     def __init__(self, ref: str, stores: list[str]) -> None:
         self.ref = ref
         self.stores = list(stores)

@@ -30,6 +30,8 @@ class DataFormatError(ConcordError, ValueError):
 class DataSnapshotNotFoundError(ConcordError, KeyError):
     """No data snapshot with this id is registered in the store."""
 
+    exit_code = 10
+
     def __init__(self, store: str, snapshot_id: str) -> None:
         self.store = store
         self.snapshot_id = snapshot_id
@@ -48,6 +50,8 @@ class LineageError(ConcordError):
 
 class LineageUnreachableError(LineageError, ConnectionError):
     """The MLflow tracking server did not answer."""
+
+    exit_code = 14
 
     def __init__(self, uri: str, cause: str) -> None:
         self.uri = uri
@@ -106,6 +110,8 @@ class ContractConflictError(ContractError):
 
 class ContractNotFoundError(ConcordError, KeyError, FileNotFoundError):
     """No contract of that name (or version, or file) exists."""
+
+    exit_code = 10
 
     def __init__(self, where: str, ref: str, available: list[str] | None = None) -> None:
         self.where = where

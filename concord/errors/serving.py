@@ -26,6 +26,8 @@ class CheckoutTargetError(ConcordError, ValueError):
 class CheckoutBusyError(ConcordError, TimeoutError):
     """Another checkout, rollback or prune of the same link held it for too long."""
 
+    exit_code = 11
+
     def __init__(self, path: str, waited: float) -> None:
         self.path = path
         self.waited = waited

@@ -36,6 +36,8 @@ class SafetensorsError(ConcordError, ValueError):
 class SourceNotFoundError(ConcordError, FileNotFoundError):
     """The checkpoint folder or file to snapshot does not exist."""
 
+    exit_code = 10
+
     def __init__(self, path: str) -> None:
         self.path = path
         super().__init__(f"{path}: no such file or folder to snapshot; check the path.")
@@ -79,6 +81,8 @@ class ControlCharacterNameError(ConcordError, ValueError):
 
 class StoreLockedError(StoreError, TimeoutError):
     """A writer waited for a garbage collection of the store to finish, and it did not in time."""
+
+    exit_code = 11
 
     def __init__(self, store: str, holder: str, waited: float) -> None:
         self.store = store

@@ -39,6 +39,8 @@ class InvalidNameError(ConcordError, ValueError):
 class ManifestError(ConcordError, ValueError):
     """A manifest is malformed or does not hash to the root it claims."""
 
+    exit_code = 15
+
     def __init__(self, where: str, problem: str) -> None:
         self.where = where
         self.problem = problem
@@ -56,7 +58,7 @@ class RefFormatError(ManifestError):
         self.ref = ref
         self.store = store
         self.problem = problem
-        ValueError.__init__(
+        ConcordError.__init__(
             self,
             f"{self.where} is unreadable: {problem}. Remove it or copy the ref back from another store "
             f"(`concord sync OTHER_STORE {store or 'STORE'} --ref {ref}`).",
@@ -84,6 +86,8 @@ class InvalidStoreURIError(StoreError, ValueError):
 class StoreUnreachableError(StoreError, ConnectionError):
     """The store's endpoint did not answer (network, DNS, refused connection)."""
 
+    exit_code = 14
+
     def __init__(self, store: str, cause: str) -> None:
         self.store = store
         super().__init__(
@@ -104,6 +108,8 @@ class StoreAccessError(StoreError, PermissionError):
 
 
 class ChunkNotFoundError(StoreError, KeyError):
+    exit_code = 10
+
     def __init__(self, store: str, chunk: str) -> None:
         self.store = store
         self.chunk = chunk
@@ -132,6 +138,8 @@ class ChunkArchivedError(StoreError):
 
 
 class ManifestNotFoundError(StoreError, KeyError):
+    exit_code = 10
+
     def __init__(self, store: str, root: str) -> None:
         self.store = store
         self.root = root
@@ -145,6 +153,8 @@ class ManifestNotFoundError(StoreError, KeyError):
 
 
 class RefNotFoundError(StoreError, KeyError):
+    exit_code = 10
+
     def __init__(self, store: str, ref: str) -> None:
         self.store = store
         self.ref = ref
@@ -175,6 +185,8 @@ class RefConflictError(StoreError):
 class IntegrityError(StoreError, ValueError):
     """Bytes did not hash to the name they were stored or sent under."""
 
+    exit_code = 15
+
     def __init__(self, where: str, expected: str, actual: str) -> None:
         self.where = where
         self.expected = expected
@@ -187,6 +199,8 @@ class IntegrityError(StoreError, ValueError):
 
 class StoreNotFoundError(StoreError, FileNotFoundError):
     """A command that only reads was pointed at a place that holds no store (a mistyped path)."""
+
+    exit_code = 10
 
     def __init__(self, store: str, problem: str = "") -> None:
         self.store = store
@@ -218,7 +232,7 @@ class NotRegularFileError(StoreError, OSError):
         self.store = store
         self.key = key
         self.kind = kind
-        OSError.__init__(self, f"{key} in {store} is not a regular file ({kind}); {fix or _fix_for(key)}.")
+        ConcordError.__init__(self, f"{key} in {store} is not a regular file ({kind}); {fix or _fix_for(key)}.")
 
     def __str__(self) -> str:
         return str(self.args[0])

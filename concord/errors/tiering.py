@@ -12,6 +12,7 @@ __all__ = [
     "CopyRuleError",
     "PolicyError",
     "RestoreTimeoutError",
+    "TierCopyNotFoundError",
     "TierStoreUnavailableError",
 ]
 
@@ -58,6 +59,8 @@ class CheckpointConflictError(ConcordError, ValueError):
 class CheckpointNotFoundError(ConcordError, KeyError):
     """No tier holds the checkpoint asked for."""
 
+    exit_code = 10
+
     def __init__(self, name: str, namespace: str) -> None:
         self.name = name
         self.namespace = namespace
@@ -68,6 +71,22 @@ class CheckpointNotFoundError(ConcordError, KeyError):
 
     def __str__(self) -> str:
         return str(self.args[0])
+
+
+class TierCopyNotFoundError(CheckpointNotFoundError):
+    """The tier asked for holds no copy of the checkpoint (other tiers may)."""
+
+    def __init__(self, name: str, namespace: str, tier: str, held_in: list[str]) -> None:
+        self.name = name
+        self.namespace = namespace
+        self.tier = tier
+        self.held_in = list(held_in)
+        where = f"it is held in {', '.join(held_in)}" if held_in else "no tier holds it"
+        ConcordError.__init__(
+            self,
+            f"the {tier} tier holds no copy of checkpoint {name!r} of {namespace!r} ({where}); "
+            "restore from another tier, or leave the tier out to use the nearest one.",
+        )
 
 
 class CopyRuleError(ConcordError, RuntimeError):
@@ -104,6 +123,8 @@ class TierStoreUnavailableError(StoreError, ConnectionError):
     whose S3 lived only while the demo ran; ``refused``: it answered, and said no (credentials,
     permissions, a missing bucket)."""
 
+    exit_code = 14
+
     def __init__(self, source: str, tier: str, store: str, endpoint: str, cause: str, *, demo: bool = False, refused: bool = False) -> None:
         self.source = source
         self.tier = tier
@@ -111,6 +132,8 @@ class TierStoreUnavailableError(StoreError, ConnectionError):
         self.endpoint = endpoint
         self.cause = cause
         self.demo = demo
+        if refused:  # it answered: not a fault that passes
+            self.exit_code = 1
         if demo:
             fix = (
                 "This policy was written by `make demo` for the demo's own S3 (a moto_server on 127.0.0.1), "

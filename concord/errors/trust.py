@@ -48,6 +48,8 @@ class UnsupportedKeyError(KeyFileError):
 class KeyPasswordError(KeyFileError):
     """A password-protected private key was given without its password, or with a wrong one."""
 
+    exit_code = 12
+
     def __init__(self, path: str, given: bool) -> None:
         self.given = given
         problem = "the password does not open it" if given else "it is protected by a password and none was given"
@@ -62,6 +64,8 @@ class SignatureFormatError(TrustError):
     """A signature document is not an OpenSSF Model Signing bundle Concord can read: not JSON,
     truncated, a field missing or of the wrong type, an envelope or statement of another kind."""
 
+    exit_code = 13
+
     def __init__(self, where: str, problem: str) -> None:
         self.where = where
         self.problem = problem
@@ -73,6 +77,8 @@ class SignatureFormatError(TrustError):
 
 class SignatureError(TrustError):
     """A signature does not hold: made by another key, over another root or other files, or altered."""
+
+    exit_code = 13
 
     def __init__(self, where: str, problem: str, fix: str = "") -> None:
         self.where = where
@@ -98,6 +104,8 @@ class UntrustedRootError(TrustError):
     """Under a trust policy, a root has no valid signature from a trusted key: refused, nothing
     written, no ref moved. ``tried`` lists the trusted key ids; ``problems`` what each signature
     found in the store said."""
+
+    exit_code = 13
 
     def __init__(self, store: str, root: str, tried: tuple[str, ...], problems: tuple[str, ...] = ()) -> None:
         self.store = store

@@ -20,6 +20,7 @@ import hmac
 import os
 import secrets
 
+from concord.errors import SealError, StoreKeyFileError
 from concord.stores import scratch
 
 #: the first byte of a sealed object
@@ -31,10 +32,6 @@ SALT_BYTES = 16
 ALGORITHM = "AES-256-GCM"
 KDF = "HKDF-SHA256"
 _CHECK_TEXT = b"concord store key check"
-
-
-class SealError(ValueError):
-    """A sealed object that does not open: damaged, moved, or sealed under another key."""
 
 
 def new_key() -> bytes:
@@ -56,10 +53,7 @@ def parse_key(data: bytes, where: str) -> bytes:
             return bytes.fromhex(text.decode("ascii"))
         except (UnicodeDecodeError, ValueError):
             pass
-    raise ValueError(
-        f"key file {where} holds {len(data)} bytes: a store key is 32 random bytes, raw or as 64 hex "
-        "characters (`concord init STORE --encrypt --key-file NEW_FILE` writes one)"
-    )
+    raise StoreKeyFileError(where, f"key file {where} holds {len(data)} bytes")
 
 
 def read_key_file(path: str) -> bytes:
@@ -67,7 +61,7 @@ def read_key_file(path: str) -> bytes:
         with open(path, "rb") as f:
             data = f.read(4 * KEY_BYTES + 1)
     except OSError as exc:
-        raise ValueError(f"cannot read key file {path} ({exc.strerror})") from None
+        raise StoreKeyFileError(path, f"cannot read key file {path} ({exc.strerror})") from None
     return parse_key(data, path)
 
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 import struct
 import threading
 
+from concord.errors import FrameError
 from concord.stores import scratch
 
 #: the store encodings a person chooses between
@@ -54,10 +55,6 @@ _local = threading.local()
 #: failing on it as succeeding on the exponent plane
 SAMPLE_BYTES = 16 * 1024
 SAMPLE_GAIN = 0.02
-
-
-class FrameError(ValueError):
-    """Encoded bytes that do not decode; the store turns it into an error naming the chunk."""
 
 
 def _zstd():

@@ -23,7 +23,15 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Callable
 
-from concord.errors import ChunkNotFoundError, CheckpointNotFoundError, ConcordError, IntegrityError, RestoreTargetError, RestoreTimeoutError
+from concord.errors import (
+    ChunkNotFoundError,
+    CheckpointNotFoundError,
+    ConcordError,
+    IntegrityError,
+    RestoreTargetError,
+    RestoreTimeoutError,
+    TierCopyNotFoundError,
+)
 from concord.snapshots.manifest import Manifest
 from concord.progress import Progress, ensure
 from concord.stores.base import AVAILABLE, ARCHIVED, MISSING, Store, validate_segment
@@ -37,20 +45,6 @@ RESTORE_RECORD_FORMAT = "concord/tier-restore@1"
 _BATCH = 1000
 #: how much of a restored file is read at once when checking it
 _READ_BLOCK = 8 * 1024 * 1024
-
-
-class TierCopyNotFoundError(CheckpointNotFoundError):
-    """The tier asked for holds no copy of the checkpoint (other tiers may)."""
-
-    def __init__(self, name: str, namespace: str, tier: str, held_in: list[str]) -> None:
-        super().__init__(name, namespace)
-        self.tier = tier
-        self.held_in = list(held_in)
-        where = f"it is held in {', '.join(held_in)}" if held_in else "no tier holds it"
-        self.args = (
-            f"the {tier} tier holds no copy of checkpoint {name!r} of {namespace!r} ({where}); "
-            "restore from another tier, or leave the tier out to use the nearest one.",
-        )
 
 
 @dataclass(frozen=True)

@@ -64,25 +64,25 @@ def test_cli_verify_reports_corruption_and_repairs(capsys, ckpt, tmp_path):
 
 
 @pytest.mark.parametrize(
-    "argv, needle",
+    "argv, needle, exit_code",
     [
-        (["snapshot", "/no/such/dir", "--store", "{tmp}/s"], "no such file"),
-        (["diff", "{tmp}/s", "nope", "nope"], "no ref"),
-        (["restore", "{tmp}/s", "--root", "ab" * 32, "{tmp}/o"], "no snapshot"),
-        (["sync", "{tmp}/s", "{tmp}/t", "--ref", "../../etc"], "invalid ref name"),
-        (["rollback", "{tmp}/s", "--ref", "nope"], "no ref"),
-        (["snapshot", "{tmp}", "--store", "s3://"], "no bucket"),
-        (["snapshot", "{tmp}", "--store", "ftp:x"], "unknown scheme"),
-        (["diff", "{tmp}/typo", "nope", "nope"], "no Concord store"),
-        (["restore", "{tmp}/typo", "--root", "ab" * 32, "{tmp}/o"], "no Concord store"),
+        (["snapshot", "/no/such/dir", "--store", "{tmp}/s"], "no such file", 10),
+        (["diff", "{tmp}/s", "nope", "nope"], "no ref", 10),
+        (["restore", "{tmp}/s", "--root", "ab" * 32, "{tmp}/o"], "no snapshot", 10),
+        (["sync", "{tmp}/s", "{tmp}/t", "--ref", "../../etc"], "invalid ref name", 1),
+        (["rollback", "{tmp}/s", "--ref", "nope"], "no ref", 10),
+        (["snapshot", "{tmp}", "--store", "s3://"], "no bucket", 1),
+        (["snapshot", "{tmp}", "--store", "ftp:x"], "unknown scheme", 1),
+        (["diff", "{tmp}/typo", "nope", "nope"], "no Concord store", 10),
+        (["restore", "{tmp}/typo", "--root", "ab" * 32, "{tmp}/o"], "no Concord store", 10),
     ],
 )
-def test_cli_failures_are_one_clear_line(capsys, tmp_path, argv, needle):
+def test_cli_failures_are_one_clear_line(capsys, tmp_path, argv, needle, exit_code):
     (tmp_path / "f.txt").write_text("x")
     (tmp_path / "s" / "refs").mkdir(parents=True)  # an (empty) store; {tmp}/typo holds none
     code = main([a.replace("{tmp}", str(tmp_path)) for a in argv])
     out, err = capsys.readouterr()
-    assert code == 1 and out == ""
+    assert code == exit_code and out == ""
     assert err.startswith("concord: error: ") and err.count("\n") == 1 and needle in err
 
 

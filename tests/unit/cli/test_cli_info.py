@@ -149,12 +149,12 @@ def test_a_wrong_or_missing_key_is_one_line(stores, tmp_path, capsys):
     wrong = tmp_path / "wrong.key"
     wrong.write_text("11" * 32)
     code, out, err = run(capsys, "info", sealed, "--key-file", wrong)
-    assert (code, out) == (1, "") and len(err.strip().splitlines()) == 1
+    assert (code, out) == (12, "") and len(err.strip().splitlines()) == 1
     assert f"store {sealed} is encrypted: the key given" in err and "is not this store's key" in err
     code, out, err = run(capsys, "info", sealed)
-    assert code == 1 and len(err.strip().splitlines()) == 1 and "no key was given" in err
+    assert code == 12 and len(err.strip().splitlines()) == 1 and "no key was given" in err
     code, out, err = run(capsys, "info", tmp_path / "nothing-here")
-    assert code == 1 and len(err.strip().splitlines()) == 1 and "nothing-here" in err
+    assert code == 10 and len(err.strip().splitlines()) == 1 and "nothing-here" in err
 
 
 def test_snapshot_lines_show_stored_bytes_beside_raw_where_the_store_encodes(stores, ckpt, tmp_path, capsys):

@@ -71,20 +71,20 @@ def test_a_missing_or_wrong_key_names_the_store_and_its_option(chain, capsys):
     assert run(capsys, "sync", plain, a, "--ref", "models/m", "--target-key-file", ka)[0] == 0
 
     code, _, err = run(capsys, "sync", a, b, "--ref", "models/m", "--target-key-file", kb)
-    assert code == 1 and len(err.strip().splitlines()) == 1
+    assert code == 12 and len(err.strip().splitlines()) == 1
     assert f"store {a} is encrypted: no key was given. Give its key file with --source-key-file FILE" in err
 
     code, _, err = run(capsys, "sync", a, b, "--ref", "models/m", "--source-key-file", ka, "--target-key-file", ka)
-    assert code == 1 and len(err.strip().splitlines()) == 1
+    assert code == 12 and len(err.strip().splitlines()) == 1
     assert f"store {b} is encrypted: the key from --target-key-file {ka}" in err and "is not this store's key" in err
     assert "Give its key file with --target-key-file FILE" in err
 
     # --key-file is what a store without a key of its own takes: here A's, which is not B's
     code, _, err = run(capsys, "sync", a, b, "--ref", "models/m", "--key-file", ka)
-    assert code == 1 and f"store {b} is encrypted: the key of --key-file / $CONCORD_KEY_FILE" in err
+    assert code == 12 and f"store {b} is encrypted: the key of --key-file / $CONCORD_KEY_FILE" in err
 
     code, _, err = run(capsys, "sync", a, b, "--ref", "models/m", "--source-key-file", a / "nowhere.key", "--target-key-file", kb)
-    assert code == 1 and "--source-key-file: cannot read key file" in err
+    assert code == 12 and "--source-key-file: cannot read key file" in err
 
     store_b = LocalDirStore(b)
     store_b.unlock(read_key_file(str(kb)))
@@ -93,13 +93,13 @@ def test_a_missing_or_wrong_key_names_the_store_and_its_option(chain, capsys):
 
 def test_verify_repairs_from_a_store_with_another_key(chain, capsys):
     plain, a, b, ka, kb = chain
-    assert run(capsys, "sync", plain, a, b, "--ref", "models/m", "--target-key-file", ka)[0] == 1  # B's key is not A's
+    assert run(capsys, "sync", plain, a, b, "--ref", "models/m", "--target-key-file", ka)[0] == 12  # B's key is not A's
     assert run(capsys, "sync", plain, a, "--ref", "models/m", "--target-key-file", ka)[0] == 0
     assert run(capsys, "sync", a, b, "--ref", "models/m", "--source-key-file", ka, "--target-key-file", kb)[0] == 0
     chunk = next(p for p in (b / "chunks").rglob("*") if p.is_file())
     chunk.unlink()  # one chunk lost in B
     code, out, err = run(capsys, "verify", b, "--ref", "models/m", "--key-file", kb, "--repair-from", a, "--repair-key-file", kb)
-    assert code == 1 and f"store {a} is encrypted" in err and "--repair-key-file" in err
+    assert code == 12 and f"store {a} is encrypted" in err and "--repair-key-file" in err
     code, out, err = run(capsys, "verify", b, "--ref", "models/m", "--key-file", kb, "--repair-from", a, "--repair-key-file", ka, "--json")
     assert code == 0, err
     assert len(json.loads(out)["repaired"]) == 1
@@ -118,7 +118,7 @@ def test_audit_replicas_and_cards_give_each_store_its_own_key(chain, capsys):
     assert code == 3 and "no model card" in err and "key" not in err, err  # read with the keys: the toy has no card
     # a store's key that is not its own is one line naming the store and the option
     code, out, err = run(capsys, "audit", "replicas", "--ref", "models/m", a, b, "--store-key", f"{a}={kb}", "--store-key", f"{b}={kb}")
-    assert code == 1 and len(err.strip().splitlines()) == 1
+    assert code == 12 and len(err.strip().splitlines()) == 1
     assert str(a) in err and f"--store-key {a}=FILE" in err and "not this store's key" in err
     # a pair naming no compared store, or no file, is refused before anything is read
     code, out, err = run(capsys, "audit", "replicas", "--ref", "models/m", a, b, "--store-key", f"{plain}={ka}")

@@ -174,9 +174,9 @@ def test_restore_reports_tier_seconds_bytes_and_gives_identical_files(capsys, po
     assert code == 0 and r["tier"] == "warm" and files_equal(ckpts[2], tmp_path / "r300")
 
     code, r, err = run(capsys, "tier", "restore", "--policy", policy, "step-100", tmp_path / "r100b", "--tier", "hot")
-    assert code == 1 and r is None and err.count("\n") == 1 and "cold" in err
+    assert code == 10 and r is None and err.count("\n") == 1 and "cold" in err
     code, _, err = run(capsys, "tier", "restore", "--policy", policy, "step-999", tmp_path / "r999")
-    assert code == 1 and "step-999" in err and err.count("\n") == 1
+    assert code == 10 and "step-999" in err and err.count("\n") == 1
 
 
 def test_drill_passes_and_fails_on_an_impossible_objective(capsys, policy, tiered, tmp_path):
@@ -328,7 +328,7 @@ def test_status_on_the_demos_policy_after_the_demo_says_whose_s3_it_was(capsys, 
 
     policy = write_demo_policy(tmp_path)
     code, out, err = run(capsys, "tier", "status", "--policy", policy)
-    assert code == 1 and out is None and err.startswith("concord: error: ") and err.count("\n") == 1
+    assert code == 14 and out is None and err.startswith("concord: error: ") and err.count("\n") == 1
     for needle in (f"tier policy {policy}", "warm store s3://concord-warm/ckpt", f"at {dead_s3} did not answer", "make demo", "stopped"):
         assert needle in err, err
 
@@ -336,6 +336,6 @@ def test_status_on_the_demos_policy_after_the_demo_says_whose_s3_it_was(capsys, 
 def test_status_on_an_s3_policy_whose_endpoint_is_down_names_file_tier_and_endpoint(capsys, tmp_path, dead_s3):
     policy = write_policy(tmp_path / "mine.yaml", tmp_path / "tiers", warm={"store": "s3://my-warm/ckpt"})
     code, out, err = run(capsys, "tier", "status", "--policy", policy)
-    assert code == 1 and out is None and err.count("\n") == 1
+    assert code == 14 and out is None and err.count("\n") == 1
     assert f"tier policy {policy}: the warm store s3://my-warm/ckpt at {dead_s3} did not answer" in err
     assert "AWS_ENDPOINT_URL" in err and "make demo" not in err

@@ -203,5 +203,5 @@ def test_tier_drill_track_logs_the_run_the_restore_drill_flow_logs(capsys, polic
 def test_an_unreachable_tracking_server_fails_before_the_drill(capsys, policy, tmp_path):
     before = sorted(p.name for p in (tmp_path / "tiers" / "hot").rglob("*"))
     code, d, err = run(capsys, "tier", "drill", "--policy", policy, "--track", "--tracking-uri", f"http://127.0.0.1:{free_port()}")
-    assert code == 1 and d is None and err.count("\n") == 1 and "unreachable" in err
+    assert code == 14 and d is None and err.count("\n") == 1 and "unreachable" in err
     assert sorted(p.name for p in (tmp_path / "tiers" / "hot").rglob("*")) == before  # no drill record was written

@@ -228,9 +228,9 @@ def test_cli_checkout_json_status_rollback_and_bad_input(versions, tmp_path, cap
     assert main(["checkout", "--rollback", dest]) == 0
     assert "rolled back" in capsys.readouterr().out
     assert files_equal(Path(dest), d1)
-    assert main(["checkout", store.uri, "--ref", "models/nope", dest]) == 1
+    assert main(["checkout", store.uri, "--ref", "models/nope", dest]) == 10
     assert "no ref 'models/nope'" in capsys.readouterr().err
-    assert main(["checkout", str(tmp_path / "no-store"), "--ref", "models/toy", dest]) == 1
+    assert main(["checkout", str(tmp_path / "no-store"), "--ref", "models/toy", dest]) == 10
     assert "no-store" in capsys.readouterr().err
     (tmp_path / "plain").mkdir()
     assert main(["checkout", store.uri, "--ref", "models/toy", str(tmp_path / "plain")]) == 1
@@ -261,7 +261,7 @@ def test_under_a_trust_policy_an_unsigned_root_is_never_written(versions, tmp_pa
         checkout(store, m2, dest, trust=policy)
     layout = Layout.of(dest)
     assert layout.versions() == [m1.root] and not os.path.exists(layout.partial_dir(m2.root))
-    assert main(["checkout", store.uri, "--root", m2.root, str(dest), "--trust", str(tmp_path / "keys" / "release.pub.pem")]) == 1
+    assert main(["checkout", store.uri, "--root", m2.root, str(dest), "--trust", str(tmp_path / "keys" / "release.pub.pem")]) == 13
     assert m2.root in capsys.readouterr().err
     assert files_equal(dest, d1)
 

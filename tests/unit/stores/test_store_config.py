@@ -323,7 +323,7 @@ def test_cli_init_writes_a_key_once_and_commands_take_it(tmp_path, ckpt, capsys,
     assert oct(key.stat().st_mode & 0o777) == "0o600"
     assert main(["snapshot", str(ckpt), "--store", str(store), "--ref", "m", "--key-file", str(key), "--json"]) == 0
     capsys.readouterr()
-    assert main(["refs", str(store)]) == 1
+    assert main(["refs", str(store)]) == 12  # 12: wrong or missing key
     err = capsys.readouterr().err.strip()
     assert err.startswith("concord: error: store") and "is encrypted: no key was given" in err and "\n" not in err
     assert key.read_text().strip() not in err

@@ -420,7 +420,7 @@ def test_reading_commands_never_create_a_store_and_say_there_is_none(tmp_path, c
     before = sorted(os.listdir(tmp_path))
     code = main([a.replace("{p}", str(p)).replace("{out}", str(tmp_path / "out")) for a in argv])
     out, err = capsys.readouterr()
-    assert code == 1 and out == "" and err.count("\n") == 1
+    assert code == 10 and out == "" and err.count("\n") == 1  # 10: not found
     assert f"no Concord store at {p}" in err and "check the path" in err
     assert sorted(os.listdir(tmp_path)) == before  # nothing was created
     with pytest.raises(StoreNotFoundError) as info:

@@ -73,7 +73,7 @@ def test_model_signing_signed_folder_is_accepted_by_snapshot(capsys, model, keyd
     # signed by a key that is not trusted: refused, nothing kept, no ref
     c2 = str(tmp_path / "c2")
     code, _, err = run(capsys, "snapshot", str(model), "--store", c2, "--ref", "models/m", "--signature", str(sig), "--trust", str(keydir / "ossl.pub.pem"))
-    assert code == 1
+    assert code == 13
     one_line_error(err, str(sig), "not among the keys given")
     assert [p for p in written(tmp_path / "c2") if "refs" in p.parts or "signatures" in p.parts] == []
 
@@ -93,19 +93,19 @@ def test_bad_inputs_each_one_line_nonzero_nothing_written(capsys, signed_store, 
     out = tmp_path / "out"
     # a wrong key
     code, _, err = run(capsys, "restore", c1, "--ref", "models/m", str(out), "--trust", mallory)
-    assert code == 1 and not out.exists()
+    assert code == 13 and not out.exists()
     one_line_error(err, signed["root"], "keys tried", "not among the keys given")
     # a tampered bundle
     sig = next((tmp_path / "c1" / "signatures").rglob("*.sig"))
     good = sig.read_bytes()
     sig.write_bytes(good.replace(b'"sig": "', b'"sig": "AAAA', 1))
     code, _, err = run(capsys, "restore", c1, "--ref", "models/m", str(out), "--trust", alice)
-    assert code == 1 and not out.exists()
+    assert code == 13 and not out.exists()
     one_line_error(err, "not signed by a trusted key")
     # a truncated bundle
     sig.write_bytes(good[:100])
     code, _, err = run(capsys, "restore", c1, "--ref", "models/m", str(out), "--trust", alice)
-    assert code == 1 and not out.exists()
+    assert code == 13 and not out.exists()
     one_line_error(err, "not signed by a trusted key")
     sig.write_bytes(good)
     # a signature over another root: moved onto a second snapshot
@@ -114,7 +114,7 @@ def test_bad_inputs_each_one_line_nonzero_nothing_written(capsys, signed_store, 
     (tmp_path / "c1" / "signatures" / other["root"]).mkdir()
     sig.rename(tmp_path / "c1" / "signatures" / other["root"] / sig.name)
     code, _, err = run(capsys, "sync", c1, str(tmp_path / "c2"), "--ref", "models/n", "--trust", alice)
-    assert code == 1 and written(tmp_path / "c2") == []
+    assert code == 13 and written(tmp_path / "c2") == []
     one_line_error(err, f"signs root {signed['root']}, not {other['root']}")
 
 
@@ -130,7 +130,7 @@ def test_bad_keys_at_the_command_line(capsys, signed_store, keydir, tmp_path, mo
     assert code == 0
     monkeypatch.delenv("CONCORD_KEY_PASSWORD", raising=False)
     code, _, err = run(capsys, "sign", c1, "--ref", "models/m", "--key", str(tmp_path / "enc.pem"))
-    assert code == 1
+    assert code == 12
     one_line_error(err, "enc.pem", "protected by a password", "CONCORD_KEY_PASSWORD")
     assert sorted(p.name for p in (tmp_path / "c1" / "signatures").rglob("*")) == before
     code, signed, _ = run(capsys, "sign", c1, "--ref", "models/m", "--key", str(tmp_path / "enc.pem"), "--key-password-env", "PW")

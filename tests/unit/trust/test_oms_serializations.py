@@ -77,7 +77,7 @@ def test_a_sharded_bundle_names_the_shard_that_differs_and_holds_for_no_other_ro
     (model / "weights.bin").write_bytes(bytes(data))
     other = LocalDirStore(tmp_path / "t")
     code, _, err = _snapshot(model, other.root, sig, keydir / "ossl.pub.pem", capsys)
-    assert code == 1 and err.count("\n") == 1
+    assert code == 13 and err.count("\n") == 1  # 13: untrusted
     assert "1 shard(s) differ from what was signed (weights.bin:131072:196608)" in err
     assert other.read_ref("models/m") is None and other.list_documents("signatures") == []  # no ref moved, nothing kept
 
@@ -102,6 +102,6 @@ def test_an_unknown_serialization_is_refused_in_one_line(model, keydir, tmp_path
     bundle["dsseEnvelope"]["payload"] = base64.b64encode(json.dumps(statement).encode()).decode()
     sig.write_text(json.dumps(bundle))
     code, _, err = _snapshot(model, tmp_path / "s", sig, keydir / "ossl.pub.pem", capsys)
-    assert code == 1 and err.count("\n") == 1
+    assert code == 13 and err.count("\n") == 1
     assert "serialization tensors/sha256: Concord reads model_signing's `files` and `shards` serializations" in err
     assert "sign with `model_signing sign key` (files, sha256)" in err and not (tmp_path / "s" / "refs").exists()

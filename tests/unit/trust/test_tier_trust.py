@@ -50,4 +50,4 @@ def test_tier_restore_refuses_an_unsigned_copy_and_restores_a_signed_one(tiers, 
     policy_file.write_text(json.dumps(policy_doc(tmp_path)))  # JSON is YAML
     code = main(["tier", "restore", "step-1", str(tmp_path / "out2"), "--tier", "warm", "--policy", str(policy_file), "--trust", str(keydir / "alice.pub.pem")])
     err = capsys.readouterr().err
-    assert code == 1 and err.count("\n") == 1 and "not signed by a trusted key" in err and not (tmp_path / "out2").exists()
+    assert code == 13 and err.count("\n") == 1 and "not signed by a trusted key" in err and not (tmp_path / "out2").exists()
