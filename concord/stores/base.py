@@ -272,6 +272,11 @@ class Store(ABC):
     def close(self) -> None:
         """Release clients and connections (no-op by default)."""
 
+    def flush(self) -> None:
+        """Make everything written so far durable before something names it: a folder store
+        flushes its files and their folders (:mod:`concord.stores.local`); an object store has
+        nothing to do, each object being durable once its write returns."""
+
     # A store travels between processes as its settings: the derived keys are derived again.
     def __getstate__(self) -> dict:
         state = self.__dict__.copy()
@@ -567,6 +572,7 @@ class Store(ABC):
         if current_root != expected:
             raise RefConflictError(self.uri, name, expected, current_root)
         updated = current.advanced(new, message)
+        self.flush()  # durable before visible: what the ref names is on disk before it moves
         if not self._write_if(key, enc.seal(key, updated.to_json()), token):
             after = self.read_ref(name)
             after_root = after.root if after else None

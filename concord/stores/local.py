@@ -2,7 +2,14 @@
 
 Every write goes to a unique temporary name in the destination folder and is renamed into place
 with ``os.replace``, so a reader (or a process killed mid-write) never leaves a half-written
-object under a real name. Ref updates take an ``flock`` only for the read-compare-write of the
+object under a real name.
+
+Durable before visible: the chunks, manifests and documents a store writes are flushed to disk,
+with the folders they are named in, before a ref moves (:meth:`Store.flush`, which
+:meth:`~concord.stores.base.Store.cas_ref` calls), as restic flushes every object it writes. The
+flushes are batched so the write path stays fast: each file's ``fsync`` starts on a small thread
+pool as soon as it is renamed into place, overlapping the writes still to come, and each folder
+is flushed once, at the end. The ref itself is written flushed, and its folder after it. Ref updates take an ``flock`` only for the read-compare-write of the
 compare-and-swap (and the compare-and-delete of a ref); correctness of everything else comes from
 atomic renames and content addressing.
 """
@@ -14,11 +21,13 @@ import fcntl
 import hashlib
 import os
 import stat
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import Iterator
 
 from concord.errors import NotRegularFileError, StoreAccessError, StoreNotFoundError
-from concord.files import TMP_PREFIX, atomic_write, temp_path
+from concord.files import TMP_PREFIX, atomic_write, fsync_path, temp_path
 from concord.stores import scratch
 from concord.stores.base import Store, chunk_key
 
@@ -117,6 +126,45 @@ def _object_place(key: str) -> bool:
     return key.endswith(".json") or (parts[0] in ("refs", "chunks") and len(parts) == 3)
 
 
+class _Flushes:
+    """Files written but not yet flushed, and the folders they were named in: each file's
+    ``fsync`` runs on a small pool from the moment it is added; :meth:`wait` lets them finish,
+    then flushes every folder once (a chunk's ``chunks/XX``, ``chunks``, the store's root...)."""
+
+    WORKERS = 4
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._pool: ThreadPoolExecutor | None = None
+        self._files: list[Future] = []
+        self._folders: set[str] = set()
+
+    def add(self, path: str, folders: Iterator[str]) -> None:
+        with self._lock:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(self.WORKERS, thread_name_prefix="concord-fsync")
+            self._files.append(self._pool.submit(fsync_path, path))
+            self._folders.update(folders)
+
+    def wait(self) -> None:
+        with self._lock:
+            files, self._files = self._files, []
+            folders, self._folders = self._folders, set()
+            pool = self._pool
+        if not files and not folders:
+            return
+        for f in files:
+            f.result()  # an error of any file's flush is raised here, before the ref moves
+        for f in [pool.submit(fsync_path, d) for d in folders]:
+            f.result()
+
+    def close(self) -> None:
+        with self._lock:
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=True)
+
+
 class LocalDirStore(Store):
     #: local hashing and copying are CPU-bound: one thread per core
     parallelism = max(2, os.cpu_count() or 2)
@@ -128,6 +176,7 @@ class LocalDirStore(Store):
         self.root = os.path.abspath(os.fspath(path))
         self.uri = self.root
         self.fsync = fsync
+        self._flushes = _Flushes()
         if must_exist:  # a command that only reads: a mistyped path is said, never created
             if not os.path.isdir(self.root):
                 what = "nothing is there" if not os.path.lexists(self.root) else "the path is not a folder"
@@ -148,21 +197,52 @@ class LocalDirStore(Store):
     def _path(self, key: str) -> str:
         return os.path.join(self.root, *key.split("/"))
 
+    def __getstate__(self) -> dict:
+        state = super().__getstate__()
+        state.pop("_flushes", None)  # what is pending is this process's to flush
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._flushes = _Flushes()
+
+    def _written(self, key: str, path: str) -> None:
+        """``path`` (object ``key``) was renamed into place unflushed: flush it, and the folders
+        from its own up to the store's root, before the next ref moves."""
+        parts = key.split("/")[:-1]
+        folders = (os.path.join(self.root, *parts[:i]) for i in range(len(parts) + 1))
+        self._flushes.add(path, folders)
+
+    def flush(self) -> None:
+        """Wait until every object written so far is on disk, with the folders it is named in."""
+        try:
+            self._flushes.wait()
+        except OSError as exc:
+            raise StoreAccessError(self.uri, f"cannot flush what was written to disk ({exc.strerror})") from exc
+
+    def close(self) -> None:
+        self._flushes.close()
+        super().close()
+
     def _put_object(self, key: str, data: bytes | memoryview, *, overwrite: bool) -> bool:
         path = self._path(key)
         if not overwrite and os.path.exists(path):
             return False
         try:
-            return atomic_write(path, data, fsync=self.fsync, exclusive=not overwrite)
+            written = atomic_write(path, data, fsync=self.fsync, exclusive=not overwrite)
         except OSError as exc:
             raise StoreAccessError(self.uri, f"cannot write {key} ({exc.strerror})") from exc
+        if written and not self.fsync:
+            self._written(key, path)
+        return written
 
     def put_chunk_from_file(
         self, cid: str, fd: int, offset: int, length: int, data: memoryview, *, dtype: str | None = None
     ) -> int | None:
         if self.encoding().framed:  # the bytes are encoded first: no kernel copy
             return self.put_chunk_sized(cid, data, verify=False, dtype=dtype)
-        path = self._path(chunk_key(cid))
+        key = chunk_key(cid)
+        path = self._path(key)
         if not self._copy_file_range or os.path.exists(path):
             return self.put_chunk_sized(cid, data, verify=False)
         folder = os.path.dirname(path)
@@ -170,7 +250,13 @@ class LocalDirStore(Store):
         tmp = temp_path(folder)  # the one write that is not atomic_write's: the kernel copies the bytes
         try:
             _copy_range(fd, offset, length, tmp)
+            if self.fsync:
+                fsync_path(tmp)
             os.replace(tmp, path)
+            if self.fsync:
+                fsync_path(folder)
+            else:
+                self._written(key, path)
         except OSError as exc:
             if exc.errno in (errno.EXDEV, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL):
                 type(self)._copy_file_range = False  # this kernel or filesystem pair can't: write instead
