@@ -77,8 +77,8 @@ def push_signatures(reg: Registry, documents: Mapping[str, bytes], subject: dict
     return [k for k, _ in pushed]
 
 
-def _update_fallback_index(reg: Registry, subject_digest: str, descriptors: list[dict]) -> None:
-    """Add ``descriptors`` to the referrers tag schema's index of the subject (kept as it was
+def _update_fallback_index(reg: Registry, subject_digest: str, added: list[dict]) -> None:
+    """Add ``added`` to the referrers tag schema's index of the subject (kept as it was
     for the referrers already listed)."""
     tag = fallback_tag(subject_digest)
     what = f"referrers index {tag}"
@@ -88,7 +88,7 @@ def _update_fallback_index(reg: Registry, subject_digest: str, descriptors: list
         data = None
     manifests = [] if data is None else list(descriptors(document(data, str(reg.ref), what), "manifests", str(reg.ref), what))
     have = {m.get("digest") for m in manifests if isinstance(m, dict)}
-    manifests += [d for d in descriptors if d["digest"] not in have]
+    manifests += [d for d in added if d["digest"] not in have]
     index = {"schemaVersion": 2, "mediaType": INDEX_TYPE, "manifests": manifests}
     reg.put_manifest(json.dumps(index, sort_keys=True, separators=(",", ":")).encode(), tag, INDEX_TYPE)
 
