@@ -3,7 +3,12 @@
 
 from __future__ import annotations
 
+import os
 import sys
+
+# A flow called outside the test harness starts Prefect's temporary server, which gives up after its
+# own 20 s: a loaded 2-core machine takes longer than that to build its database.
+os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "300")
 import uuid
 from contextlib import contextmanager
 from pathlib import Path
@@ -30,7 +35,7 @@ def aws_credentials(tmp_path_factory):
 def _moto_server(tmp_path_factory, name: str) -> Iterator[str]:
     """Run a real ``moto_server`` process on 127.0.0.1; yield its endpoint URL; stop it after."""
     log = tmp_path_factory.mktemp(name) / "moto_server.log"
-    with running_moto_server(log, timeout=30) as url:
+    with running_moto_server(log, timeout=120) as url:
         yield url
 
 

@@ -36,7 +36,7 @@ def running_moto_server(log_path: Path, *, timeout: float = 60) -> AbstractConte
     return _servers.moto_server(log_path, timeout=timeout, fail=pytest.fail)
 
 
-def running_registry(data_dir: Path, log_path: Path, *, users: dict[str, str] | None = None, timeout: float = 30):
+def running_registry(data_dir: Path, log_path: Path, *, users: dict[str, str] | None = None, timeout: float = 120):
     """Run a real CNCF distribution registry (``docker-registry``) on 127.0.0.1, with HTTP Basic
     users (bcrypt htpasswd) if given; the ``with`` block gets its ``host:port``."""
     from contextlib import contextmanager

@@ -104,10 +104,10 @@ def test_warm_going_away_mid_demotion_keeps_hot_and_a_rerun_converges(tmp_path, 
     port, cold_port = free_port(), free_port()
     endpoint, cold_endpoint = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{cold_port}"
     cmd = [exe, "-H", "127.0.0.1", "-p", str(port)]
-    with running_server("moto_server", [exe, "-H", "127.0.0.1", "-p", str(cold_port)], f"{cold_endpoint}/moto-api/", tmp_path / "cold.log", timeout=30):
+    with running_server("moto_server", [exe, "-H", "127.0.0.1", "-p", str(cold_port)], f"{cold_endpoint}/moto-api/", tmp_path / "cold.log", timeout=120):
         hot = LocalDirStore(tmp_path / "hot")
         cold = s3(cold_endpoint, f"cold-{tag}", "GLACIER")
-        with running_server("moto_server", cmd, f"{endpoint}/moto-api/", tmp_path / "warm1.log", timeout=30) as warm_server:
+        with running_server("moto_server", cmd, f"{endpoint}/moto-api/", tmp_path / "warm1.log", timeout=120) as warm_server:
             warm = DyingS3(f"warm-{tag}", "ckpt", endpoint_url=endpoint, create_bucket=True, storage_class="STANDARD_IA",
                            connect_timeout=0.5, max_attempts=1, server=warm_server)
             stores = {"hot": hot, "warm": warm, "cold": cold}
@@ -121,7 +121,7 @@ def test_warm_going_away_mid_demotion_keeps_hot_and_a_rerun_converges(tmp_path, 
         assert r.demoted == []
         assert hot.read_ref("run1/step-0010") is not None  # the hot copy stays
         # warm comes back (empty: a new server), and the next sweep converges
-        with running_server("moto_server", cmd, f"{endpoint}/moto-api/", tmp_path / "warm2.log", timeout=30):
+        with running_server("moto_server", cmd, f"{endpoint}/moto-api/", tmp_path / "warm2.log", timeout=120):
             stores["warm"] = s3(endpoint, f"warm-{tag}", "STANDARD_IA")
             r = sweep(policy, stores=stores)
             assert r.ok, (r.errors, r.violations)
