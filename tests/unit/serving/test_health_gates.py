@@ -4,6 +4,7 @@ time); a checkout killed during its gate leaves a pending gate that its re-run r
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -130,9 +131,9 @@ def wait_gone(pid: int, bound: float = 10.0) -> bool:
 def test_a_health_command_that_runs_out_of_time_is_killed_with_its_children(versions, tmp_path):
     store, dest, (d1, m1), (d2, m2) = versions
     pids = tmp_path / "pids"
-    gate = HealthCheck(cmd=f"sleep 30 & echo $$ $! > {pids}; wait", timeout=1)
+    gate = HealthCheck(cmd=f"sleep 30 & echo $$ $! > {pids}; wait", timeout=3)
     try:
-        with pytest.raises(HealthCheckFailedError, match="within 1 s"):
+        with pytest.raises(HealthCheckFailedError, match="within 3 s"):
             checkout(store, m2, dest, health=gate)
         shell, child = (int(p) for p in pids.read_text().split())
         assert wait_gone(shell) and wait_gone(child)
@@ -148,7 +149,7 @@ def test_a_health_command_that_runs_out_of_time_is_killed_with_its_children(vers
 def test_a_healthy_command_that_leaves_a_background_child_passes(versions, tmp_path):
     store, dest, (d1, m1), (d2, m2) = versions
     pid = tmp_path / "child"
-    gate = HealthCheck(cmd=f"sleep 30 & echo $! > {pid}; echo ok", timeout=3)
+    gate = HealthCheck(cmd=f"sleep 30 & echo $! > {pid}; echo ok", timeout=10)
     try:
         r = checkout(store, m2, dest, health=gate)
     finally:
@@ -177,6 +178,14 @@ def gates():
             pass
 
 
+def gate_recorded(dest: Path) -> bool:
+    """Whether the checkout has noted its gate's process group in ``gate.json``."""
+    try:
+        return "pgid" in json.loads((Path(Layout.of(dest).folder) / "gate.json").read_text())
+    except (OSError, ValueError):
+        return False
+
+
 def kill_during_gate(store, root: str, dest: Path, tmp_path: Path, gates: list[int]) -> int:
     """Run ``concord checkout`` with a gate that stalls, and SIGKILL the checkout there (its gate,
     a session of its own, is left running). Returns the gate's process group."""
@@ -188,7 +197,7 @@ def kill_during_gate(store, root: str, dest: Path, tmp_path: Path, gates: list[i
     )
     try:
         deadline = time.monotonic() + 60
-        while not (marker.exists() and marker.read_text().strip()):
+        while not (marker.exists() and marker.read_text().strip() and gate_recorded(dest)):
             assert proc.poll() is None and time.monotonic() < deadline, "the checkout never reached its gate"
             time.sleep(0.01)
     finally:
