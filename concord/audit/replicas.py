@@ -180,7 +180,7 @@ class ReplicaResult(Prioritised):
     files_missing: tuple[str, ...] = ()
     files_extra: tuple[str, ...] = ()
     worst: tuple[TensorComparison, ...] = ()  # failures first, then by max_ulp, at most ``top``
-    signed_by: tuple[str, ...] = ()  # key ids of the root's signatures in this store (with a trust policy)
+    signed_by: tuple[str, ...] = ()  # trusted keys whose signatures hold for the root in this store (with a trust policy)
     trusted: bool | None = None  # None: no trust policy was given
 
 
@@ -745,7 +745,8 @@ def _with_trust(r: ReplicaResult, store: Store, trust: "TrustPolicy") -> Replica
         return replace(r, trusted=False, severity="critical", finding=f"{r.finding}; signatures unreadable: {exc}")
     if v.trusted:
         return replace(r, signed_by=v.signed_by, trusted=True)
-    why = "unsigned" if not v.signed_by else "signed by no trusted key"
+    # signed_by names only keys whose signatures hold: a document that does not verify is a problem, not a signer
+    why = "unsigned" if not v.documents else f"not trusted ({v.why()})"
     finding = f"root {r.root[:12]} is {why} (keys tried: {', '.join(k[:16] for k in trust.key_ids)}); {r.finding}"
     return replace(r, signed_by=v.signed_by, trusted=False, severity="critical", finding=finding)
 

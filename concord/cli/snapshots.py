@@ -96,9 +96,9 @@ def cmd_diff(args, out) -> int:
 def cmd_sync(args, out) -> int:
     from concord.snapshots.sync import replicate
 
+    policy = _policy(args)  # an empty list fails before any store is opened (or made)
     src = keyed_store(writable_store(args.source), args.source_key_file, "--source-key-file")
     targets = [keyed_store(writable_store(t), args.target_key_file, "--target-key-file") for t in args.targets]
-    policy = _policy(args)
     check = policy.require if policy is not None else None
     results = replicate(src, targets, ref=args.ref, root=args.root, progress=out.progress, check_root=check)
     lines = []
@@ -116,9 +116,9 @@ def cmd_restore(args, out) -> int:
     from concord.snapshots.refs import load_manifest, resolve_root
     from concord.snapshots.restore import restore
 
+    policy = _policy(args)
     store = readable_store(args.store)
     root = resolve_root(store, args.ref or args.root)
-    policy = _policy(args)
     check = policy.restore_check if policy is not None else None
     r = restore(store, load_manifest(store, root), args.out_dir, progress=out.progress, check_root=check)
     out.emit(r.to_dict(), [f"restored {r.root[:12]}: {r.files} files, {human(r.bytes)} into {r.path}"])
@@ -128,6 +128,7 @@ def cmd_restore(args, out) -> int:
 def cmd_verify(args, out) -> int:
     from concord.snapshots.verify import verify
 
+    policy = _policy(args)  # an empty list fails before any chunk is read
     store = readable_store(args.store)
     repair = keyed_store(readable_store(args.repair_from), args.repair_key_file, "--repair-key-file") if args.repair_from else None
     r = verify(store, ref=args.ref, root=args.root, repair_from=repair, progress=out.progress)
@@ -136,7 +137,7 @@ def cmd_verify(args, out) -> int:
         f"{len(r.corrupt)} corrupt, {len(r.repaired)} repaired"
     ]
     payload = r.to_dict()
-    untrusted = _trust_lines(store, args, payload, lines)
+    untrusted = _trust_lines(store, args, payload, lines, policy)
     lines += [f"  missing {c}" for c in r.missing] + [f"  corrupt {c}" for c in r.corrupt]
     lines += [f"  damaged manifest {m}" for m in r.bad_manifests]
     lines += [f"  broken {b}" for b in r.broken_refs] + [f"  note: {g}" for g in r.history_gaps]
@@ -156,22 +157,26 @@ def cmd_verify(args, out) -> int:
         )
         return 1
     if untrusted:
+        from concord.errors import UntrustedRootError
+
         print(f"concord: error: {untrusted[0]}" + (f" (and {len(untrusted) - 1} more)" if len(untrusted) > 1 else ""), file=sys.stderr)
-        return 1
+        return UntrustedRootError.exit_code
     return 0
 
 
-def _trust_lines(store, args, payload: dict, lines: list[str]) -> list[str]:
-    """Add each checked root's ``signed_by`` and, under a trust policy, ``trusted`` to a verify's
-    answer (``payload['trust']``); the roots no trusted key signed, as one line each."""
+def _trust_lines(store, args, payload: dict, lines: list[str], policy) -> list[str]:
+    """Add each checked root's ``signed_by`` (the trusted keys whose signatures hold, None
+    without a policy: nothing is verified then) and ``trusted`` to a verify's answer
+    (``payload['trust']``); the roots that are not trusted, as one line each."""
     from concord.snapshots.refs import resolve_root
 
-    policy = _policy(args)
-    if policy is None:  # the signatures are listed; whether a trusted key made one needs --trust
+    if policy is None:  # the signature documents are counted, never named as signers: that needs --trust
         if args.ref or args.root:
             from concord.trust import signature_ids
 
-            payload["signed_by"], payload["trusted"] = signature_ids(store, resolve_root(store, args.ref or args.root)), None
+            ids = signature_ids(store, resolve_root(store, args.ref or args.root))
+            payload["signed_by"], payload["trusted"], payload["unchecked"] = None, None, ids
+            lines += [f"  unchecked signature claiming key id {k} (give --trust PUB.pem to check it)" for k in ids]
         return []
     if args.ref or args.root:
         roots = {args.ref or args.root: resolve_root(store, args.ref or args.root)}
@@ -185,12 +190,12 @@ def _trust_lines(store, args, payload: dict, lines: list[str]) -> list[str]:
     for name, root in roots.items():
         v = policy.report(store, root)
         report.append({"ref": name, **v.to_dict()})
-        lines.append(
-            f"  {name}: {root[:12]} signed by {', '.join(k[:16] for k in v.signed_by) or 'no key'}; "
-            f"trusted: {'yes (key ' + v.trusted_by[:16] + ')' if v.trusted else 'no'}"
-        )
+        lines.append(f"  {name}: {root[:12]} trusted: {'yes' if v.trusted else 'no'} ({len(v.signed_by)} of {policy.threshold} trusted key(s) needed)")
+        lines += [f"    {line}" for line in v.lines()]
         if not v.trusted:
-            untrusted.append(f"{name} ({root}) in {store.uri} is not signed by a trusted key (keys tried: {', '.join(k[:16] for k in policy.key_ids)})")
+            untrusted.append(
+                f"{name} ({root}) in {store.uri} is not trusted ({v.why()}); keys tried: {', '.join(k[:16] for k in policy.key_ids)}"
+            )
     payload["trust"] = report
     if len(report) == 1:
         payload["signed_by"], payload["trusted"] = report[0]["signed_by"], report[0]["trusted"]
@@ -222,6 +227,7 @@ def cmd_log(args, out) -> int:
     from concord.errors import RefNotFoundError
     from concord.stores import canonical_ref
 
+    policy = _policy(args)  # an empty list fails before the store is read
     store = readable_store(args.store)
     ref = store.read_ref(args.ref)
     if ref is None:
@@ -229,14 +235,24 @@ def cmd_log(args, out) -> int:
     from concord.trust import signature_ids
 
     hist = [dict(e.__dict__) for e in reversed(ref.history)]
-    signed: dict[str, list[str]] = {}
+    seen: dict[str, dict] = {}
     for e in hist:
-        e["signed_by"] = signed.setdefault(e["root"], signature_ids(store, e["root"]))
-    lines = [
-        f"v{e['version']:<4} {e['root'][:12]}  {e['time']}  {e['message']}"
-        + (f"  [signed: {', '.join(k[:12] for k in e['signed_by'])}]" if e["signed_by"] else "")
-        for e in hist
-    ]
+        if e["root"] not in seen:
+            if policy is None or not store.has_manifest(e["root"]):
+                ids = signature_ids(store, e["root"])
+                seen[e["root"]] = {"signed_by": None, "unchecked": ids} if policy is None else {"signed_by": [], "invalid": {}}
+            else:
+                v = policy.report(store, e["root"])
+                seen[e["root"]] = {"signed_by": list(v.signed_by), "invalid": dict(v.problems)}
+        e.update(seen[e["root"]])
+
+    def signs(e: dict) -> str:
+        if e["signed_by"] is None:  # nothing is verified without a policy: no key is named
+            return f"  [{len(e['unchecked'])} signature(s), unchecked: give --trust]" if e["unchecked"] else ""
+        text = f"  [signed: {', '.join(k[:12] for k in e['signed_by'])}]" if e["signed_by"] else ""
+        return text + "".join(f"  [invalid signature from key id {k[:12]}]" for k in e["invalid"])
+
+    lines = [f"v{e['version']:<4} {e['root'][:12]}  {e['time']}  {e['message']}" + signs(e) for e in hist]
     out.emit({"ref": ref.name, "history": hist}, lines)
     return 0
 
@@ -305,4 +321,5 @@ def register(sub, common: list) -> None:
     s = sub.add_parser("log", parents=common, help="show a ref's history")
     s.add_argument("store", metavar="STORE", help=STORE_HELP)
     s.add_argument("ref", metavar="REF", type=ref_positional)
+    s.add_argument("--trust", metavar="PUB.pem|block:NAME[,...]", help=TRUST_HELP + "; shows which keys signed each version")
     s.set_defaults(func=cmd_log)

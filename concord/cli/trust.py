@@ -47,21 +47,33 @@ def cmd_sign(args, out) -> int:
 
 
 def cmd_signatures(args, out) -> int:
+    import sys
+
+    from concord.errors import UntrustedRootError
     from concord.snapshots.refs import resolve_root
     from concord.trust import load_policy, signature_ids
 
+    policy = load_policy(args.trust)  # an empty list fails before the store is read
     store = readable_store(args.store)
     root = resolve_root(store, args.ref or args.root)
-    policy = load_policy(args.trust)
-    d: dict = {"store": store.uri, "root": root, "signed_by": signature_ids(store, root)}
-    if policy is not None:
-        v = policy.report(store, root)
-        d.update(trusted=v.trusted, trusted_by=v.trusted_by, problems=dict(v.problems))
-    lines = [f"{root}: {len(d['signed_by'])} signature(s)"] + [f"  key {k}" for k in d["signed_by"]]
-    if policy is not None:
-        lines.append(f"  trusted: {'yes, key ' + d['trusted_by'][:16] if d['trusted'] else 'no'}")
-        lines += [f"  {k[:16]}: {p}" for k, p in d["problems"].items()]
+    d: dict = {"store": store.uri, "root": root}
+    if policy is None:  # nothing can be verified without keys: no key is named as a signer
+        ids = signature_ids(store, root)
+        d.update(signed_by=None, unchecked=ids)
+        lines = [f"{root}: {len(ids)} signature document(s), none checked (give --trust PUB.pem to check them)"]
+        lines += [f"  unchecked signature claiming key id {k}" for k in ids]
+        out.emit(d, lines)
+        return 0
+    v = policy.report(store, root)
+    d.update(signed_by=list(v.signed_by), trusted=v.trusted, trusted_by=v.trusted_by, problems=dict(v.problems))
+    lines = [f"{root}: signed by {len(v.signed_by)} trusted key(s) ({policy.threshold} needed), {len(v.documents)} signature document(s)"]
+    lines += [f"  {line}" for line in v.lines()]
+    lines.append(f"  trusted: {'yes' if v.trusted else 'no'}")
     out.emit(d, lines)
+    if not v.trusted:
+        print(f"concord: error: root {root} in {store.uri} is not trusted ({v.why()}); keys tried: "
+              f"{', '.join(k[:16] for k in policy.key_ids)}", file=sys.stderr)
+        return UntrustedRootError.exit_code
     return 0
 
 
@@ -94,7 +106,7 @@ def register(sub, common: list) -> None:
     s.add_argument("--name", help="model name in the signed statement (default: the ref's name)")
     s.set_defaults(func=cmd_sign)
 
-    s = sub.add_parser("signatures", parents=common, help="list a snapshot's signatures (and whether a trusted key made one)")
+    s = sub.add_parser("signatures", parents=common, help="list a snapshot's signatures (and, with --trust, which verify; exit 1 when untrusted)")
     s.add_argument("store", metavar="STORE", help=STORE_HELP)
     g = s.add_mutually_exclusive_group(required=True)
     g.add_argument("--ref", type=ref_arg)

@@ -56,18 +56,64 @@ def memory_path() -> str:
 
 
 def store_identity(store: Store) -> str:
-    """What names ``store`` in the memory: its URI, and for an S3 store with an endpoint of its own
-    the endpoint's scheme, host and port (never credentials). An encrypted store is named as any
-    other: its key is not part of it."""
-    endpoint = getattr(store, "endpoint_url", None)
-    if not endpoint:
-        return store.uri
+    """What names ``store`` in the memory: the store itself, however its address was typed.
+
+    A folder store is its real path (symlinks resolved; a trailing slash, ``./`` or a relative
+    spelling name the same folder). An S3 store is ``s3://BUCKET/PREFIX`` (no surrounding
+    slashes) and, with an endpoint of its own, ``at SCHEME://HOST[:PORT]``: scheme and host in
+    lower case, a trailing dot dropped, the scheme's default port left out, every loopback name
+    (``localhost``, ``127.0.0.1``, ``::1``) written ``127.0.0.1``, never a path or credential.
+    An encrypted store is named as any other: its key is not part of it. Other stores are their URI."""
+    root = getattr(store, "root", None)
+    if isinstance(root, str) and os.path.isabs(root) and store.uri == root:
+        return os.path.realpath(root)
+    bucket = getattr(store, "bucket", None)
+    if isinstance(bucket, str) and bucket:
+        prefix = str(getattr(store, "prefix", "") or "").strip("/")
+        uri = f"s3://{bucket}/{prefix}" if prefix else f"s3://{bucket}"
+        endpoint = getattr(store, "endpoint_url", None)
+        return f"{uri} at {_endpoint_identity(endpoint)}" if endpoint else uri
+    return store.uri
+
+
+_LOOPBACK = {"localhost", "127.0.0.1", "::1", "0:0:0:0:0:0:0:1", "ip6-localhost"}
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+def _endpoint_identity(endpoint: str) -> str:
+    """An endpoint URL as :func:`store_identity` writes it (see there)."""
     from urllib.parse import urlsplit
 
-    parts = urlsplit(endpoint)
-    host = parts.hostname or ""
-    where = f"{parts.scheme}://{host}{f':{parts.port}' if parts.port else ''}" if parts.scheme else endpoint.split("@")[-1]
-    return f"{store.uri} at {where}"
+    try:
+        parts = urlsplit(endpoint.strip())
+        port = parts.port
+    except ValueError:
+        return endpoint.split("@")[-1].rstrip("/")
+    if not parts.scheme or not parts.hostname:
+        return endpoint.split("@")[-1].rstrip("/")
+    scheme = parts.scheme.lower()
+    host = parts.hostname.lower().rstrip(".")
+    if host in _LOOPBACK or host.startswith(("127.", "localhost.")):
+        host = "127.0.0.1"
+    elif ":" in host:
+        host = f"[{host}]"
+    if port is not None and port == _DEFAULT_PORTS.get(scheme):
+        port = None
+    return f"{scheme}://{host}" + (f":{port}" if port is not None else "")
+
+
+def canonical_identity(identity: str) -> str:
+    """An identity as an older Concord wrote it (the folder path as typed, the endpoint as
+    given), written as :func:`store_identity` writes it now: how old memories are still found."""
+    if os.path.isabs(identity):
+        return os.path.realpath(identity)
+    if identity.startswith("s3://"):
+        uri, sep, endpoint = identity.partition(" at ")
+        bucket, _, prefix = uri[len("s3://"):].partition("/")
+        prefix = prefix.strip("/")
+        uri = f"s3://{bucket}/{prefix}" if prefix else f"s3://{bucket}"
+        return f"{uri} at {_endpoint_identity(endpoint)}" if sep else uri
+    return identity
 
 
 @dataclass(frozen=True)
@@ -138,7 +184,11 @@ class LedgerMemory:
                 )
                 if not ok:
                     raise self._fail(f"the entry of tenant {tenant!r} in {identity!r} is not a round, hash and time")
-                out.setdefault(identity, {})[tenant] = Seen(e["round"], e["hash"], e.get("time", ""))
+                seen = Seen(e["round"], e["hash"], e.get("time", ""))
+                # entries written under another spelling of the same store merge: the higher round wins
+                kept = out.setdefault(canonical_identity(identity), {})
+                if tenant not in kept or kept[tenant].round < seen.round:
+                    kept[tenant] = seen
         return out
 
     def recall(self, store: Store, tenant: str) -> Seen | None:
@@ -318,11 +368,12 @@ def _hash_in(rounds: list[dict], number: int) -> str | None:
 
 
 __all__ = [
-    "LedgerMemory",
     "MEMORY_FILE",
     "MEMORY_FORMAT",
+    "LedgerMemory",
     "RememberedReport",
     "Seen",
+    "canonical_identity",
     "memory_path",
     "store_identity",
     "verify_remembered",

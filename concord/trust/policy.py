@@ -46,7 +46,7 @@ from concord.trust.signing import (
     FileDigests,
     check_bundle,
     compare_digests,
-    check_digests,
+    file_digests,
     read_signature,
     signature_ids,
     signature_key,
@@ -64,6 +64,8 @@ SIGNING_GROUP = "concord.signing_key_sources"
 TrustSource = Callable[[str], Union["TrustPolicy", Iterable[Union[bytes, str]], None]]
 SigningSource = Callable[[str], SigningKey]
 _SOURCES = Plugins(SOURCE_GROUP)
+#: the key of :attr:`Verdict.problems` that says too few distinct keys signed
+THRESHOLD = "(threshold)"
 _SIGNERS = Plugins(SIGNING_GROUP)
 
 
@@ -87,23 +89,43 @@ def _known(sources: Plugins) -> str:
 
 @dataclass(frozen=True)
 class Verdict:
-    """What a store's signatures say of a root under a policy."""
+    """What a store's signatures say of a root under a policy (:meth:`TrustPolicy.decide`)."""
 
     root: str
     store: str
-    #: key ids of every signature document the store holds for the root
+    #: the distinct trusted keys whose signatures verify over this root and whose signed digests
+    #: equal this root's files (never a key whose signature did not verify)
     signed_by: tuple[str, ...]
-    #: whether one verifies with a trusted key and holds for the root
+    #: whether at least the policy's threshold of them did
     trusted: bool
-    #: the trusted key id that vouches for it (None if untrusted)
+    #: the first of ``signed_by`` (None if untrusted)
     trusted_by: str | None = None
-    #: why each other signature does not count (key id → problem)
+    #: why each other signature document does not count (the key id it is named by → problem)
     problems: Mapping[str, str] = field(default_factory=dict)
-    #: for a root trusted through a root-less bundle only: SHA-256 its files must have
-    #: (with another serialization, the digests it names: see ``checked``)
-    expected: Mapping[str, str] | None = None
-    #: the root-less bundle's check, with its serialization (None otherwise)
-    checked: Checked | None = None
+    #: the key ids the root's signature documents are named by (what they claim, not checked)
+    documents: tuple[str, ...] = ()
+    #: for a restore only: root-less bundles whose signature verified and whose file list is the
+    #: root's, their digests still to compare with the bytes the restore writes
+    pending: tuple[Checked, ...] = ()
+
+    def lines(self) -> list[str]:
+        """What a person reads: each key that signed, and each signature that does not count
+        (named as an invalid signature, never as a signer)."""
+        out = [f"signed by key {k}" for k in self.signed_by]
+        for kid, problem in self.problems.items():
+            if kid == THRESHOLD:
+                out.append(f"not enough signatures: {problem}")
+            else:
+                out.append(f"invalid signature from key id {kid[:16]}: {problem}")
+        return out
+
+    def why(self) -> str:
+        """Why the root is not trusted, in a few words (empty when it is)."""
+        if self.trusted:
+            return ""
+        if not self.documents:
+            return "it has no signature"
+        return "; ".join(_problems(self)[:3]) or "no signature counts"
 
     def to_dict(self) -> dict:
         return {
@@ -118,12 +140,21 @@ class Verdict:
 
 @dataclass(frozen=True)
 class TrustPolicy:
+    """Trusted public keys, and how many distinct ones must sign a root (``threshold``, at least 1)."""
+
     keys: tuple[PublicKey, ...]
     source: str = ""
+    threshold: int = 1
 
     def __post_init__(self) -> None:
         if not self.keys:
             raise TrustPolicyError(self.source or "(nowhere)", "no trusted key")
+        if isinstance(self.threshold, bool) or not isinstance(self.threshold, int) or not 1 <= self.threshold <= len(self.keys):
+            raise TrustPolicyError(
+                self.source or "(nowhere)",
+                f"threshold {self.threshold!r} is not between 1 and the {len(self.keys)} trusted key(s)",
+                "Give a threshold of at most as many keys as the policy trusts",
+            )
 
     @property
     def key_ids(self) -> tuple[str, ...]:
@@ -141,10 +172,11 @@ class TrustPolicy:
     def from_spec(cls, spec: str, source: str = "--trust") -> "TrustPolicy":
         """``spec``: comma-separated PEM paths and ``SOURCE:NAME`` entries (``block:NAME``), blanks
         around commas ignored; the policy trusts the keys of every entry. Every entry is resolved
-        before the policy is returned, so a bad one fails the command before it reads a store."""
+        before the policy is returned, so a bad one fails the command before it reads a store.
+        A list naming nothing is an error, never "no policy"."""
         entries = [p.strip() for p in spec.split(",") if p.strip()]
         if not entries:
-            raise TrustPolicyError(source, "no key path given")
+            raise TrustPolicyError(source, "the list of trusted keys is empty (an empty list is not \"no policy\")")
         keys: list[PublicKey] = []
         for entry in entries:
             found = _split_source(entry)
@@ -163,91 +195,131 @@ class TrustPolicy:
 
     # ------------------------------------------------------------------ checking
 
-    def report(self, store: Store, root: str, manifest: Manifest | None = None) -> Verdict:
-        """What the store's signatures say of ``root`` (never raises for a bad signature)."""
-        docs = signature_ids(store, root)
+    def decide(self, store: Store, root: str, *, manifest: Manifest | None = None, defer_digests: bool = False) -> Verdict:
+        """THE answer to "is ``root`` in ``store`` trusted?"; every other check calls this one.
+
+        A signature document counts for the key that verifies it when (1) its signature verifies
+        with a trusted key, (2) it holds for this root: a Concord bundle names this root (whose
+        Merkle tree fixes every byte of every file), a root-less ``model_signing`` bundle has its
+        digests equal to this root's files, recomputed from the store (every chunk checked
+        against the root as it is read), and (3) the root has no file outside what it signs (for
+        a root-less bundle, the paths it ignores are unsigned files too). ``root`` is trusted when
+        at least ``threshold`` distinct keys count. With ``defer_digests`` (a restore, which
+        hashes the bytes it writes), root-less bundles are returned in ``pending`` instead of
+        being compared here. Never raises for a bad signature: each lands in ``problems``."""
+        docs = tuple(signature_ids(store, root))
         problems: dict[str, str] = {}
-        rootless: list[Checked] = []
         if docs and manifest is None:
             manifest = load_manifest(store, root)
+        bound: dict[str, Checked] = {}
+        rootless: list[tuple[str, Checked]] = []
         for kid in docs:
             where = f"{store.uri}/{signature_key(root, kid)}"
             try:
                 data = read_signature(store, root, kid)  # a damaged or odd document is a problem of its own
                 if data is None:
                     raise SignatureFormatError(where, "it disappeared while it was read")
-                parsed = oms.parse_bundle(data, where)
-                checked = check_bundle(parsed, root, manifest, self.keys, where)
+                checked = check_bundle(oms.parse_bundle(data, where), root, manifest, self.keys, where)
             except ConcordError as exc:
                 problems[kid] = _problem(exc)
                 continue
             if checked.root_bound:
-                return Verdict(root, store.uri, tuple(docs), True, checked.key_id, problems)
-            rootless.append(checked)
-        if rootless:
-            c = rootless[0]
-            return Verdict(root, store.uri, tuple(docs), True, c.key_id, problems, dict(c.expected), c)
-        return Verdict(root, store.uri, tuple(docs), False, None, problems)
+                bound.setdefault(checked.key_id, checked)
+            else:
+                rootless.append((kid, checked))
+        holds = list(bound)
+        pending: list[Checked] = []
+        computed: dict[oms.Serialization, Mapping[str, str]] = {}
+        for kid, checked in rootless:
+            if checked.key_id in holds or any(p.key_id == checked.key_id for p in pending):
+                continue
+            if defer_digests:
+                pending.append(checked)
+                continue
+            where = f"{store.uri}/{signature_key(root, kid)}"
+            try:
+                ser = checked.serialization
+                if ser not in computed:
+                    computed[ser] = file_digests(store, manifest, serialization=ser)
+                actual = {name: d for name, d in computed[ser].items() if ser.path_of(name) in checked.files}
+                compare_digests(checked.expected, actual, where, "shard(s)" if ser.method == "shards" else "file(s)")
+            except ConcordError as exc:
+                problems[kid] = _problem(exc)
+                continue
+            holds.append(checked.key_id)
+        if len(holds) + len(pending) < self.threshold and (holds or pending):
+            problems.setdefault(THRESHOLD, f"signed by {len(holds) + len(pending)} of the {self.threshold} trusted keys needed")
+        trusted = len(holds) + len(pending) >= self.threshold
+        signed = tuple(holds) + tuple(p.key_id for p in pending)
+        return Verdict(root, store.uri, signed, trusted, signed[0] if trusted else None, problems, docs, tuple(pending))
 
-    def restore_check(self, store: Store, root: str) -> "RestoreDigests | None":
-        """Raise unless ``root`` is trusted; when only a root-less bundle vouches for it, the
-        digests its restored files must have (checked by the restore as it writes), else None."""
-        v = self.report(store, root)
-        if not v.trusted:
-            raise UntrustedRootError(store.uri, root, self.key_ids, _problems(v))
-        if v.checked is None:
-            return None
-        return RestoreDigests(v.checked, root, store.uri, self.key_ids, f"{store.uri}/{signature_key(root, v.trusted_by)}")
+    def report(self, store: Store, root: str, manifest: Manifest | None = None) -> Verdict:
+        """:meth:`decide`, for verify, signatures, log and the audits (never raises for a bad signature)."""
+        return self.decide(store, root, manifest=manifest)
 
     def require(self, store: Store, root: str) -> Verdict:
-        """Raise :class:`UntrustedRootError` unless ``root`` is trusted in ``store``."""
-        v = self.report(store, root)
+        """:meth:`decide`, raising :class:`UntrustedRootError` (one line) unless ``root`` is trusted."""
+        v = self.decide(store, root)
         if not v.trusted:
             raise UntrustedRootError(store.uri, root, self.key_ids, _problems(v))
-        if v.checked is not None:
-            self._check_digests(store, root, v)
         return v
 
-    def _check_digests(self, store: Store, root: str, v: Verdict) -> None:
-        try:
-            check_digests(store, load_manifest(store, root), v.checked, f"{store.uri}/{signature_key(root, v.trusted_by)}")
-        except ConcordError as exc:
-            raise UntrustedRootError(store.uri, root, self.key_ids, (_problem(exc),)) from exc
+    def restore_check(self, store: Store, root: str) -> "RestoreDigests | None":
+        """:meth:`decide` for a restore (the ``check_root`` hook): raise unless trusted; when
+        root-less bundles are needed to reach the threshold, the digests the restored files
+        must have (checked by the restore as it writes, every byte read once), else None."""
+        v = self.decide(store, root, defer_digests=True)
+        if not v.trusted:
+            raise UntrustedRootError(store.uri, root, self.key_ids, _problems(v))
+        if not v.pending:
+            return None
+        return RestoreDigests(v, self.threshold, self.key_ids)
 
 
 class RestoreDigests:
-    """The digests a root-less bundle names, checked by a restore from the bytes it writes
-    (:class:`concord.snapshots.restore.DigestCheck`): each file it signs gets a
-    :class:`~concord.trust.signing.FileDigests` of the bundle's serialization (whole file or
-    shards; sha256, blake2b or blake3), fed the file's bytes in order. A file that differs fails
-    as before the restore hashed in flight: whole-file SHA-256 with
-    :class:`~concord.errors.IntegrityError` naming the file, other serializations with
-    :class:`~concord.errors.UntrustedRootError` naming the files or shards that differ."""
+    """The digests root-less bundles name, checked by a restore from the bytes it writes
+    (:class:`concord.snapshots.restore.DigestCheck`): each file they sign gets a
+    :class:`~concord.trust.signing.FileDigests` per bundle (whole file or shards; sha256, blake2b
+    or blake3), fed the file's bytes in order. The restore succeeds only when, with the keys
+    that already hold, at least the threshold of distinct keys have every digest equal; a file
+    that differs fails it: whole-file SHA-256 with :class:`~concord.errors.IntegrityError`
+    naming the file, other serializations with :class:`~concord.errors.UntrustedRootError`
+    naming the files or shards that differ."""
 
-    def __init__(self, checked: Checked, root: str, store: str, key_ids: tuple[str, ...], where: str) -> None:
-        self.checked = checked
-        self.root = root
-        self.store = store
+    def __init__(self, verdict: Verdict, threshold: int, key_ids: tuple[str, ...]) -> None:
+        self.root = verdict.root
+        self.store = verdict.store
         self.key_ids = key_ids
-        self.where = where
-        ser = checked.serialization
-        self.paths = {ser.path_of(name) for name in checked.expected}
+        self.pending = verdict.pending
+        self.needed = threshold - (len(verdict.signed_by) - len(verdict.pending))
+        self.where = {c.key_id: f"{verdict.store}/{signature_key(verdict.root, c.key_id)}" for c in verdict.pending}
 
     @property
     def expected(self) -> Mapping[str, str]:
-        """Resource name (a path, or ``PATH:START:END`` for a shard) → digest (hex)."""
-        return self.checked.expected
+        """Resource name (a path, or ``PATH:START:END`` for a shard) → digest (hex), of the first bundle."""
+        return self.pending[0].expected
 
-    def hasher(self, path: str, size: int) -> FileDigests | None:
-        return FileDigests(path, size, self.checked.serialization) if path in self.paths else None
+    def hasher(self, path: str, size: int) -> _Fanout | None:
+        hs = [FileDigests(path, size, c.serialization) if path in c.files else None for c in self.pending]
+        return _Fanout(hs) if any(h is not None for h in hs) else None
 
-    def check(self, hashers: Mapping[str, FileDigests]) -> None:
+    def check(self, hashers: Mapping[str, _Fanout]) -> None:
+        failures: list[Exception] = []
+        for i, checked in enumerate(self.pending):
+            actual = {name: d for h in hashers.values() if h.parts[i] is not None for name, d in h.parts[i].result().items()}
+            try:
+                self._compare(checked, actual)
+            except ConcordError as exc:
+                failures.append(exc)
+        if len(self.pending) - len(failures) < self.needed:
+            raise failures[0]
+
+    def _compare(self, checked: Checked, actual: Mapping[str, str]) -> None:
         from concord.errors import IntegrityError
 
-        actual = {name: digest for h in hashers.values() for name, digest in h.result().items()}
-        ser = self.checked.serialization
+        ser = checked.serialization
         if ser.whole_file_sha256:
-            for rel, digest in sorted(self.expected.items()):
+            for rel, digest in sorted(checked.expected.items()):
                 if actual.get(rel) != digest:
                     raise IntegrityError(
                         f"{rel} of {self.root} from {self.store} (checked against its signature; nothing restored)",
@@ -255,9 +327,21 @@ class RestoreDigests:
                     )
             return
         try:
-            compare_digests(self.expected, actual, self.where, "shard(s)" if ser.method == "shards" else "file(s)")
+            compare_digests(checked.expected, actual, self.where[checked.key_id], "shard(s)" if ser.method == "shards" else "file(s)")
         except ConcordError as exc:
             raise UntrustedRootError(self.store, self.root, self.key_ids, (_problem(exc),)) from exc
+
+
+class _Fanout:
+    """One file's bytes fed to the digests of each pending bundle that signs it."""
+
+    def __init__(self, parts: list[FileDigests | None]) -> None:
+        self.parts = parts
+
+    def update(self, data: bytes) -> None:
+        for h in self.parts:
+            if h is not None:
+                h.update(data)
 
 
 def _keys_of_source(entry: str, name: str, rest: str) -> tuple[PublicKey, ...]:
@@ -319,11 +403,13 @@ def _unique(keys: Iterable[PublicKey]) -> tuple[PublicKey, ...]:
 
 def load_policy(trust: str | None = None, *, environ: Mapping[str, str] | None = None) -> TrustPolicy | None:
     """The policy from ``trust`` (comma-separated PEM paths and ``block:NAME`` entries, as
-    ``--trust`` takes), else from ``$CONCORD_TRUSTED_KEYS``; None when neither is set."""
-    if trust is not None and trust.strip():
+    ``--trust`` takes), else from ``$CONCORD_TRUSTED_KEYS``; None only when neither is given.
+    A list given but empty (``--trust ""``, ``CONCORD_TRUSTED_KEYS=`` set to nothing) is a
+    :class:`~concord.errors.TrustPolicyError`, never "no policy"."""
+    if trust is not None:
         return TrustPolicy.from_spec(trust, "--trust")
     env = os.environ if environ is None else environ
-    spec = env.get(ENV, "").strip()
-    if spec:
+    spec = env.get(ENV)
+    if spec is not None:
         return TrustPolicy.from_spec(spec, ENV)
     return None

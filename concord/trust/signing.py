@@ -219,6 +219,11 @@ class Checked:
     #: how ``expected`` was computed (resource name → digest); files/sha256 unless ``model_signing``'s API chose otherwise
     serialization: oms.Serialization = oms.FILES_SHA256
 
+    @property
+    def files(self) -> frozenset[str]:
+        """The paths of the files ``expected`` names (a root-less bundle's signed files)."""
+        return frozenset(self.serialization.path_of(name) for name in self.expected)
+
 
 def verifying_key(parsed: oms.Bundle, keys: Iterable[PublicKey], where: str) -> PublicKey:
     """The key among ``keys`` whose signature ``parsed`` carries; :class:`SignatureError` if none."""
@@ -243,10 +248,20 @@ def verifying_key(parsed: oms.Bundle, keys: Iterable[PublicKey], where: str) -> 
 
 
 def check_names(files: Iterable[tuple[str, int]], statement: oms.Statement, where: str) -> None:
-    """Refuse a statement whose files are not ``files`` (path, size), less the paths it ignores
-    (and, in shards, the empty files, which have none)."""
+    """Refuse a statement whose files are not ``files`` (path, size): a trusted root holds no
+    file its signature does not cover. A Concord bundle names its root, whose Merkle tree covers
+    every byte, so the paths it leaves out of its resources for OMS verifiers (``ignore_paths``)
+    are still signed; a root-less (``model_signing``) bundle covers only the files it lists, so a
+    file under its ``ignore_paths`` is an unsigned file like any other. In shards an empty file
+    has no resource (it has no bytes to sign) and is allowed unless its path is ignored."""
     sharded = statement.serialization.method == "shards"
-    listed = {p for p, size in files if not oms.is_ignored(p, statement.ignore_paths) and not (sharded and size == 0)}
+    bound = statement.root is not None
+    listed = set()
+    for p, size in files:
+        ignored = oms.is_ignored(p, statement.ignore_paths)
+        if (bound and ignored) or (sharded and size == 0 and not ignored):
+            continue
+        listed.add(p)
     named = statement.files()
     if listed != named:
         extra, missing = sorted(listed - named), sorted(named - listed)
@@ -328,20 +343,42 @@ def snapshot_signed(source: str | os.PathLike, store: Store, data: bytes, keys: 
     ``options``) and keep ``data``, an OMS bundle made for that folder (``model_signing sign``),
     as its signature; (snapshot result, :class:`Checked`).
 
-    The bundle is parsed, its signature checked with ``keys`` and its file list compared with the
-    folder's before a byte is written; its SHA-256 digests are compared with the stored bytes
-    before the ref moves. A bundle that does not hold moves no ref and keeps no signature."""
+    The root holds the files the bundle signs and nothing else: the files under its
+    ``ignore_paths`` (``.git`` and friends, the signature itself when it lies in the folder) are
+    left out of the snapshot, never stored as unsigned bytes of a trusted root; any other file it
+    does not list is refused. The bundle is parsed, its signature checked with ``keys`` and its
+    file list compared with the folder's before a byte is written; its digests are compared with
+    the stored bytes before the ref moves. A bundle that does not hold moves no ref and keeps no
+    signature."""
+    import shutil
+    import tempfile
+
     from concord.snapshots.snapshot import collect_files, snapshot
 
     where = where or "given with --signature"
     keys = list(keys)
     parsed = oms.parse_bundle(data, where)
     verifying_key(parsed, keys, where)
-    check_names(((rel, os.path.getsize(path)) for rel, path in collect_files(source)), parsed.statement, where)
-    kept: list[Checked] = []
+    st = parsed.statement
+    signed = st.files()
+    files = collect_files(source)
+    kept = [(rel, path) for rel, path in files if rel in signed or not oms.is_ignored(rel, st.ignore_paths)]
+    check_names(((rel, os.path.getsize(path)) for rel, path in kept), st, where)
+    done: list[Checked] = []
 
-    def keep(st: Store, root: str) -> None:
-        kept.append(import_signature(st, root, data, keys, where=where))
+    def keep(st_: Store, root: str) -> None:
+        done.append(import_signature(st_, root, data, keys, where=where))
 
-    result = snapshot(source, store, before_ref=keep, **options)
-    return result, kept[0]
+    if len(kept) == len(files):
+        return snapshot(source, store, before_ref=keep, **options), done[0]
+    # a folder of links to the signed files only (followed by the snapshot), named as the source
+    staging = tempfile.mkdtemp(prefix=".concord-signed-")
+    try:
+        folder = os.path.join(staging, os.path.basename(os.path.abspath(os.fspath(source))) or "model")
+        for rel, path in kept:
+            link = os.path.join(folder, *rel.split("/"))
+            os.makedirs(os.path.dirname(link), exist_ok=True)
+            os.symlink(os.path.abspath(path), link)
+        return snapshot(folder, store, before_ref=keep, **options), done[0]
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)

@@ -141,4 +141,5 @@ def test_verify_lists_signatures_without_a_policy(capsys, signed_store, monkeypa
     c1, signed = signed_store
     monkeypatch.delenv("CONCORD_TRUSTED_KEYS", raising=False)
     code, ver, _ = run(capsys, "verify", c1, "--ref", "models/m")
-    assert code == 0 and ver["signed_by"] == [signed["key_id"]] and ver["trusted"] is None
+    # nothing is verified without a policy: the document is listed as unchecked, its key never named a signer
+    assert code == 0 and ver["signed_by"] is None and ver["unchecked"] == [signed["key_id"]] and ver["trusted"] is None

@@ -63,7 +63,9 @@ def test_model_signing_signature_is_kept_by_snapshot_and_trusted(model, keydir, 
     assert policy.require(store, r.root).trusted
     # restore under the policy checks the restored files against the signed SHA-256
     restore(store, load_manifest(store, r.root), tmp_path / "out", check_root=policy.restore_check)
-    oms_verify(tmp_path / "out", tmp_path / "out" / "model.sig", keydir / "ossl.pub.pem")
+    # the root holds only what the bundle signs: not the bundle itself, nor the .gitattributes it ignores
+    assert not (tmp_path / "out" / "model.sig").exists() and not (tmp_path / "out" / ".gitattributes").exists()
+    oms_verify(tmp_path / "out", sig, keydir / "ossl.pub.pem")
 
 
 def test_model_signing_signature_refused_with_another_key_or_other_files(model, keydir, tmp_path):
@@ -106,6 +108,7 @@ def test_a_model_signing_bundle_copied_onto_a_forged_root_is_caught_by_restore_a
     policy = load_policy(str(keydir / "ossl.pub.pem"))
     r, checked = snapshot_signed(model, store, sig.read_bytes(), policy.keys, ref="models/m")
     # the same file names, other bytes, and the trusted bundle (which names no root) copied onto it
+    (model / ".gitattributes").unlink()  # (a file the bundle ignores is unsigned: refused on its own)
     (model / "weights.bin").write_bytes(b"forged" * 1000)
     forged = snapshot(model, store, ref="models/m").root
     store.put_document(signature_key(forged, checked.key_id), sig.read_bytes())

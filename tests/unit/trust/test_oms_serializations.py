@@ -82,6 +82,7 @@ def test_a_sharded_bundle_names_the_shard_that_differs_and_holds_for_no_other_ro
     assert other.read_ref("models/m") is None and other.list_documents("signatures") == []  # no ref moved, nothing kept
 
     # the bundle copied onto a forged root (same files, other bytes) in the signed store: refused
+    (model / ".gitattributes").unlink()  # (a file the bundle ignores is unsigned: refused on its own)
     forged = snapshot(model, signed, chunk_size=64 * 1024).root
     kid = signature_ids(signed, good)[0]
     signed.put_document(signature_key(forged, kid), signed.get_document(signature_key(good, kid)))

@@ -11,7 +11,7 @@ from test_blocks import _OfflineLogoCheck
 
 import blocks
 from blocks.trust import TrustBlock
-from concord.errors import KeyPasswordError
+from concord.errors import KeyPasswordError, TrustPolicyError
 from concord.trust import generate_key, load_public_key
 
 
@@ -23,7 +23,9 @@ class TestTrustBlockStandards(_OfflineLogoCheck, BlockStandardTestSuite):
 
 def test_the_block_builds_the_policy_and_the_signing_key(keydir, tmp_path):
     assert blocks.TrustBlock is TrustBlock and TrustBlock.get_block_type_slug() == "concord-trust"
-    assert TrustBlock().get_policy() is None and TrustBlock().get_signing_key() is None
+    assert TrustBlock().get_signing_key() is None
+    with pytest.raises(TrustPolicyError, match="lists no trusted key"):  # an empty list is never "no policy"
+        TrustBlock().get_policy()
     b = TrustBlock(
         trusted_keys=[(keydir / "alice.pub.pem").read_text(), (keydir / "ossl.pub.pem").read_text()],
         signing_key=Secret(value=(keydir / "alice.pem").read_text()),
