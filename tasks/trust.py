@@ -101,8 +101,10 @@ def check_trust_task(store: str, snapshot: str, trust_block: str | None = None) 
 
 @task(name="signatures", **RETRIED)
 def signatures_task(store: str, roots: Sequence[str], trust_block: str | None = None) -> list[dict]:
-    """For each root: the key ids of its signatures in ``store`` and, under a policy, whether a
-    trusted key made one (``trusted``: None without a policy). Reports; never refuses."""
+    """For each root, under a policy: the trusted keys whose signatures hold for it in ``store``
+    (``signed_by``) and whether they are enough (``trusted``); without one, the key ids its
+    signature documents claim (``unchecked``), ``signed_by`` empty and ``trusted`` None.
+    Reports; never refuses."""
     from concord.trust import signature_ids
 
     policy = trust_policy(trust_block)
@@ -110,7 +112,8 @@ def signatures_task(store: str, roots: Sequence[str], trust_block: str | None = 
     with open_stores(store) as (s,):
         for root in roots:
             if policy is None:
-                out.append({"root": root, "signed_by": signature_ids(s, root), "trusted": None})
+                # nothing is verified without a policy: the documents are unchecked, never signers
+                out.append({"root": root, "signed_by": [], "unchecked": signature_ids(s, root), "trusted": None})
             else:
                 out.append(policy.report(s, root).to_dict())
     return out
