@@ -3,14 +3,18 @@ policies, and the checks that refuse an untrusted root before anything is materi
 
 The stable API other wings and rooms call (import from ``concord.trust``)::
 
-    # (a) a policy from --trust / CONCORD_TRUSTED_KEYS (None when neither is set)
+    # (a) a policy from --trust / CONCORD_TRUSTED_KEYS (None when neither is set; an empty
+    #     list is TrustPolicyError, never "no policy")
     policy = load_policy(args.trust)                    # TrustPolicy | None
     policy = TrustPolicy.from_pems([pem, ...], "block:NAME")   # from a block's PEM text
     policy = load_policy("keys/a.pub.pem,block:prod")   # entries: PEM paths, SOURCE:NAME (block:
                                                         # through the concord.trust_sources entry point)
     register_trust_source("name", trusted=fn, signing=fn)  # teach --trust / --key a name:REST entry
 
-    # (b) check a root in a store before materialising it
+    # (b) check a root in a store before materialising it; all of these call the one check,
+    policy.decide(store, root) -> Verdict               # threshold of distinct trusted keys whose
+                                                        # signatures hold for THIS root's bytes,
+                                                        # no file of the root unsigned
     check_root(store, root, policy)                     # no-op without a policy; else raises
                                                         # UntrustedRootError (one line: root,
                                                         # store, keys tried)
@@ -18,7 +22,8 @@ The stable API other wings and rooms call (import from ``concord.trust``)::
     policy.restore_check(store, root)                   # for restore's check_root hook: None, or
                                                         # the digests the restore checks as it
                                                         # writes (RestoreDigests)
-    policy.report(store, root) -> Verdict               # never raises: .signed_by, .trusted
+    policy.report(store, root) -> Verdict               # never raises: .signed_by (verified
+                                                        # signers only), .trusted, .problems
 
     # (c) the signature documents of a root (OMS bundles, JSON bytes)
     signature_ids(store, root) -> [key id, ...]         # sorted

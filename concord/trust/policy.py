@@ -2,27 +2,31 @@
 
 A policy comes from ``--trust ENTRY[,ENTRY...]``, else from ``CONCORD_TRUSTED_KEYS`` (the same
 list), else from a Prefect block (``blocks.trust.TrustBlock`` builds one with
-:meth:`TrustPolicy.from_pems`). No policy means no check, as before. Each entry is a PEM path or
+:meth:`TrustPolicy.from_pems`). No policy means no check, as before; a list given empty is a
+:class:`~concord.errors.TrustPolicyError`, never "no policy". Each entry is a PEM path or
 ``SOURCE:NAME`` for a trust source (``block:NAME``: a saved ``TrustBlock``'s trusted keys); the
 keys of every entry are trusted. Sources come from the ``concord.trust_sources`` entry point
 group (the ``blocks`` package registers ``block``) or :func:`register_trust_source`, so the core
 never imports Prefect. A signing key is named the same way (:func:`load_signing_key_spec`:
 ``KEY.pem`` or ``block:NAME``, through ``concord.signing_key_sources``).
 
-Under a policy a root is *trusted* when one of its signature documents verifies with a trusted
-key and holds for the root (:func:`concord.trust.signing.check_bundle`). What each caller asks:
+Under a policy a root is *trusted* when at least ``threshold`` distinct trusted keys have a
+signature document that verifies, holds for this root's bytes and leaves none of its files
+unsigned. :meth:`TrustPolicy.decide` is the one function that decides it; what each caller asks
+goes through it:
 
 - :meth:`TrustPolicy.require` (sync, tier restore, flows, serving, OCI): raises
-  :class:`~concord.errors.UntrustedRootError` (one line: the root, the store, the keys tried)
-  unless trusted; a root trusted only through a root-less ``model_signing`` bundle has its files'
-  SHA-256 computed from the store and compared first.
-- :meth:`TrustPolicy.restore_check` (restore): the same, except that for a root-less bundle it
-  returns the digests to check (:class:`RestoreDigests`) instead of reading the store first: the
+  :class:`~concord.errors.UntrustedRootError` (one line: the root, the store, the keys tried and
+  why each signature does not count) unless trusted; a root-less ``model_signing`` bundle has its
+  digests computed from the store and compared first.
+- :meth:`TrustPolicy.restore_check` (restore): the same, except that root-less bundles come back
+  as the digests to check (:class:`RestoreDigests`) instead of reading the store first: the
   restore feeds each file's bytes to them as it writes (whole-file or per-shard, with the bundle's
   hash) and refuses before its final rename, so every byte is read once. For a bundle that names
   the root nothing more is needed: restore verifies every chunk against the root's Merkle tree as
   it reads it.
-- :meth:`TrustPolicy.report`: never raises; ``signed_by`` and ``trusted`` for verify and audits.
+- :meth:`TrustPolicy.report`: never raises; ``signed_by`` (verified signers only), ``trusted``
+  and ``problems`` for verify, signatures, log and the audits.
 
 ``require`` and ``restore_check`` match the ``check_root`` hook of
 :func:`concord.snapshots.sync.replicate` and :func:`concord.snapshots.restore.restore`.
