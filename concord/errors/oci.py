@@ -60,7 +60,7 @@ class OciTimeoutError(OciRegistryUnreachableError, TimeoutError):
         self.seconds = seconds
         ConcordError.__init__(
             self,
-            f"registry {registry}: {what} did not arrive within its {seconds:.0f} s deadline "
+            f"registry {registry}: {what} did not arrive within its {seconds:g} s deadline "
             "(the registry stalled or sends too slowly); nothing was kept from it: try again, "
             "or check the registry and the link to it",
         )

@@ -20,15 +20,16 @@ import hashlib
 import os
 import shutil
 import tempfile
+import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
 from concord.errors import UntrustedRootError
-from concord.errors.oci import OciDigestMismatchError, OciError, OciNotAModelError
+from concord.errors.oci import OciDigestMismatchError, OciError, OciNotAModelError, OciRegistryUnreachableError, OciTimeoutError
 from concord.oci import modelpack as mp
 from concord.oci.reference import Reference
-from concord.oci.registry import Registry, document
+from concord.oci.registry import ATTEMPTS, BACKOFF, Registry, document
 from concord.oci.signatures import check_holds, keep_signatures, pull_signatures
 from concord.progress import Progress, ensure
 from concord.snapshots.gc import write_lease
@@ -87,15 +88,23 @@ def _expected_root(annotations: dict, reference: str) -> str | None:
 
 
 def _download(reg: Registry, layer: dict, dest: str, reference: str, path: str, prog: Progress) -> str:
-    """Stream one layer into ``dest``, checking its size and SHA-256; the hex digest."""
-    h = hashlib.sha256()
-    size = 0
-    with open(dest, "wb") as out:
-        for block in reg.blob_blocks(layer["digest"], layer["size"]):  # refused past the declared size
-            size += len(block)
-            h.update(block)
-            out.write(block)
-            prog.advance(len(block))
+    """Stream one layer into ``dest``, checking its size and SHA-256; the hex digest. A body
+    that breaks off is fetched again from its start (:data:`~concord.oci.registry.ATTEMPTS`)."""
+    for attempt in range(1, ATTEMPTS + 1):
+        h = hashlib.sha256()
+        size = 0
+        try:
+            with open(dest, "wb") as out:
+                for block in reg.blob_blocks(layer["digest"], layer["size"]):  # refused past the declared size
+                    size += len(block)
+                    h.update(block)
+                    out.write(block)
+                    prog.advance(len(block))
+            break
+        except OciRegistryUnreachableError as exc:
+            if isinstance(exc, OciTimeoutError) or attempt == ATTEMPTS:
+                raise
+            time.sleep(BACKOFF * 2 ** (attempt - 1))
     actual = "sha256:" + h.hexdigest()
     if size != layer["size"] or actual != layer["digest"]:
         got = f"{size} bytes" if size != layer["size"] else actual

@@ -304,12 +304,15 @@ class Registry:
             left = deadline.left()
             if left <= 0:
                 raise self._timeout(what, deadline)
-            _read_timeout(raw, min(READ_TIMEOUT, left))
+            wait = min(READ_TIMEOUT, left)
+            _read_timeout(raw, wait)
             try:
                 block = raw.read1(READ_SIZE, decode_content=True)
             except (Urllib3Error, OSError) as exc:
-                if deadline.left() <= 0 or "timed out" in str(exc).lower() or isinstance(exc, TimeoutError):
+                if deadline.left() <= 0:
                     raise self._timeout(what, deadline) from None
+                if "timed out" in str(exc).lower() or isinstance(exc, TimeoutError):
+                    raise OciTimeoutError(self.ref.registry, f"{what} (stalled)", wait) from None
                 raise OciRegistryUnreachableError(self.ref.registry, self.base, f"{what} broke off: {_cause(exc)}", plain_http=self.plain_http) from None
             if not block:
                 return

@@ -393,6 +393,41 @@ def test_sigterm_during_a_stalled_layer_removes_the_staging_folder(genuine, liar
     assert not os.listdir(staging) and not target.exists()
 
 
+def test_a_layer_that_breaks_off_and_503_bursts_are_retried(genuine, liar, staging, tmp_path, capsys):
+    """The first answer for a layer breaks off half way, the first two for the manifest are 503:
+    the import tries again and brings the genuine root."""
+    layer = next(x for x in genuine["doc"]["layers"] if x["annotations"][mp.FILEPATH] == "model.safetensors")
+    body = genuine["blobs"][layer["digest"]]
+    manifest = genuine["manifests"]["v1"][0]
+    seen = {"layer": 0, "manifest": 0}
+
+    def broken_then_whole(h) -> None:
+        seen["layer"] += 1
+        if seen["layer"] > 1:
+            return h.send(200, body, "application/octet-stream")
+        h.send_response(200)
+        h.send_header("Content-Type", "application/octet-stream")
+        h.send_header("Content-Length", str(len(body)))
+        h.end_headers()
+        h.wfile.write(body[: len(body) // 2])
+        h.wfile.flush()
+        h.close_connection = True  # the connection ends half way through the body
+
+    def busy_then_ok(h) -> None:
+        seen["manifest"] += 1
+        if seen["manifest"] <= 2:
+            return h.send(503, b'{"errors":[{"code":"UNAVAILABLE","message":"busy"}]}', "application/json")
+        h.send(200, manifest, MANIFEST_TYPE)
+
+    liar.lies[f"blobs/{layer['digest']}"] = broken_then_whole
+    liar.lies["manifests/v1"] = busy_then_ok
+    target = tmp_path / "target"
+    code, text = cli(capsys, "import", "oci", liar.ref(), "--store", str(target), "--ref", "m/toy", "--plain-http")
+    assert code == 0, text
+    assert LocalDirStore(str(target)).read_ref("m/toy").root == genuine["root"]
+    assert seen == {"layer": 2, "manifest": 3} and not os.listdir(staging)
+
+
 # --------------------------------------------------------------------------- signatures
 
 
