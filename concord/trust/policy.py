@@ -199,7 +199,9 @@ class TrustPolicy:
 
     # ------------------------------------------------------------------ checking
 
-    def decide(self, store: Store, root: str, *, manifest: Manifest | None = None, defer_digests: bool = False) -> Verdict:
+    def decide(
+        self, store: Store, root: str, *, manifest: Manifest | None = None, defer_digests: bool = False, complete: bool = True
+    ) -> Verdict:
         """THE answer to "is ``root`` in ``store`` trusted?"; every other check calls this one.
 
         A signature document counts for the key that verifies it when (1) its signature verifies
@@ -210,7 +212,9 @@ class TrustPolicy:
         a root-less bundle, the paths it ignores are unsigned files too). ``root`` is trusted when
         at least ``threshold`` distinct keys count. With ``defer_digests`` (a restore, which
         hashes the bytes it writes), root-less bundles are returned in ``pending`` instead of
-        being compared here. Never raises for a bad signature: each lands in ``problems``."""
+        being compared here. Without ``complete`` no more digests are computed once the
+        threshold is reached (``signed_by`` may then name fewer keys than could sign). Never
+        raises for a bad signature: each lands in ``problems``."""
         docs = tuple(signature_ids(store, root))
         problems: dict[str, str] = {}
         if docs and manifest is None:
@@ -237,6 +241,8 @@ class TrustPolicy:
         for kid, checked in rootless:
             if checked.key_id in holds or any(p.key_id == checked.key_id for p in pending):
                 continue
+            if not complete and len(holds) >= self.threshold:
+                break
             if defer_digests:
                 pending.append(checked)
                 continue
@@ -263,7 +269,7 @@ class TrustPolicy:
 
     def require(self, store: Store, root: str) -> Verdict:
         """:meth:`decide`, raising :class:`UntrustedRootError` (one line) unless ``root`` is trusted."""
-        v = self.decide(store, root)
+        v = self.decide(store, root, complete=False)
         if not v.trusted:
             raise UntrustedRootError(store.uri, root, self.key_ids, _problems(v))
         return v
@@ -272,11 +278,11 @@ class TrustPolicy:
         """:meth:`decide` for a restore (the ``check_root`` hook): raise unless trusted; when
         root-less bundles are needed to reach the threshold, the digests the restored files
         must have (checked by the restore as it writes, every byte read once), else None."""
-        v = self.decide(store, root, defer_digests=True)
+        v = self.decide(store, root, defer_digests=True, complete=False)
         if not v.trusted:
             raise UntrustedRootError(store.uri, root, self.key_ids, _problems(v))
-        if not v.pending:
-            return None
+        if not v.pending or len(v.signed_by) - len(v.pending) >= self.threshold:
+            return None  # the bundles that name the root are enough: restore checks every chunk against it
         return RestoreDigests(v, self.threshold, self.key_ids)
 
 
