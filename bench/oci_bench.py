@@ -189,8 +189,8 @@ def run(opts: Options) -> list[Table]:
         f"the import's root equals the export's ({m1.root[:12]}); the second export uploaded {uploaded} bytes "
         f"(the README and the model config) of {m2.total_bytes}",
         "oras 0.2 reads each file whole into memory to upload it and hashes every file before asking the registry; "
-        "concord streams each layer from the store's chunks and reuses the digests of unchanged files from the tag's manifest",
-        "concord import also snapshots what it downloads into a store (hash and write every chunk); oras pull only writes the files",
+        "concord streams each layer from the store's checked chunks and computes every digest from them (never taking one from the registry), then asks",
+        "concord import also snapshots what it downloads into a staging store (hash and write every chunk), checks it, then copies the chunks the target lacks; oras pull only writes the files",
         times_note(export + second + imports),
     ]
     return [table]
