@@ -95,12 +95,15 @@ def cmd_diff(args, out) -> int:
 
 def cmd_sync(args, out) -> int:
     from concord.snapshots.sync import replicate
+    from concord.trust.copying import signature_problem
 
     policy = _policy(args)  # an empty list fails before any store is opened (or made)
     src = keyed_store(writable_store(args.source), args.source_key_file, "--source-key-file")
     targets = [keyed_store(writable_store(t), args.target_key_file, "--target-key-file") for t in args.targets]
     check = policy.require if policy is not None else None
-    results = replicate(src, targets, ref=args.ref, root=args.root, progress=out.progress, check_root=check)
+    results = replicate(
+        src, targets, ref=args.ref, root=args.root, progress=out.progress, check_root=check, check_signature=signature_problem
+    )
     lines = []
     for r in results:
         raw = f" ({human(r.raw_bytes_sent)} raw)" if r.raw_bytes_sent != r.bytes_sent else ""
@@ -108,6 +111,7 @@ def cmd_sync(args, out) -> int:
             f"{r.store}: {r.root[:12]}  sent {r.chunks_sent} chunk(s), {human(r.bytes_sent)}{raw}; "
             f"{r.chunks_present} already there" + (f"; ref {r.ref} v{r.ref_version}" if r.ref else "")
         )
+        lines += [f"  ! signature left behind: {s}" for s in r.signatures_skipped]
     out.emit({"source": src.uri, "targets": [r.to_dict() for r in results]}, lines)
     return 0
 

@@ -143,7 +143,13 @@ def sweep_lines(r: dict) -> list[str]:
         if any(g.get(k) for k in ("deleted_chunks", "deleted_manifests", "deleted_signatures", "deleted_leftovers", "postponed_by")):
             lines.append(f"  gc {t}: {_gc_summary(g)}")
     lines += [f"  ✗ error: {e}" for e in r["errors"]] + [f"  ✗ violation: {v}" for v in r["violations"]]
+    lines += signature_lines(r.get("signatures_skipped", []))
     return lines
+
+
+def signature_lines(skipped: list[str]) -> list[str]:
+    """One line per signature document a copy left behind (the tier kept what it held)."""
+    return [f"  ! signature left behind: {s}" for s in skipped]
 
 
 def _gc_summary(g: dict) -> str:
@@ -179,6 +185,7 @@ def cmd_add(args, out) -> int:
     sent = ", ".join(f"{t} {_human(n)}" for t, n in r["new_bytes"].items())
     step = "" if r["step"] is None else f", step {r['step']}"
     lines = [f"added {r['name']} ({r['root'][:12]}{step}, {_human(r['bytes'])}) to {policy.namespace}; new bytes as stored: {sent}"]
+    lines += signature_lines(r["signatures_skipped"])
     sweep = r["sweep"]
     if sweep is not None:
         lines += sweep_lines(sweep)

@@ -9,14 +9,22 @@ stores of different encodings it is decoded, checked and encoded again. A run ki
 still missing. A ref moved by someone else meanwhile is reported, never overwritten. Each target is
 written under a garbage-collection lease, from its plan to its ref: the chunks the plan finds
 present must still be there when the ref moves.
+
+The root's signature documents travel with it (:func:`copy_signatures`), and none is ever written
+over a target's copy unless it verifies: with ``check_signature`` (the trust wing's
+:func:`concord.trust.copying.signature_problem`, which the CLI and the tier commands pass), a
+document that does not parse or whose signature does not verify over this root is not copied at
+all and the target keeps what it held; without one, a document the target holds is never replaced.
+Either way each document left behind is reported (:attr:`TargetResult.signatures_skipped`).
 """
 
 from __future__ import annotations
 
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Optional
 
 from concord.errors import ReplicationError
 from concord.snapshots.gc import write_lease
@@ -26,6 +34,10 @@ from concord.snapshots.refs import resolve_root
 from concord.stores.base import Store, check_writable_ref
 
 HAS_BATCH = 1000
+#: why a signature document must not be written (None: it holds): (store holding the root's bytes,
+#: root, document key, bundle bytes, the root's manifest, whether it would replace one the target
+#: holds); :func:`concord.trust.copying.signature_problem` is one
+SignatureCheck = Callable[[Store, str, str, bytes, Manifest, bool], Optional[str]]
 
 
 @dataclass(frozen=True)
@@ -40,6 +52,8 @@ class TargetResult:
     previous: str | None = None
     #: raw bytes the chunks sent stand for (``bytes_sent`` is what crossed, as the target stores it)
     raw_bytes_sent: int = 0
+    #: one line per signature document of the root not copied (the target keeps what it held)
+    signatures_skipped: tuple[str, ...] = ()
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)
@@ -115,16 +129,52 @@ def chunk_dtypes(manifest: Manifest) -> dict[str, str]:
     return {cid: p.dtype for f in manifest.files for p in f.parts if p.dtype for cid in p.chunk_ids()}
 
 
-def copy_signatures(source: Store, target: Store, root: str) -> int:
-    """Copy the signature documents of ``root`` (``signatures/<root>/*``) the target lacks or holds
-    differently; how many were written. The trust wing reads them; here they are opaque bytes."""
-    n = 0
+@dataclass(frozen=True)
+class SignatureCopy:
+    """What :func:`copy_signatures` did: documents written, and one line per document left behind."""
+
+    written: int
+    skipped: tuple[str, ...] = ()
+
+
+def copy_signatures(
+    source: Store,
+    target: Store,
+    root: str,
+    *,
+    check: SignatureCheck | None = None,
+    manifest: Manifest | None = None,
+) -> SignatureCopy:
+    """Copy the signature documents of ``root`` (``signatures/<root>/*``) that the target lacks or
+    holds differently, never replacing one with a document that does not verify: with ``check``,
+    a document it finds a problem with is not written (the target keeps its own); without one, only
+    documents the target lacks are written. ``manifest`` is the root's (read from ``source`` if not
+    given, only when ``check`` needs it)."""
+    written, skipped = 0, []
     for key in source.list_documents(f"signatures/{root}"):
         data = source.get_document(key)
-        if data is not None and target.get_document(key) != data:
-            target.put_document(key, data, overwrite=True)
-            n += 1
-    return n
+        if data is None:
+            continue
+        held = target.get_document(key)
+        if held == data:
+            continue
+        if check is None:
+            if held is None:
+                target.put_document(key, data, overwrite=False)
+                written += 1
+            else:
+                skipped.append(f"{key}: kept {target.uri}'s copy, which differs from {source.uri}'s (no signature check was given to tell which one verifies)")
+            continue
+        if manifest is None:
+            manifest = Manifest.from_json(source.get_manifest_bytes(root), expected_root=root, verify=True)
+        problem = check(source, root, key, data, manifest, held is not None)
+        if problem is not None:
+            kept = f"kept {target.uri}'s copy" if held is not None else "not copied"
+            skipped.append(f"{key} from {source.uri}: {kept}, {problem}")
+            continue
+        target.put_document(key, data, overwrite=True)
+        written += 1
+    return SignatureCopy(written, tuple(skipped))
 
 
 def replicate(
@@ -135,10 +185,13 @@ def replicate(
     root: str | None = None,
     progress: Progress | None = None,
     check_root: Callable[[Store, str], object] | None = None,
+    check_signature: SignatureCheck | None = None,
 ) -> list[TargetResult]:
     """Bring every target up to the snapshot named by ``ref`` (or ``root``) in ``source``.
     ``check_root`` (a trust policy's ``require``) may refuse the root before anything moves; the
-    root's signature documents (``signatures/<root>/``) travel with it, before the ref moves."""
+    root's signature documents (``signatures/<root>/``) travel with it, before the ref moves, each
+    checked by ``check_signature`` (see :func:`copy_signatures`: a document that does not verify is
+    never written over a target's)."""
     if not targets:
         raise ValueError("replicate: name at least one target store")
     if (ref is None) == (root is None):
@@ -154,6 +207,7 @@ def replicate(
     dtypes = chunk_dtypes(manifest)
 
     what = f"sync of {root[:12]} from {source.uri}" + (f" to ref {ref}" if ref else "")
+    check_signature = _once_each(check_signature) if check_signature is not None else None
 
     def plan(target: Store) -> _Plan:
         with ExitStack() as lease:
@@ -172,11 +226,11 @@ def replicate(
         with p.lease:
             sent, nbytes, raw = copy_chunks(source, p.target, p.missing, prog, dtypes=dtypes)
             p.target.put_manifest(root, manifest_bytes)
-            copy_signatures(source, p.target, root)
+            signatures = copy_signatures(source, p.target, root, check=check_signature, manifest=manifest)
             version = None
             if ref:
                 version = p.target.cas_ref(ref, p.expected, root, f"sync from {source.uri}").version
-        return TargetResult(p.target.uri, root, sent, nbytes, p.present, ref, version, p.expected, raw)
+        return TargetResult(p.target.uri, root, sent, nbytes, p.present, ref, version, p.expected, raw, signatures.skipped)
 
     try:
         prog.start(sum(lengths[c] for p in plans for c in p.missing), "sync")
@@ -191,6 +245,21 @@ def replicate(
             raise next(iter(failures.values()))
         raise ReplicationError(results, failures)
     return results
+
+
+def _once_each(check: SignatureCheck) -> SignatureCheck:
+    """``check``, asked once per document however many targets want it (a root-less bundle's
+    digests are a read of the whole root)."""
+    answers: dict[tuple[str, bytes, bool], str | None] = {}
+    lock = threading.Lock()
+
+    def once(store: Store, root: str, key: str, data: bytes, manifest: Manifest, replacing: bool) -> str | None:
+        with lock:
+            if (key, data, replacing) not in answers:
+                answers[key, data, replacing] = check(store, root, key, data, manifest, replacing)
+            return answers[key, data, replacing]
+
+    return once
 
 
 def _each(items, fn, key=lambda x: x):

@@ -218,6 +218,9 @@ class SweepResult:
     violations: list[str] = field(default_factory=list)
     gc: dict[str, dict] = field(default_factory=dict)
     dry_run: bool = False
+    #: signature documents a copy left behind, one line each: they did not verify, and the tier
+    #: kept what it held (see :func:`concord.snapshots.sync.copy_signatures`)
+    signatures_skipped: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -236,6 +239,8 @@ class AddResult:
     bytes: int
     new_bytes: dict[str, int]
     sweep: SweepResult | None
+    #: signature documents the copies to warm and cold left behind (see :class:`SweepResult`)
+    signatures_skipped: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict:
         d = dict(self.__dict__)
@@ -282,6 +287,7 @@ def add_checkpoint(
     """
     from concord.snapshots.snapshot import snapshot
     from concord.snapshots.sync import replicate
+    from concord.trust.copying import signature_problem
 
     policy.validate()
     src = os.path.abspath(os.fspath(path))
@@ -309,7 +315,7 @@ def add_checkpoint(
 
     failures = {}
     try:
-        results = replicate(hot, targets, ref=ref, progress=progress)
+        results = replicate(hot, targets, ref=ref, progress=progress, check_signature=signature_problem)
     except ReplicationError as exc:
         results, failures = exc.results, exc.failures
     except ConcordError as exc:  # one target only never happens here; kept for clarity
@@ -323,7 +329,8 @@ def add_checkpoint(
     if failures:
         # What arrived stays (and is recorded); the next add or sweep copies the rest.
         raise next(iter(failures.values()))
-    result = AddResult(name, snap.root, c.step, utc_iso(c.created), snap.bytes, new_bytes, None)
+    skipped = [f"{t}: {line}" for t in ("warm", "cold") if (r := by_uri.get(stores[t].uri)) for line in r.signatures_skipped]
+    result = AddResult(name, snap.root, c.step, utc_iso(c.created), snap.bytes, new_bytes, None, skipped)
     if sweep_after:
         result.sweep = sweep(policy, pinned_roots=pinned_roots, gc=gc, progress=progress, stores=stores)
     return result
@@ -342,6 +349,7 @@ def sweep(
     """Bring every tier to what the policy wants: copy what is missing, demote what is not kept
     (only after verifying the copies that stay), collect garbage after the grace period."""
     from concord.snapshots.sync import replicate
+    from concord.trust.copying import signature_problem
 
     policy.validate()
     stores = stores or open_tiers(policy)
@@ -364,10 +372,13 @@ def sweep(
                     result.copied.append({"name": c.name, "tier": t, "from": source, "bytes_sent": None})
                     continue
                 try:
-                    (r,) = replicate(stores[source], [stores[t]], ref=policy.ref(c.name), progress=progress)
+                    (r,) = replicate(
+                        stores[source], [stores[t]], ref=policy.ref(c.name), progress=progress, check_signature=signature_problem
+                    )
                 except ConcordError as exc:
                     result.errors.append(f"{c.name}: copying to {t} failed: {exc}")
                     continue
+                result.signatures_skipped += [f"{c.name} to {t}: {line}" for line in r.signatures_skipped]
                 state.held[t][c.name] = c.root
                 have.add(t)
                 rec = state.record_for(c.name)
