@@ -9,7 +9,6 @@ import cloudpickle
 import pytest
 import yaml
 from prefect.blocks.core import Block
-from prefect.exceptions import ObjectNotFound
 from prefect.testing.standard_test_suites import BlockStandardTestSuite
 from pydantic import ValidationError
 from test_blocks import _OfflineLogoCheck
@@ -152,12 +151,11 @@ def test_the_block_pickles(tmp_path) -> None:
 def test_block_name_policies_go_through_the_entry_point(tmp_path, monkeypatch) -> None:
     saved = {"llama": local_block(tmp_path)}
 
-    def fake_load(cls, name, *args, **kwargs):
-        if name not in saved:
-            raise ValueError(f"Unable to find block document named {name}") from ObjectNotFound(None)
-        return saved[name]
+    def fake_load(block_type, name, where, **kwargs):  # what blocks.api.load_block answers: the block, or None
+        assert block_type is TierPolicyBlock and where == f"block:{name}"
+        return saved.get(name)
 
-    monkeypatch.setattr(TierPolicyBlock, "load", classmethod(fake_load))
+    monkeypatch.setattr(blocks.tiers, "load_block", fake_load)
     assert load_policy("block:llama") == saved["llama"].get_policy()
     with pytest.raises(PolicyError, match="no concord-tier-policy block named 'nope'"):
         load_policy("block:nope")
