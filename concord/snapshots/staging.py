@@ -108,8 +108,7 @@ def _listing(store) -> list[_Object]:
     base = f"{store.prefix}/"
     objects: list[_Object] = []
     with store._translate("list", base):
-        pages = store._client().get_paginator("list_objects_v2").paginate(Bucket=store.bucket, Prefix=base)
-        for page in pages:
+        for page in store.list_pages(base):
             for obj in page.get("Contents", ()):
                 key = obj["Key"]
                 if key.endswith("/"):

@@ -17,21 +17,27 @@ exception is translated at one boundary (:meth:`S3ObjectStore._translate`) into 
 from __future__ import annotations
 
 import ipaddress
+import logging
 import os
+import random
 import re
 import threading
+import time
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Any, TypeVar
 
 from concord.errors import (
     ChunkArchivedError,
     ChunkNotFoundError,
+    ConcordError,
     InvalidStoreURIError,
     StoreAccessError,
     StoreError,
     StoreUnreachableError,
 )
+from concord.redact import redact, scrub_exception
 from concord.stores.base import (
     ARCHIVED,
     AVAILABLE,
@@ -41,7 +47,9 @@ from concord.stores.base import (
     _check_digest,
     check_restore_request,
 )
-from concord.redact import redact, scrub_exception
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 _BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
 _RESERVED_BUCKET_PREFIXES = ("xn--", "sthree-", "amzn-s3-demo-")
@@ -74,6 +82,80 @@ ARCHIVE_CLASSES = frozenset({"GLACIER", "DEEP_ARCHIVE"})
 
 READ_TIMEOUT = 60.0
 MAX_POOL_CONNECTIONS = 32
+
+#: how many times a GET whose answer breaks off is sent, at most (``CONCORD_S3_READ_ATTEMPTS``)
+READ_ATTEMPTS = 5
+READ_ATTEMPTS_ENV = "CONCORD_S3_READ_ATTEMPTS"
+#: the first pause before a GET is sent again, in seconds; it doubles with each try, up to
+#: :data:`MAX_BACKOFF` (``CONCORD_S3_RETRY_BACKOFF``)
+RETRY_BACKOFF = 0.5
+RETRY_BACKOFF_ENV = "CONCORD_S3_RETRY_BACKOFF"
+MAX_BACKOFF = 8.0
+#: the most seconds one object's read may spend in tries and pauses before it is given up
+#: (``CONCORD_S3_READ_DEADLINE``)
+READ_DEADLINE = 120.0
+READ_DEADLINE_ENV = "CONCORD_S3_READ_DEADLINE"
+#: answers a GET is sent again after (once botocore's own retries of them are spent)
+_TRANSIENT_CODES = frozenset(
+    {"500", "502", "503", "504", "InternalError", "ServiceUnavailable", "SlowDown", "RequestTimeout", "Throttling"}
+)
+
+
+def read_retry() -> tuple[int, float, float]:
+    """How a broken read is retried: (tries, first backoff in seconds, deadline in seconds), from
+    the environment (:data:`READ_ATTEMPTS_ENV`, :data:`RETRY_BACKOFF_ENV`, :data:`READ_DEADLINE_ENV`)
+    or the defaults."""
+
+    def number(name: str, default: float, least: float) -> float:
+        text = os.environ.get(name, "").strip()
+        if not text:
+            return default
+        try:
+            value = float(text)
+        except ValueError:
+            raise StoreError(f"${name}={text!r}: give a finite number of at least {least:g}") from None
+        if not value >= least or value == float("inf"):
+            raise StoreError(f"${name}={text!r}: give a finite number of at least {least:g}")
+        return value
+
+    return (
+        int(number(READ_ATTEMPTS_ENV, READ_ATTEMPTS, 1)),
+        number(RETRY_BACKOFF_ENV, RETRY_BACKOFF, 0),
+        number(READ_DEADLINE_ENV, READ_DEADLINE, 0),
+    )
+
+
+def _broken_body_errors() -> tuple[type[BaseException], ...]:
+    """What reading an answer raises when it breaks off: botocore's wrappers, urllib3's and
+    http.client's own, and the socket's (a reset, a time-out)."""
+    import http.client
+
+    from botocore import exceptions as bce
+    from urllib3 import exceptions as u3e
+
+    return (
+        bce.ResponseStreamingError,
+        bce.ReadTimeoutError,
+        bce.ConnectionClosedError,
+        bce.IncompleteReadError,
+        u3e.ProtocolError,
+        u3e.IncompleteRead,
+        u3e.ReadTimeoutError,
+        http.client.HTTPException,
+        ConnectionError,
+        TimeoutError,
+    )
+
+
+def _fault_name(exc: BaseException) -> str:
+    """What broke, in a few words: ``ServiceUnavailable``, ``ConnectionResetError``, ``IncompleteReadError``."""
+    code = _error_code(exc)
+    if code:
+        return code
+    inner = getattr(exc, "kwargs", {}).get("error") if hasattr(exc, "kwargs") else None
+    while isinstance(inner, BaseException) and inner.args and isinstance(inner.args[-1], BaseException):
+        inner = inner.args[-1]  # urllib3's ProtocolError holds the socket's error last
+    return type(inner if isinstance(inner, BaseException) else exc).__name__
 
 
 def validate_bucket_name(bucket: str) -> str:
@@ -278,7 +360,9 @@ class S3ObjectStore(Store):
         # is scrubbed first, so a traceback never shows a password either
         try:
             yield
-        except (bce.ConnectionError, bce.HTTPClientError) as exc:
+        except ConcordError:
+            raise
+        except (bce.ConnectionError, bce.HTTPClientError, *_broken_body_errors()) as exc:
             scrub_exception(exc)
             raise StoreUnreachableError(self.uri, f"{what} at {self._endpoint_name()} failed ({exc})") from exc
         except (bce.NoCredentialsError, bce.PartialCredentialsError) as exc:
@@ -374,22 +458,7 @@ class S3ObjectStore(Store):
 
     def _read_head(self, key: str, n: int) -> bytes | None:
         """One ranged GET of the first ``n`` bytes (an empty object has none)."""
-        from botocore.exceptions import ClientError
-
-        with self._translate("read", key):
-            try:
-                response = self._client().get_object(Bucket=self.bucket, Key=self._key(key), Range=f"bytes=0-{n - 1}")
-            except ClientError as exc:
-                code = _error_code(exc)
-                if code in _NOT_FOUND_CODES:
-                    return None
-                if code == "InvalidRange":
-                    return b""
-                if code == "InvalidObjectState":
-                    raise ChunkArchivedError(self.uri, key, self._archived_class(key, exc)) from exc
-                raise
-            with response["Body"] as body:
-                return body.read(n)
+        return self._get(key, first=n)[0]
 
     def _parallel(self, fn, items: list, action: str) -> list:
         """``fn`` over ``items`` on up to :attr:`parallelism` threads, results in order. The
@@ -425,33 +494,98 @@ class S3ObjectStore(Store):
         for key, _, _ in self._list_stats(prefix):
             yield key
 
+    def list_pages(self, full_prefix: str) -> Iterator[dict]:
+        """Each ListObjectsV2 page of the keys under ``full_prefix`` (a key of the bucket, not
+        relative to the store's prefix), each page sent again (:meth:`_retrying`) when its answer
+        breaks off. Call inside :meth:`_translate`."""
+        args: dict[str, Any] = {"Bucket": self.bucket, "Prefix": full_prefix}
+        while True:
+            page = self._retrying(f"listing {full_prefix or 'the bucket'}", lambda: self._client().list_objects_v2(**args))
+            yield page
+            token = page.get("NextContinuationToken")
+            if not page.get("IsTruncated") or not token:
+                return
+            args["ContinuationToken"] = token
+
     def _list_stats(self, prefix: str) -> Iterator[tuple[str, int, float]]:
         full = self._key(prefix)
         strip = len(self.prefix) + 1 if self.prefix else 0
         with self._translate("list", prefix):
-            paginator = self._client().get_paginator("list_objects_v2")
-            for page in paginator.paginate(Bucket=self.bucket, Prefix=full):
+            for page in self.list_pages(full):
                 for obj in page.get("Contents", ()):
                     name = obj["Key"]
                     if not name.endswith("/"):
                         yield name[strip:], int(obj.get("Size", 0)), obj["LastModified"].timestamp()
 
     def _read_with_token(self, key: str) -> tuple[bytes | None, str | None]:
+        return self._get(key)
+
+    def _get(self, key: str, *, first: int | None = None) -> tuple[bytes | None, str | None]:
+        """GET ``key`` (its ``first`` bytes only, if given) and read its body whole, sent again by
+        :meth:`_retrying` when the answer breaks off: the one place where S3 bytes are read.
+        ``(None, None)`` when the object is absent."""
         from botocore.exceptions import ClientError
 
-        with self._translate("read", key):
+        args: dict[str, Any] = {"Bucket": self.bucket, "Key": self._key(key)}
+        if first is not None:
+            args["Range"] = f"bytes=0-{first - 1}"
+
+        def get() -> tuple[bytes | None, str | None]:
             try:
-                response = self._client().get_object(Bucket=self.bucket, Key=self._key(key))
+                response = self._client().get_object(**args)
             except ClientError as exc:
                 code = _error_code(exc)
                 if code in _NOT_FOUND_CODES:
                     return None, None
+                if first is not None and code == "InvalidRange":
+                    return b"", None
                 if code == "InvalidObjectState":
                     raise ChunkArchivedError(self.uri, key, self._archived_class(key, exc)) from exc
                 raise
-            with response["Body"] as body:
-                data = body.read()
-        return data, response.get("ETag")
+            body = response["Body"]
+            try:  # StreamingBody.read checks the length and wraps urllib3's errors
+                return body.read(), response.get("ETag")
+            finally:
+                body.close()
+
+        with self._translate("read", key):
+            return self._retrying(f"reading {key}", get)
+
+    def _retrying(self, what: str, call: Callable[[], T]) -> T:
+        """``call()``, made again when its answer breaks off (a connection reset or closed in the
+        middle of the body, a body shorter than its length, a read that stalls past the read
+        timeout) or is a 5xx that outlived botocore's own retries: after a backoff that doubles
+        each time, up to :func:`read_retry`'s tries and deadline. What outlives them is a
+        :class:`~concord.errors.StoreUnreachableError` naming the store, ``what`` and the fix."""
+        from botocore.exceptions import ClientError
+
+        attempts, backoff, deadline = read_retry()
+        start = time.monotonic()
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                return call()
+            except ConcordError:
+                raise
+            except ClientError as exc:
+                if _error_code(exc) not in _TRANSIENT_CODES:
+                    raise
+                fault: BaseException = exc
+            except _broken_body_errors() as exc:
+                fault = exc
+            scrub_exception(fault)
+            pause = min(backoff * 2 ** (attempt - 1), MAX_BACKOFF) * random.uniform(0.5, 1.0)
+            spent = time.monotonic() - start
+            if attempt >= attempts or spent + pause > deadline:
+                raise StoreUnreachableError(
+                    self.uri,
+                    f"{what} at {self._endpoint_name()} failed {attempt} time(s) in {spent:.1f} s "
+                    f"({_fault_name(fault)}); run the command again once the endpoint answers whole "
+                    f"(more tries: ${READ_ATTEMPTS_ENV})",
+                ) from fault
+            log.info("%s from %s broke off (%s); trying again in %.2f s", what, self.uri, type(fault).__name__, pause)
+            time.sleep(pause)
 
     def _write_if(self, key: str, data: bytes, token: str | None) -> bool:
         from botocore.exceptions import ClientError
