@@ -18,12 +18,14 @@ def replicate_task(source: str, target: str, ref: str | None = None, root: str |
     re-raises: an unreachable store is retried, anything else fails the task at once).
     """
     from concord.snapshots.sync import replicate
+    from concord.trust.copying import signature_problem
 
     target_uri, source_uri = target, source
     try:
         with open_stores(source, target) as (src, dst):
             source_uri, target_uri = src.uri, dst.uri
-            (r,) = replicate(src, [dst], ref=ref, root=root, progress=PrefectProgress())
+            # a signature that does not verify is never copied over the target's own
+            (r,) = replicate(src, [dst], ref=ref, root=root, progress=PrefectProgress(), check_signature=signature_problem)
     except Exception as exc:
         related = [events.store(source_uri, "source")] + ([events.ref(ref)] if ref else [])
         if root:
@@ -62,4 +64,6 @@ def replicate_task(source: str, target: str, ref: str | None = None, root: str |
     run_logger().info(
         "%s: %s, sent %d chunk(s) / %d bytes, %d already there", r.store, r.root[:12], r.chunks_sent, r.bytes_sent, r.chunks_present
     )
+    for line in r.signatures_skipped:
+        run_logger().warning("%s: signature left behind: %s", r.store, line)
     return out

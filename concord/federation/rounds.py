@@ -203,7 +203,9 @@ def run_round(
         {"store": clusters[0].uri, "root": snap.root, "chunks_sent": snap.new_chunks, "bytes_sent": snap.new_bytes, "ref_version": snap.ref_version}
     ]
     if len(clusters) > 1:
-        for r in replicate(clusters[0], clusters[1:], ref=out_ref, progress=prog):
+        from concord.trust.copying import signature_problem
+
+        for r in replicate(clusters[0], clusters[1:], ref=out_ref, progress=prog, check_signature=signature_problem):
             replicas.append({"store": r.store, "root": r.root, "chunks_sent": r.chunks_sent, "bytes_sent": r.bytes_sent, "ref_version": r.ref_version})
 
     clients = [_client(c, {"adapter": inp["adapter"], "root": inp["root"], "cluster": inp["cluster"]}) for c, inp in zip(result.clients, inputs)]

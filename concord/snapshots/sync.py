@@ -56,7 +56,8 @@ class TargetResult:
     signatures_skipped: tuple[str, ...] = ()
 
     def to_dict(self) -> dict:
-        return dict(self.__dict__)
+        """Plain JSON types (a task's result and an event's payload are JSON)."""
+        return dict(self.__dict__, signatures_skipped=list(self.signatures_skipped))
 
 
 @dataclass
