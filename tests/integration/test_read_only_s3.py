@@ -30,14 +30,14 @@ def test_a_missing_bucket_is_no_store_and_is_not_created(endpoint, s3_store, cap
     before = _buckets(s3_store)
     code = main([a.replace("{s}", missing) for a in argv])
     out, err = capsys.readouterr()
-    assert code == 1 and out == "" and err.count("\n") == 1
+    assert code == 10 and out == "" and err.count("\n") == 1  # 10: no store
     assert f"no Concord store at {missing} (bucket" in err and "does not exist" in err and "check the path" in err
     assert _buckets(s3_store) == before
 
 
 def test_a_prefix_holding_no_store_is_said_and_a_real_one_opens(endpoint, s3_store, capsys, tmp_path):
     typo = f"s3://{s3_store.bucket}/{s3_store.prefix}-typo"
-    assert main(["verify", typo]) == 1
+    assert main(["verify", typo]) == 10
     _, err = capsys.readouterr()
     assert err == f"concord: error: no Concord store at {typo} (no refs/, manifests/ or chunks/ under it); check the path.\n"
     with pytest.raises(StoreNotFoundError):

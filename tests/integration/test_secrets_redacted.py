@@ -57,7 +57,7 @@ def test_an_endpoint_with_credentials_works_and_its_password_is_never_printed(mo
 
     # an error about this endpoint (a bucket that is not there) names it without the password
     missing = _cli("refs", f"s3://{bucket}-missing/p", endpoint=endpoint, cwd=tmp_path)
-    assert missing.returncode == 1
+    assert missing.returncode == 10  # no store there
     assert len(missing.stderr.splitlines()) == 1, missing.stderr
     assert SECRET not in missing.stderr and "alice:***@127.0.0.1" in missing.stderr, missing.stderr
 
@@ -78,7 +78,7 @@ def test_an_unreachable_endpoint_with_credentials_is_named_without_its_password(
     assert SECRET not in repr(store)
 
     done = _cli("refs", "s3://some-bucket/p", endpoint=unreachable, cwd=tmp_path)
-    assert done.returncode == 1 and done.stdout == ""
+    assert done.returncode == 14 and done.stdout == ""  # 14: unreachable
     (line,) = done.stderr.splitlines()
     assert line.startswith("concord: error: ") and "unreachable" in line, line
     assert SECRET not in line and f"127.0.0.1:{port}" in line, line
