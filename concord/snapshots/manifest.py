@@ -36,7 +36,9 @@ DEFAULT_CHUNK_SIZE = 4 * MiB
 MIN_CHUNK_SIZE = 64 * 1024
 MAX_CHUNK_SIZE = 64 * MiB
 PART_KINDS = ("header", "tensor", "data")
-FILE_KINDS = ("safetensors", "blob")
+#: how a file was cut (concord/snapshots/formats): safetensors, a torch.save archive, a DCP
+#: .distcp file, GGUF, or one opaque part; a manifest naming only the first and last reads as ever
+FILE_KINDS = ("safetensors", "blob", "torch", "dcp", "gguf")
 
 
 def check_chunk_size(chunk_size: int) -> int:

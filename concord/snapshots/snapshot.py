@@ -1,10 +1,12 @@
 """Take a snapshot: a checkpoint folder (or file) → chunks in a store + a manifest (+ a ref).
 
 Files are memory-mapped, never read whole. A ``.safetensors`` file is cut along its own layout:
-the header is one part, each tensor another, and each part is chunked from its first byte. Other
-files are one part each. Each chunk goes through one small pipeline on a thread pool (BLAKE3
-releases the GIL): hash, claim (a chunk seen twice in one snapshot is handled once), write unless
-the store already holds it. At most ``WINDOW`` chunks are in flight, so memory stays flat whatever
+the header is one part, each tensor another, and each part is chunked from its first byte; DCP
+``.distcp`` files, ``torch.save`` archives and GGUF files likewise, from their own indexes
+(:mod:`concord.snapshots.formats`, which never unpickles anything). Other files are one part
+each. Each chunk goes through one small pipeline on a thread pool (BLAKE3 releases the GIL):
+hash, claim (a chunk seen twice in one snapshot is handled once), write unless the store already
+holds it. At most ``WINDOW`` chunks are in flight, so memory stays flat whatever
 the checkpoint size. The manifest is written after every chunk it names, and the ref last.
 
 All the writing happens under a garbage-collection lease: a chunk the store already holds is not
@@ -34,7 +36,7 @@ from concord.snapshots.manifest import (
     make_part,
 )
 from concord.progress import Progress, ensure
-from concord.snapshots.safetensors_header import looks_like_safetensors, read_header
+from concord.snapshots.formats import file_layout
 from concord.stores.base import Store, check_writable_ref
 from concord.text import control_char
 from concord.snapshots.walk import walk_files
@@ -107,15 +109,7 @@ class _Snapshotter:
         with open(path, "rb") as f:
             before = os.fstat(f.fileno())
             size = before.st_size
-            if looks_like_safetensors(path):
-                header = read_header(f, size, rel)
-                layout = [("header", "", 0, header.data_start, None, None)] + [
-                    ("tensor", t.name, t.begin, t.length, t.dtype, t.shape) for t in header.tensors
-                ]
-                kind = "safetensors"
-            else:
-                layout = [("data", "", 0, size, None, None)]
-                kind = "blob"
+            kind, layout = file_layout(f, size, path, rel)
             if size == 0:
                 return make_file(rel, 0, kind, [make_part(*_part_args(lay, [])) for lay in layout])
             mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
