@@ -19,16 +19,19 @@ moves inside a file because another grew keeps its hash and its chunks.
 
 from __future__ import annotations
 
+import gc
 import json
 import math
-import posixpath
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Iterator
 
 from concord.errors import ManifestError, UnsafePathError
-from concord.hashing import DIGEST_HEX, FILE, PART, SNAPSHOT, is_digest, node_hash
+from concord.hashing import DIGEST_HEX, FILE, PART, SNAPSHOT, flat_canonical_json, is_digest, node_hash
 from concord.snapshots.safetensors_header import DTYPE_BITS
+
+#: the largest integer a manifest may hold (every size, offset and length is below it)
+MAX_INT = 2**63 - 1
 
 FORMAT = "concord/manifest@1"
 MiB = 1024 * 1024
@@ -67,10 +70,10 @@ def safe_relpath(path: str) -> str:
     if path.startswith("/") or (len(path) > 1 and path[1] == ":"):
         raise UnsafePathError(path, "absolute paths are not allowed")
     parts = path.split("/")
-    if any(p in ("", ".", "..") for p in parts):
+    if "" in parts or "." in parts or ".." in parts:
         raise UnsafePathError(path, "empty, '.' and '..' segments are not allowed")
-    if posixpath.normpath(path) != path:
-        raise UnsafePathError(path, "the path is not normalised")
+    # normalised now: with no leading '/' and no empty, '.' or '..' segment, posixpath.normpath
+    # has nothing to change
     return path
 
 
@@ -124,9 +127,27 @@ def part_meta(kind: str, name: str, length: int, dtype: str | None, shape) -> di
     return meta
 
 
+_escape = json.encoder.encode_basestring_ascii
+
+
+def part_meta_json(kind: str, name: str, length: int, dtype, shape) -> bytes:
+    """``canonical_json(part_meta(...))``, what a part's hash covers: built from a template for
+    the parts that are not tensors (most parts of a folder of many files)."""
+    if kind != "tensor" and type(kind) is str and type(name) is str and type(length) is int:
+        return b'{"kind":%s,"length":%d,"name":%s}' % (_escape(kind).encode(), length, _escape(name).encode())
+    return flat_canonical_json(part_meta(kind, name, length, dtype, shape))
+
+
+def file_meta_json(path: str, size: int, kind: str) -> bytes:
+    """``canonical_json(file_meta(...))``, what a file's hash covers, from a template."""
+    if type(path) is str and type(size) is int and type(kind) is str:
+        return b'{"kind":%s,"path":%s,"size":%d}' % (_escape(kind).encode(), _escape(path).encode(), size)
+    return flat_canonical_json(file_meta(path, size, kind))
+
+
 def make_part(kind: str, name: str, offset: int, length: int, chunk_ids: list[str], dtype=None, shape=None) -> Part:
     chunks = "".join(chunk_ids)
-    h = node_hash(PART, part_meta(kind, name, length, dtype, shape), chunks)
+    h = node_hash(PART, part_meta_json(kind, name, length, dtype, shape), chunks)
     return Part(kind, name, offset, length, chunks, h, dtype, tuple(shape) if shape is not None else None)
 
 
@@ -161,7 +182,7 @@ def file_meta(path: str, size: int, kind: str) -> dict:
 
 
 def make_file(path: str, size: int, kind: str, parts: list[Part]) -> FileEntry:
-    h = node_hash(FILE, file_meta(path, size, kind), [p.hash for p in parts])
+    h = node_hash(FILE, file_meta_json(path, size, kind), [p.hash for p in parts])
     return FileEntry(path, size, kind, tuple(parts), h)
 
 
@@ -227,13 +248,23 @@ class Manifest:
     @classmethod
     def from_json(cls, data: bytes, *, expected_root: str | None = None, verify: bool = True) -> "Manifest":
         """Parse and check a manifest. With ``verify`` every node hash is recomputed."""
+        where = expected_root or "(unnamed)"
+        gc_was_on = gc.isenabled()
+        gc.disable()  # hundreds of thousands of new objects, none of them in a cycle: no collection
+        try:
+            return cls._from_json(data, where, expected_root, verify)
+        finally:
+            if gc_was_on:
+                gc.enable()
+
+    @classmethod
+    def _from_json(cls, data, where: str, expected_root: str | None, verify: bool) -> "Manifest":
         from concord.documents import MAX_MANIFEST_BYTES, load_json_document
 
-        where = expected_root or "(unnamed)"
         doc = load_json_document(
             data, f"manifest {where}", max_bytes=MAX_MANIFEST_BYTES, expect=None,
-            error=lambda problem: ManifestError(where, problem),
-        )
+            error=lambda problem: ManifestError(where, problem), max_depth=None, check_ints=False,
+        )  # the parse bounds every integer it reads and walks for depth what it does not know
         return _parse_manifest(doc, where, expected_root, verify)
 
 
@@ -243,12 +274,26 @@ def _need(cond: bool, where: str, problem: str) -> None:
 
 
 def _int(v, where: str, what: str) -> int:
-    _need(isinstance(v, int) and not isinstance(v, bool) and v >= 0, where, f"{what} must be a non-negative integer")
+    _need(type(v) is int and 0 <= v <= MAX_INT, where, f"{what} must be a non-negative integer (at most {MAX_INT})")
     return v
 
 
+def _shallow(node: dict, known: int, where: str, depth: int) -> None:
+    """A JSON object holding more than its ``known`` fields nests at most to the depth any
+    Concord document does (the parse walks only the fields it knows, without recursing)."""
+    if len(node) > known:
+        from concord.documents import MAX_DEPTH, _depth_ok
+
+        _need(_depth_ok(node, MAX_DEPTH - depth), where, f"nested deeper than the {MAX_DEPTH} levels any Concord document has")
+
+
 def _parse_manifest(doc, where: str, expected_root: str | None, verify: bool) -> Manifest:
+    """Check and build a manifest from its JSON. It runs once per file and part of manifests of
+    100,000 files, so each check is one cheap test on the way (a message is built only for a
+    failure), nothing is walked twice, and the order of paths is checked pairwise (files sorted by
+    path repeat one only side by side)."""
     _need(isinstance(doc, dict), where, "top level is not an object")
+    _shallow(doc, 4, where, 0)
     _need(doc.get("format") == FORMAT, where, f"unknown format {doc.get('format')!r} (expected {FORMAT})")
     root = doc.get("root")
     _need(is_digest(root), where, "root is not a 64-hex digest")
@@ -262,74 +307,128 @@ def _parse_manifest(doc, where: str, expected_root: str | None, verify: bool) ->
     files_doc = doc.get("files")
     _need(isinstance(files_doc, list), where, "files is not a list")
     files: list[FileEntry] = []
-    seen: set[str] = set()
+    file_hashes: list[str] = []
+    prev = ""
+    seen: set[str] | None = None  # the paths so far, kept only once the order is broken
+    hexdigest = _is_hex_digest
     for fd in files_doc:
-        _need(isinstance(fd, dict), where, "a file entry is not an object")
+        if type(fd) is not dict:
+            raise ManifestError(where, "a file entry is not an object")
+        if len(fd) > 5:
+            _shallow(fd, 5, where, 2)
         try:
             path = safe_relpath(fd.get("path"))
         except UnsafePathError as exc:  # name the manifest the path came from
             raise UnsafePathError(exc.path, f"{exc.reason}, in manifest {where}") from None
-        _need(path not in seen, where, f"file {path} listed twice")
-        seen.add(path)
-        size = _int(fd.get("size"), where, f"{path}: size")
-        kind = fd.get("kind")
-        _need(kind in FILE_KINDS, where, f"{path}: unknown file kind {kind!r}")
-        parts_doc = fd.get("parts")
-        _need(isinstance(parts_doc, list), where, f"{path}: parts is not a list")
-        parts: list[Part] = []
+        if path <= prev or seen is not None:
+            if seen is None:
+                seen = {f.path for f in files}
+            _need(path not in seen, where, f"file {path} listed twice")
+            seen.add(path)
+        prev = path
+        size, kind, parts_doc = fd.get("size"), fd.get("kind"), fd.get("parts")
+        if type(size) is not int or not 0 <= size <= MAX_INT:
+            _int(size, where, f"{path}: size")
+        if kind not in FILE_KINDS:
+            raise ManifestError(where, f"{path}: unknown file kind {kind!r}")
+        if type(parts_doc) is not list:
+            raise ManifestError(where, f"{path}: parts is not a list")
+        parts = []
         offset = 0
-        keys: set[tuple[str, str]] = set()
         for pd in parts_doc:
-            _need(isinstance(pd, dict), where, f"{path}: a part is not an object")
-            pkind, name = pd.get("kind"), pd.get("name")
-            _need(pkind in PART_KINDS and isinstance(name, str), where, f"{path}: bad part kind or name")
-            _need((pkind, name) not in keys, where, f"{path}: part {name!r} listed twice")
-            keys.add((pkind, name))
-            poff = _int(pd.get("offset"), where, f"{path}:{name}: offset")
-            plen = _int(pd.get("length"), where, f"{path}:{name}: length")
-            _need(poff == offset, where, f"{path}:{name}: offset {poff} leaves a gap or overlap (expected {offset})")
-            offset += plen
-            chunks = pd.get("chunks")
-            _need(
-                isinstance(chunks, str) and len(chunks) == DIGEST_HEX * chunk_count(plen, chunk_size),
-                where,
-                f"{path}:{name}: chunk list does not match length {plen}",
-            )
-            dtype = shape = None
-            if pkind == "tensor":
-                dtype, shape = pd.get("dtype"), pd.get("shape")
-                _need(isinstance(dtype, str), where, f"{path}:{name}: dtype missing")
-                _need(
-                    isinstance(shape, list) and all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in shape),
-                    where,
-                    f"{path}:{name}: shape must be a list of non-negative integers",
-                )
-                shape = tuple(shape)
-                _need(
-                    dtype not in DTYPE_BITS or math.prod(shape) * DTYPE_BITS[dtype] == 8 * plen,
-                    where,
-                    f"{path}:{name}: length {plen} does not hold a {dtype} tensor of shape {list(shape)}",
-                )
-            h = pd.get("hash")
-            _need(is_digest(h), where, f"{path}:{name}: hash is not a 64-hex digest")
-            if verify:
-                try:
-                    raw = bytes.fromhex(chunks)  # decoded once: checked, then hashed
-                except ValueError:
-                    raise ManifestError(where, f"{path}:{name}: chunk list is not hex") from None
-                _need(raw.hex() == chunks, where, f"{path}:{name}: chunk list is not lowercase hex")
-                actual = node_hash(PART, part_meta(pkind, name, plen, dtype, shape), raw)
-                _need(actual == h, where, f"{path}:{name}: part hash does not match its chunks")
-            parts.append(Part(pkind, name, poff, plen, chunks, h, dtype, shape))
-        _need(offset == size, where, f"{path}: parts cover {offset} bytes, file size is {size}")
+            part = _parse_part(pd, path, where, chunk_size, verify)
+            if part.offset != offset:
+                raise ManifestError(where, f"{path}:{part.name}: offset {part.offset} leaves a gap or overlap (expected {offset})")
+            offset += part.length
+            parts.append(part)
+        if len(parts) > 1 and len({p.key for p in parts}) != len(parts):
+            twice = next(p for i, p in enumerate(parts) if p.key in {q.key for q in parts[:i]})
+            raise ManifestError(where, f"{path}: part {twice.name!r} listed twice")
+        if offset != size:
+            raise ManifestError(where, f"{path}: parts cover {offset} bytes, file size is {size}")
         fh = fd.get("hash")
-        _need(is_digest(fh), where, f"{path}: hash is not a 64-hex digest")
-        if verify:
-            actual = node_hash(FILE, file_meta(path, size, kind), [p.hash for p in parts])
-            _need(actual == fh, where, f"{path}: file hash does not match its parts")
-        files.append(FileEntry(path, size, kind, tuple(parts), fh))
-    _need([f.path for f in files] == sorted(seen), where, "files are not sorted by path")
+        # verified: equal to the hash computed, so a digest (which one is said only on a mismatch)
+        if (node_hash(FILE, file_meta_json(path, size, kind), "".join([p.hash for p in parts])) != fh) if verify else not hexdigest(fh):
+            _need(hexdigest(fh), where, f"{path}: hash is not a 64-hex digest")
+            raise ManifestError(where, f"{path}: file hash does not match its parts")
+        files.append(_built(FileEntry, path=path, size=size, kind=kind, parts=tuple(parts), hash=fh))
+        file_hashes.append(fh)
+    _need(seen is None, where, "files are not sorted by path")
     if verify:
-        actual = node_hash(SNAPSHOT, snapshot_meta(chunk_size), [f.hash for f in files])
+        actual = node_hash(SNAPSHOT, snapshot_meta(chunk_size), "".join(file_hashes))
         _need(actual == root, where, f"root does not match its files (computes to {actual})")
     return Manifest(root, chunk_size, tuple(files))
+
+
+def _parse_part(pd, path: str, where: str, chunk_size: int, verify: bool) -> Part:
+    """One part of file ``path``, checked on its own (its offset is checked by the caller)."""
+    if type(pd) is not dict:
+        raise ManifestError(where, f"{path}: a part is not an object")
+    pkind, name = pd.get("kind"), pd.get("name")
+    if pkind not in PART_KINDS or type(name) is not str:
+        raise ManifestError(where, f"{path}: bad part kind or name")
+    if len(pd) > (8 if pkind == "tensor" else 6):
+        _shallow(pd, 8 if pkind == "tensor" else 6, where, 4)
+    poff, plen, chunks = pd.get("offset"), pd.get("length"), pd.get("chunks")
+    if type(poff) is not int or type(plen) is not int or not 0 <= poff <= MAX_INT or not 0 <= plen <= MAX_INT:
+        _int(poff, where, f"{path}:{name}: offset")
+        _int(plen, where, f"{path}:{name}: length")
+    if type(chunks) is not str or len(chunks) != DIGEST_HEX * ((plen + chunk_size - 1) // chunk_size):
+        raise ManifestError(where, f"{path}:{name}: chunk list does not match length {plen}")
+    dtype = shape = None
+    if pkind == "tensor":
+        dtype, shape = pd.get("dtype"), pd.get("shape")
+        _need(isinstance(dtype, str), where, f"{path}:{name}: dtype missing")
+        _need(
+            isinstance(shape, list) and all(type(s) is int and 0 <= s <= MAX_INT for s in shape),
+            where,
+            f"{path}:{name}: shape must be a list of non-negative integers",
+        )
+        shape = tuple(shape)
+        _need(
+            dtype not in DTYPE_BITS or math.prod(shape) * DTYPE_BITS[dtype] == 8 * plen,
+            where,
+            f"{path}:{name}: length {plen} does not hold a {dtype} tensor of shape {list(shape)}",
+        )
+    h = pd.get("hash")
+    if not verify:
+        _need(_is_hex_digest(h), where, f"{path}:{name}: hash is not a 64-hex digest")
+    else:  # equal to the hash computed, so a digest (which one is said only on a mismatch)
+        try:
+            raw = bytes.fromhex(chunks)  # decoded once: checked, then hashed
+        except ValueError:
+            raw = None
+        if raw is None or raw.hex() != chunks or node_hash(PART, part_meta_json(pkind, name, plen, dtype, shape), raw) != h:
+            _need(_is_hex_digest(h), where, f"{path}:{name}: hash is not a 64-hex digest")
+            _need(raw is not None, where, f"{path}:{name}: chunk list is not hex")
+            _need(raw.hex() == chunks, where, f"{path}:{name}: chunk list is not lowercase hex")
+            raise ManifestError(where, f"{path}:{name}: part hash does not match its chunks")
+    return _built(Part, kind=pkind, name=name, offset=poff, length=plen, chunks=chunks, hash=h, dtype=dtype, shape=shape)
+
+
+def _built(cls, **values):
+    """An instance of the frozen dataclass ``cls`` with these fields (and the defaults of the
+    others), made without its ``__init__``, which sets each field through
+    ``object.__setattr__``: the same object, made several times quicker (a manifest of 100,000
+    files makes 200,000)."""
+    obj = object.__new__(cls)
+    obj.__dict__.update(_DEFAULTS[cls], **values) if cls in _DEFAULTS else obj.__dict__.update(_defaults(cls), **values)
+    return obj
+
+
+_DEFAULTS: dict[type, dict] = {}
+
+
+def _defaults(cls) -> dict:
+    import dataclasses
+
+    _DEFAULTS[cls] = {f.name: f.default for f in dataclasses.fields(cls) if f.default is not dataclasses.MISSING}
+    return _DEFAULTS[cls]
+
+
+_HEX = frozenset("0123456789abcdef")
+
+
+def _is_hex_digest(s) -> bool:
+    """:func:`is_digest`, quicker on the way: 64 lowercase hex digits."""
+    return type(s) is str and len(s) == DIGEST_HEX and _HEX.issuperset(s)
