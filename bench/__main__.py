@@ -1,4 +1,4 @@
-"""Run the benchmarks and print one table per benchmark: ``python -m bench [snapshot|sync|diff|lora|tier|drift|verify|audit-memory|trust|checkout|lineage] ...``."""
+"""Run the benchmarks and print one table per benchmark: ``python -m bench [snapshot|sync|diff|lora|tier|drift|verify|audit-memory|trust|checkout|lineage|formats] ...``."""
 
 from __future__ import annotations
 
@@ -12,22 +12,22 @@ from pathlib import Path
 
 from bench.common import DEFAULT_OUT, Options, Table, machine_summary
 
-BENCHMARKS = ("snapshot", "sync", "diff", "lora", "tier", "drift", "verify", "audit-memory", "oci", "compress", "trust", "checkout", "lineage")
+BENCHMARKS = ("snapshot", "sync", "diff", "lora", "tier", "drift", "verify", "audit-memory", "oci", "compress", "trust", "checkout", "lineage", "formats")
 DEFAULT_SIZE_GB = 2.1
 QUICK_SIZE_GB = 0.1
 #: benchmarks whose checkpoint defaults to another size (when neither --size-gb nor --quick is given)
-SIZE_GB_OF = {"tier": 1.1, "audit-memory": 0.5}
+SIZE_GB_OF = {"tier": 1.1, "audit-memory": 0.5, "formats": 0.25}
 
 
 def parse_args(argv: list[str] | None) -> tuple[list[str], Options, dict[str, Options]]:
     """The benchmarks to run, the options, and the options of those whose default size differs."""
     p = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
-    p.add_argument("which", nargs="*", metavar="{snapshot,sync,diff,lora,tier,drift,verify,audit-memory,oci,compress,trust,checkout,lineage}", help="benchmarks to run (default: all)")
+    p.add_argument("which", nargs="*", metavar="{snapshot,sync,diff,lora,tier,drift,verify,audit-memory,oci,compress,trust,checkout,lineage,formats}", help="benchmarks to run (default: all)")
     p.add_argument(
         "--size-gb",
         type=float,
         default=None,
-        help="checkpoint size in GB of 10^9 bytes (default 2.1, tier 1.1; audit-memory: each CSV file, default 0.5; 0.1 with --quick)",
+        help="checkpoint size in GB of 10^9 bytes (default 2.1, tier 1.1, formats 0.25; audit-memory: each CSV file, default 0.5; 0.1 with --quick)",
     )
     p.add_argument("--quick", action="store_true", help="small sizes and one run each: a smoke run in seconds")
     p.add_argument(

@@ -7,8 +7,9 @@ file beside them. ``.metadata`` is a pickle of ``Metadata``; its ``storage_data`
 dtype and each shard's sizes. It is read by :mod:`.safepickle` (an opcode walk, never a load).
 
 A tensor record written in the ``torch_save`` serialization is a whole ``torch.save`` archive of
-that one tensor: its storage entry becomes the tensor part (chunks from its first byte) and the
-archive's zip bookkeeping goes into the header parts beside it. A record in the raw
+that one tensor: its storage entry becomes the tensor part (chunks from its first byte), the
+archive's bytes before it the ``<fqn> header`` part and those after it (where the storage's CRC
+is) the ``<fqn>`` header part. A record in the raw
 serialization is the tensor's bytes. A non-tensor record (pickled bytes), or one written through
 a transform (compression, …), is a ``data`` part of its fqn. A shard's part is named
 ``fqn@o1,o2`` (its offsets) when the file holds several shards of one fqn.
@@ -85,11 +86,21 @@ def _record_pieces(fd: int, r: Record, label: str) -> list[Piece]:
     try:
         inner = archive_pieces(fd, r.offset, r.length, root=label)
     except Unreadable:
+        inner = []
+    if not inner:
         return [Piece("data", label, r.offset, r.length)]
     if len(inner) == 1:  # the one storage of the one tensor: dtype and shape from the metadata
         p = inner[0]
-        return [tensor_piece(label, p.offset, p.length, r.dtype, r.shape)]
-    return inner
+        inner = [tensor_piece(label, p.offset, p.length, r.dtype, r.shape)]
+    # the archive's own bytes before and after its storages are parts of their own, so the next
+    # record's unchanged prefix is not cut into the same chunk as this record's changed CRCs
+    first = min(p.offset for p in inner)
+    last = max(p.offset + p.length for p in inner)
+    return [
+        Piece("header", f"{label} header", r.offset, first - r.offset),
+        *inner,
+        Piece("header", label, last, r.offset + r.length - last),
+    ]
 
 
 @functools.lru_cache(maxsize=16)
