@@ -130,6 +130,7 @@ def cmd_restore(args, out) -> int:
 
 
 def cmd_verify(args, out) -> int:
+    from concord.errors import IntegrityError
     from concord.snapshots.verify import verify
 
     policy = _policy(args)  # an empty list fails before any chunk is read
@@ -153,13 +154,13 @@ def cmd_verify(args, out) -> int:
             bad = len(chunks - set(r.repaired))
             also = f"; also {bad} missing or corrupt chunk(s)" if bad else ""
             print(f"concord: error: {' '.join(r.broken_refs[0].split())}{more}{also}", file=sys.stderr)
-            return 1
+            return IntegrityError.exit_code
         print(
             f"concord: error: {store.uri} has missing or corrupt data; "
             "re-run with --repair-from STORE pointing at a healthy replica",
             file=sys.stderr,
         )
-        return 1
+        return IntegrityError.exit_code
     if untrusted:
         from concord.errors import UntrustedRootError
 

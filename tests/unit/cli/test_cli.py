@@ -58,7 +58,7 @@ def test_cli_verify_reports_corruption_and_repairs(capsys, ckpt, tmp_path):
     chunk = next(p for p in (tmp_path / "c2" / "chunks").rglob("*") if p.is_file())
     chunk.write_bytes(b"flipped")
     code, ver, err = run(capsys, "verify", c2)
-    assert code == 1 and ver["corrupt"] == [chunk.name] and "--repair-from" in err
+    assert code == 15 and ver["corrupt"] == [chunk.name] and "--repair-from" in err
     code, ver, _ = run(capsys, "verify", c2, "--repair-from", c1)
     assert code == 0 and ver["repaired"] == [chunk.name]
 

@@ -258,7 +258,7 @@ def test_verify_repairs_a_fifo_where_a_chunk_should_be(template, tmp_path, capsy
     site.replace("chunk", _fifo)
     code = main(["verify", str(site.store), "--json"])
     out, err = capsys.readouterr()
-    assert code == 1 and json.loads(out)["corrupt"] == [site.chunk] and err.count("\n") == 1
+    assert code == 15 and json.loads(out)["corrupt"] == [site.chunk] and err.count("\n") == 1
     assert main(["verify", str(site.store), "--repair-from", str(good), "--json"]) == 0
     capsys.readouterr()
     assert site.path("chunk").is_file()
@@ -445,7 +445,7 @@ def test_verify_of_a_whole_store_fails_when_a_ref_names_a_missing_manifest(templ
     site.path("manifest").unlink()
     code = main(["verify", str(site.store)])
     out, err = capsys.readouterr()
-    assert code == 1 and err.count("\n") == 1
+    assert code == 15 and err.count("\n") == 1
     assert f"ref {REF} names snapshot {site.root}, whose manifest is missing" in err
     assert "concord sync" in err and "--repair-from" in err
     # repaired from a store that holds it: the ref names a sound snapshot again
@@ -464,7 +464,7 @@ def test_verify_skips_exactly_the_ledger_heads_and_notes_history_gaps(template, 
     store.cas_ref("team/_hidden", None, fake)
     code = main(["verify", str(site.store)])
     _, err = capsys.readouterr()
-    assert code == 1 and "ref team/_hidden names snapshot" in err
+    assert code == 15 and "ref team/_hidden names snapshot" in err
     store.delete_ref("team/_hidden", fake)
     # an earlier root of a ref's history without its manifest is noted, not a failure
     store.cas_ref(REF, site.root, fake)
