@@ -12,7 +12,7 @@ would have set), :class:`PersId` (a persistent id: a ``torch.save`` storage). Th
 names, dtypes and shapes off that tree.
 
 Anything the walk cannot follow (an extension code, out-of-band buffers, a stack that does not
-add up, an unhashable dict key) raises :class:`~concord.snapshots.formats.common.Unreadable`.
+add up, an unhashable dict key, tuples nested too deep to hash safely) raises :class:`~concord.snapshots.formats.common.Unreadable`.
 The tree holds at most one object per opcode, so its size is bounded by the pickle's.
 """
 
@@ -75,7 +75,9 @@ _SCALARS = frozenset(
     ["INT", "BININT", "BININT1", "BININT2", "LONG", "LONG1", "LONG4", "FLOAT", "BINFLOAT", "STRING", "BINSTRING", "SHORT_BINSTRING", "UNICODE", "BINUNICODE", "SHORT_BINUNICODE", "BINUNICODE8", "BINBYTES", "SHORT_BINBYTES", "BINBYTES8", "BYTEARRAY8"]
 )
 _CONSTANTS = {"NONE": None, "NEWTRUE": True, "NEWFALSE": False}
-_EMPTY = {"EMPTY_DICT": dict, "EMPTY_LIST": list, "EMPTY_TUPLE": tuple, "EMPTY_SET": set}
+_EMPTY = {"EMPTY_DICT": dict, "EMPTY_LIST": list, "EMPTY_SET": set}
+#: how deep tuples may nest (a checkpoint's go a few levels; hashing a deeper one could overflow the C stack)
+MAX_NESTING = 64
 _TUPLES = {"TUPLE1": 1, "TUPLE2": 2, "TUPLE3": 3}
 
 
@@ -95,6 +97,16 @@ def _walk(data: bytes) -> Any:
     stack: list = []
     marks: list[int] = []
     memo: dict = {}
+    nesting: dict[int, int] = {}  # id of each tuple and frozenset built → how deep it nests
+
+    def frozen(kind: type, items) -> Any:
+        """A tuple or frozenset, refused when it nests too deep to hash (hashing recurses in C)."""
+        depth = 1 + max((nesting.get(id(x), 1) for x in items if type(x) in (tuple, frozenset)), default=0)
+        if depth > MAX_NESTING:
+            raise Unreadable(f"tuples nested over {MAX_NESTING} deep")
+        value = kind(items)
+        nesting[id(value)] = depth
+        return value
 
     def pop_mark() -> list:
         at = marks.pop()
@@ -108,6 +120,8 @@ def _walk(data: bytes) -> Any:
             stack.append(arg)
         elif name in _CONSTANTS:
             stack.append(_CONSTANTS[name])
+        elif name == "EMPTY_TUPLE":
+            stack.append(frozen(tuple, ()))
         elif name in _EMPTY:
             stack.append(_EMPTY[name]())
         elif name in ("PROTO", "FRAME"):
@@ -128,18 +142,18 @@ def _walk(data: bytes) -> Any:
             n = _TUPLES[name]
             if len(stack) < n:
                 raise Unreadable(f"{name} on a stack of {len(stack)}")
-            items = tuple(stack[len(stack) - n :])
+            items = frozen(tuple, stack[len(stack) - n :])
             del stack[len(stack) - n :]
             stack.append(items)
         elif name == "TUPLE":
-            stack.append(tuple(pop_mark()))
+            stack.append(frozen(tuple, pop_mark()))
         elif name == "LIST":
             stack.append(pop_mark())
         elif name == "DICT":
             items = pop_mark()
             stack.append(_pairs_into({}, items))
         elif name == "FROZENSET":
-            stack.append(frozenset(pop_mark()))
+            stack.append(frozen(frozenset, pop_mark()))
         elif name == "APPEND":
             value = stack.pop()
             _extend(stack[-1], [value])
@@ -158,7 +172,7 @@ def _walk(data: bytes) -> Any:
             target = stack[-1]
             if not isinstance(target, set):
                 raise Unreadable("ADDITEMS into something that is not a set")
-            target.update(items)
+            target.update(frozen(tuple, items))
         elif name == "GLOBAL":
             module, _, attr = str(arg).partition(" ")
             stack.append(Global(module, attr))

@@ -154,7 +154,7 @@ def _gguf_string(s: str) -> bytes:
     return struct.pack("<Q", len(b)) + b
 
 
-def _write_gguf(path: Path, tensors: dict[str, tuple[int, list[int], bytes]], alignment: int = 32) -> None:
+def _write_gguf(path: Path, tensors: dict[str, tuple[int, list[int], bytes]], alignment: int = 32, *, overlap: bool = False) -> None:
     """A GGUF v3 file by the spec: header, key-values, tensor infos, aligned data."""
     kv = [
         _gguf_string("general.architecture") + struct.pack("<I", 8) + _gguf_string("llama"),
@@ -164,7 +164,7 @@ def _write_gguf(path: Path, tensors: dict[str, tuple[int, list[int], bytes]], al
     ]
     infos, data, offset = [], b"", 0
     for name, (gtype, dims, raw) in tensors.items():
-        infos.append(_gguf_string(name) + struct.pack("<I", len(dims)) + b"".join(struct.pack("<Q", d) for d in dims) + struct.pack("<IQ", gtype, offset))
+        infos.append(_gguf_string(name) + struct.pack("<I", len(dims)) + b"".join(struct.pack("<Q", d) for d in dims) + struct.pack("<IQ", gtype, 0 if overlap else offset))
         pad = -len(raw) % alignment
         data += raw + b"\0" * pad
         offset += len(raw) + pad
@@ -293,7 +293,17 @@ def test_a_pickle_that_would_run_a_command_is_never_run(tmp_path, stores):
 
 
 def test_the_pickle_walk_refuses_what_it_cannot_follow():
-    for bad in (b"", b"\x80\x02", b"\x80\x02]q\x00(K\x01.", b"\x80\x02\x82\x01.", b"\x80\x05\x97.", b"\x80\x02}]]s."):
+    deep = 100_000  # hashing a tuple this deep would overflow the C stack and kill the process
+    for bad in (
+        b"",
+        b"\x80\x02",
+        b"\x80\x02]q\x00(K\x01.",
+        b"\x80\x02\x82\x01.",
+        b"\x80\x05\x97.",
+        b"\x80\x02}]]s.",
+        b"\x80\x02}K\x01" + b"\x85" * deep + b"K\x02s.",
+        b"\x80\x02" + b"(" * deep + b"K\x01" + b"\x91" * deep + b".",
+    ):
         with pytest.raises(Unreadable):
             read(bad)
     tree = read(pickle.dumps(Global("os", "system"), protocol=2))  # a dataclass instance, rebuilt inertly
@@ -342,12 +352,13 @@ def _hostile_files(tmp_path: Path) -> Path:
     _corrupt(src / "trunc.gguf", lambda raw: raw[: len(raw) - 1000])
     _write_gguf(src / "huge.gguf", _gguf_tensors())
     _corrupt(src / "huge.gguf", lambda raw: raw[:8] + struct.pack("<Q", 2**60) + raw[16:])  # tensor count
+    _write_gguf(src / "overlap.gguf", _gguf_tensors(), overlap=True)  # every tensor at offset 0
     _write_gguf(src / "strlen.gguf", _gguf_tensors())
     _corrupt(src / "strlen.gguf", lambda raw: raw[:24] + struct.pack("<Q", 2**63) + raw[32:])  # first key's length
     return src
 
 
-HOSTILE = ["cut.pt", "cd.pt", "big.pt", "past/__0_0.distcp", "overlap/__0_0.distcp", "nometa/__0_0.distcp", "trunc.gguf", "huge.gguf", "strlen.gguf"]
+HOSTILE = ["cut.pt", "cd.pt", "big.pt", "past/__0_0.distcp", "overlap/__0_0.distcp", "nometa/__0_0.distcp", "trunc.gguf", "huge.gguf", "overlap.gguf", "strlen.gguf"]
 
 
 def test_damaged_or_lying_checkpoints_are_snapshotted_as_blobs(tmp_path, stores):
