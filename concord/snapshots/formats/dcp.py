@@ -62,7 +62,7 @@ def file_pieces(fd: int, size: int, path: str) -> list[Piece]:
         st = os.stat(md)
     except OSError:
         raise Unreadable(f"no {METADATA} beside the file") from None
-    records = _metadata(md, st.st_size, st.st_mtime_ns)
+    records = _metadata(md, st.st_ino, st.st_size, st.st_mtime_ns)
     if records is None:
         raise Unreadable(f"{METADATA} cannot be read")
     mine = records.get(name)
@@ -104,10 +104,10 @@ def _record_pieces(fd: int, r: Record, label: str) -> list[Piece]:
 
 
 @functools.lru_cache(maxsize=16)
-def _metadata(path: str, size: int, mtime_ns: int) -> dict[str, list[Record]] | None:
+def _metadata(path: str, inode: int, size: int, mtime_ns: int) -> dict[str, list[Record]] | None:
     """relative path → its records, sorted by offset; None when the file cannot be read safely.
 
-    Cached by (path, size, mtime), so the many ``.distcp`` files of one checkpoint read it once.
+    Cached by (path, inode, size, mtime), so the many ``.distcp`` files of one checkpoint read it once.
     """
     if size > MAX_PICKLE_BYTES:
         return None

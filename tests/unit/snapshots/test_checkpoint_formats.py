@@ -387,3 +387,19 @@ def test_a_dcp_record_written_raw_or_as_bytes_is_cut_at_its_records(tmp_path):
     tensors = [(name, dtype, shape) for kind, layout in kinds for k, name, _, _, dtype, shape in layout if k == "tensor"]
     assert ("w", "F32", (1024,)) in tensors
     assert all(kind == "dcp" for kind, _ in kinds)
+
+
+def test_a_dcp_written_by_several_threads_is_cut_in_every_file(tmp_path, stores):
+    import torch.distributed.checkpoint as dcp
+
+    folder = tmp_path / "ckpt"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        dcp.save(_state(), storage_writer=dcp.FileSystemWriter(str(folder), thread_count=4))
+    files = sorted(p.name for p in folder.glob("*.distcp"))
+    assert len(files) > 1
+    r = snapshot(folder, stores[0])
+    assert {r.manifest.by_path[f].kind for f in files} == {"dcp"}
+    names = [p.name for f in files for p in r.manifest.by_path[f].tensors]
+    assert sorted(names) == sorted(_state())
+    _assert_restores(stores[0], r.manifest, folder, tmp_path / "out")
