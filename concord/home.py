@@ -6,7 +6,9 @@ Each default below has its own variable, which wins when set:
 * the registry of data snapshots and contracts: ``$CONCORD_REGISTRY``, else ``<home>/registry``;
 * MLflow: ``$MLFLOW_TRACKING_URI``, else a sqlite database ``<home>/mlflow.db`` (absolute path);
 * how far each federation ledger went when this machine last verified it: ``<home>/ledgers-seen.json``
-  (:mod:`concord.federation.seen`).
+  (:mod:`concord.federation.seen`);
+* the SHA-256 of files this machine exported to OCI registries: ``<home>/oci-sha256/``
+  (:mod:`concord.oci.memo`).
 
 The CLI, the tasks and the flows all ask here, so one setting moves all of them together.
 Standard library only.

@@ -54,7 +54,7 @@ def cmd_export_oci(args, out) -> int:
     if len(name) == 64:  # a root names no model
         name = None
     with _sigterm_interrupts():
-        r = export_oci(store, manifest, args.reference, name=name, plain_http=args.plain_http, progress=out.progress)
+        r = export_oci(store, manifest, args.reference, name=name, plain_http=args.plain_http, progress=out.progress, memo=not args.no_memo)
     d = r.to_dict()
     d["store"] = store.uri
     lines = [
@@ -62,6 +62,7 @@ def cmd_export_oci(args, out) -> int:
         f"  digest {r.digest}",
         f"  snapshot {r.root}: {r.layers} layers, {human(r.bytes)}",
         f"  uploaded {r.layers_uploaded} layer(s), {human(r.bytes_uploaded)} (the registry had the rest)",
+        f"  hashed {human(r.bytes_hashed)} ({r.layers_remembered} layer digest(s) remembered from earlier exports)",
     ]
     if r.signatures:
         lines.append(f"  signatures attached: {', '.join(r.signatures)}")
@@ -107,6 +108,10 @@ def register(sub, common: list) -> None:
     s.add_argument("reference", metavar="REGISTRY/REPO:TAG", type=_reference, help=REFERENCE_HELP)
     s.add_argument("--name", help="model name in the artifact's config (default: the ref's last part)")
     s.add_argument("--plain-http", action="store_true", help=PLAIN_HTTP_HELP)
+    s.add_argument(
+        "--no-memo", action="store_true",
+        help="hash every file, not using or updating the SHA-256 this machine remembers of files it exported ($CONCORD_NO_OCI_MEMO=1)",
+    )
     s.set_defaults(func=cmd_export_oci)
 
     im = sub.add_parser("import", help="bring a snapshot in from elsewhere: oci (a ModelPack artifact)").add_subparsers(

@@ -95,6 +95,7 @@ from concord.errors.oci import (
     OciDigestMismatchError,
     OciDocumentError,
     OciError,
+    OciMemoContradictedError,
     OciNotAModelError,
     OciNotFoundError,
     OciReferenceError,

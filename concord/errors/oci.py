@@ -12,6 +12,7 @@ __all__ = [
     "OciDigestMismatchError",
     "OciDocumentError",
     "OciError",
+    "OciMemoContradictedError",
     "OciNotAModelError",
     "OciNotFoundError",
     "OciReferenceError",
@@ -134,6 +135,22 @@ class OciDigestMismatchError(OciError, ValueError):
         super().__init__(
             f"{reference}: {what} hashes to {actual}, its descriptor says {expected}; nothing was imported. "
             "The registry's copy is damaged or was replaced: push the artifact again"
+        )
+
+
+class OciMemoContradictedError(OciError, ValueError):
+    """An export's upload whose bytes do not hash to the digest this machine's memo gave for them
+    (the export drops the entry and hashes the file afresh; the registry never gets the blob)."""
+
+    exit_code = 15
+
+    def __init__(self, path: str, expected: str, actual: str) -> None:
+        self.path = path
+        self.expected = expected
+        self.actual = actual
+        super().__init__(
+            f"{path}: its checked bytes hash to {actual}, the digest memo said {expected}; the upload was "
+            "stopped before its last block and the entry dropped: export again (or with --no-memo)"
         )
 
 

@@ -384,13 +384,19 @@ class Registry:
     # ------------------------------------------------------------------ blobs
 
     def has_blob(self, digest: str) -> bool:
+        return self.blob_length(digest) is not None
+
+    def blob_length(self, digest: str) -> int | None:
+        """The size the registry gives for blob ``digest`` (its ``HEAD`` answer's
+        ``Content-Length``; ``-1`` when it gives none), or ``None`` when it holds no such blob."""
         r = self.request("HEAD", self._url(f"blobs/{digest}"), what=f"the answer for blob {digest}")
         if r.status_code == 200:
             r.close()
-            return True
+            length = r.headers.get("Content-Length", "")
+            return int(length) if length.isascii() and length.isdigit() else -1
         if r.status_code == 404:
             r.close()
-            return False
+            return None
         raise self._fail(r, f"say whether it holds blob {digest}")
 
     def put_blob(self, digest: str, size: int, blocks: Callable[[], Iterable[bytes]]) -> None:

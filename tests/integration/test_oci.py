@@ -18,6 +18,7 @@ from toy_checkpoints import SMALL_CHUNK, make_checkpoint
 
 from concord.cli import main
 from concord.oci import modelpack as mp
+from concord.oci.memo import MEMO_DIR, DigestMemo, content_key
 from concord.oci.reference import parse_reference
 from concord.oci.registry import Registry
 from concord.snapshots.refs import load_manifest
@@ -30,6 +31,13 @@ pytestmark = pytest.mark.integration
 USER, PASSWORD = "alice", "pa55-w0rd-never-shown"
 CLEARED = ("CONCORD_REGISTRY_USERNAME", "CONCORD_REGISTRY_PASSWORD", "DOCKER_CONFIG")
 ACCEPT = {"Accept": "application/vnd.oci.image.manifest.v1+json"}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def concord_home(tmp_path_factory):
+    """A home of the module's own: the exports' digest memo goes there, never into ``./data``."""
+    with patched_environ({"CONCORD_HOME": str(tmp_path_factory.mktemp("concord-home"))}):
+        yield
 
 
 @pytest.fixture(scope="module")
@@ -267,3 +275,136 @@ def test_other_oci_tools_read_the_artifact(published, registry, tmp_path, capsys
     for f in published["ckpt"].rglob("*"):
         if f.is_file():
             assert (tmp_path / "pulled" / f.relative_to(published["ckpt"])).read_bytes() == f.read_bytes()
+
+
+# --------------------------------------------------------------------------- the digest memo
+
+
+def sha256_of(data: bytes) -> str:
+    return "sha256:" + hashlib.sha256(data).hexdigest()
+
+
+def export_json(capsys, store, root: str, ref: str, *extra: str) -> dict:
+    code, r, text = cli(capsys, "export", "oci", str(store.root), "--ref", root, ref, "--plain-http", "--json", *extra)
+    assert code == 0, text
+    return r
+
+
+def layers_are_the_files(address: str, repo: str, tag: str, folder: Path) -> dict[str, str]:
+    """Every layer of ``repo:tag`` is its file byte for byte, named by the SHA-256 of those bytes."""
+    digests = {}
+    for layer in get_manifest(address, repo, tag)["layers"]:
+        path = layer["annotations"][mp.FILEPATH]
+        data = (folder / path).read_bytes()
+        assert layer["digest"] == sha256_of(data), path
+        assert requests.get(f"http://{address}/v2/{repo}/blobs/{layer['digest']}", timeout=10).content == data
+        digests[path] = layer["digest"]
+    return digests
+
+
+def blob_exists(address: str, repo: str, digest: str) -> bool:
+    return requests.head(f"http://{address}/v2/{repo}/blobs/{digest}", timeout=10).status_code == 200
+
+
+def v2_of(published, tmp_path: Path, readme: str = "# toy model, memo version\n") -> tuple[Path, str]:
+    folder = tmp_path / "v2"
+    shutil.copytree(published["ckpt"], folder)
+    (folder / "README.md").write_text(readme)
+    return folder, snapshot(folder, published["store"], chunk_size=SMALL_CHUNK).root
+
+
+def test_a_second_export_hashes_only_the_changed_file(published, registry, tmp_path, capsys):
+    store, root = published["store"], published["root"]
+    with patched_environ({"CONCORD_HOME": str(tmp_path / "home")}):
+        first = export_json(capsys, store, root, f"{registry}/models/memo:v1")
+        assert first["bytes_hashed"] == first["bytes"] and first["layers_remembered"] == 0
+        assert (tmp_path / "home" / MEMO_DIR).is_dir()
+        folder, root2 = v2_of(published, tmp_path)
+        second = export_json(capsys, store, root2, f"{registry}/models/memo:v2")
+        readme = (folder / "README.md").stat().st_size
+        assert second["bytes_hashed"] == readme
+        assert second["layers_remembered"] == 3  # all but the README and the empty file
+        assert second["layers_uploaded"] == 1
+        layers_are_the_files(registry, "models/memo", "v2", folder)
+        # into a repository that holds none of it: remembered digests, every blob uploaded and checked on the way
+        fresh = export_json(capsys, store, root2, f"{registry}/models/memo-fresh:v2")
+        assert fresh["bytes_hashed"] == 0 and fresh["layers_remembered"] == 4 and fresh["layers_uploaded"] == 5
+        layers_are_the_files(registry, "models/memo-fresh", "v2", folder)
+        # --no-memo, and the environment variable, hash every file again
+        assert export_json(capsys, store, root2, f"{registry}/models/memo:v2", "--no-memo")["bytes_hashed"] == second["bytes"]
+        with patched_environ({"CONCORD_NO_OCI_MEMO": "1"}):
+            assert export_json(capsys, store, root2, f"{registry}/models/memo:v2")["bytes_hashed"] == second["bytes"]
+
+
+def test_a_wrong_memo_entry_never_publishes_a_wrong_digest_for_bytes_it_uploads(published, registry, tmp_path, capsys):
+    store, root = published["store"], published["root"]
+    home = tmp_path / "home"
+    with patched_environ({"CONCORD_HOME": str(home)}):
+        export_json(capsys, store, root, f"{registry}/models/wrong:v1")
+        files = load_manifest(store, root).by_path
+        ckpt = published["ckpt"]
+        memo = DigestMemo(home / MEMO_DIR)
+        tokenizer = (ckpt / "tokenizer.txt").read_bytes()
+        # the tokenizer: a digest no registry holds; the config: the README's, a blob of another size
+        lie = sha256_of(b"not the tokenizer")
+        memo.put(content_key(files["tokenizer.txt"]), files["tokenizer.txt"].size, lie)
+        memo.put(content_key(files["config.json"]), files["config.json"].size, sha256_of((ckpt / "README.md").read_bytes()))
+        memo.save()
+        for repo in ("models/wrong-fresh", "models/wrong"):  # the blobs missing, then there
+            r = export_json(capsys, store, root, f"{registry}/{repo}:v1")
+            assert layers_are_the_files(registry, repo, "v1", ckpt)["tokenizer.txt"] == sha256_of(tokenizer)
+            assert not blob_exists(registry, repo, lie)
+        # the bytes contradicted the first entry, the registry's size the second: both dropped and rewritten
+        assert r["bytes_hashed"] == 0
+        memo = DigestMemo(home / MEMO_DIR)
+        assert memo.get(content_key(files["tokenizer.txt"]), files["tokenizer.txt"].size) == sha256_of(tokenizer)
+        assert memo.get(content_key(files["config.json"]), files["config.json"].size) == sha256_of((ckpt / "config.json").read_bytes())
+
+
+def test_a_poisoned_memo_at_worst_publishes_an_artifact_import_refuses(registry, tmp_path, capsys):
+    """An entry naming another blob of the same size that the registry holds is not re-checked
+    (the export reads nothing of the file): the manifest then names that blob, and an import
+    refuses the artifact, writing nothing."""
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (folder / "a.txt").write_bytes(b"a" * 1000)
+    (folder / "b.txt").write_bytes(b"b" * 1000)
+    store = LocalDirStore(str(tmp_path / "store"))
+    root = snapshot(folder, store, chunk_size=SMALL_CHUNK).root
+    home = tmp_path / "home"
+    with patched_environ({"CONCORD_HOME": str(home)}):
+        ref = f"{registry}/models/poisoned"
+        export_json(capsys, store, root, ref + ":v1")
+        a = load_manifest(store, root).by_path["a.txt"]
+        memo = DigestMemo(home / MEMO_DIR)
+        memo.put(content_key(a), a.size, sha256_of(b"b" * 1000))
+        memo.save()
+        export_json(capsys, store, root, ref + ":v2")
+    target = tmp_path / "target"
+    code, _, text = cli(capsys, "import", "oci", ref + ":v2", "--store", str(target), "--ref", "m/poisoned", "--plain-http")
+    assert code != 0 and text.count("\n") == 1 and root in text, text
+    assert not target.exists() or not (target / "refs").exists() or not list((target / "refs").rglob("*"))
+    code, _, text = cli(capsys, "import", "oci", ref + ":v1", "--store", str(target), "--ref", "m/poisoned", "--plain-http")
+    assert code == 0, text
+
+
+def test_a_damaged_memo_is_ignored(published, registry, tmp_path, capsys):
+    store, root = published["store"], published["root"]
+    home = tmp_path / "home"
+    with patched_environ({"CONCORD_HOME": str(home)}):
+        total = export_json(capsys, store, root, f"{registry}/models/damaged:v1")["bytes"]
+        shards = sorted((home / MEMO_DIR).iterdir())
+        assert len(shards) >= 3
+        # one line's digest changed (its check no longer holds), one shard cut short, one not a memo at all
+        lines = shards[0].read_text().split("\n")
+        digest = lines[1].split(" ")[2]
+        lines[1] = lines[1].replace(digest, digest[::-1])
+        shards[0].write_text("\n".join(lines))
+        shards[1].write_bytes(shards[1].read_bytes()[:120])
+        for shard in shards[2:]:
+            shard.write_bytes(b"\xff\x00" * 64)
+        r = export_json(capsys, store, root, f"{registry}/models/damaged:v1")
+        assert r["bytes_hashed"] == total and r["layers_remembered"] == 0
+        layers_are_the_files(registry, "models/damaged", "v1", published["ckpt"])
+        # rewritten whole: the next export hashes nothing
+        assert export_json(capsys, store, root, f"{registry}/models/damaged:v1")["bytes_hashed"] == 0

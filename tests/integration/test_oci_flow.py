@@ -27,7 +27,8 @@ def test_publish_oci_pushes_a_version_and_records_it_in_mlflow(mlflow_quiet, tmp
     store = LocalDirStore(str(tmp_path / "store"))
     root = snapshot(make_checkpoint(tmp_path / "ckpt"), store, ref="models/toy", chunk_size=SMALL_CHUNK).root
     version = Lineage(uri).register_model_version("Toy", root, [store.uri])["version"]
-    with patched_environ({"DOCKER_CONFIG": str(tmp_path / "none")}, ("CONCORD_REGISTRY_USERNAME", "CONCORD_REGISTRY_PASSWORD")):
+    env = {"DOCKER_CONFIG": str(tmp_path / "none"), "CONCORD_HOME": str(tmp_path / "home")}  # the digest memo goes there
+    with patched_environ(env, ("CONCORD_REGISTRY_USERNAME", "CONCORD_REGISTRY_PASSWORD")):
         with running_registry(tmp_path / "registry", tmp_path / "registry.log") as address:
             r = publish_oci("Toy", int(version), repository=f"{address}/models", plain_http=True, tracking_uri=uri)
             assert r["reference"] == f"{address}/models/toy:v{version}" and r["root"] == root

@@ -32,9 +32,11 @@ from toy_checkpoints import SMALL_CHUNK, make_checkpoint
 from concord.cli import main
 from concord.oci import modelpack as mp
 from concord.oci import registry as oci_registry
+from concord.oci.memo import MEMO_DIR, DigestMemo, content_key
 from concord.oci.reference import parse_reference
 from concord.oci.registry import INDEX_TYPE, MANIFEST_TYPE, Registry
 from concord.oci.signatures import SIGNATURE_TYPE
+from concord.snapshots.refs import load_manifest
 from concord.snapshots.snapshot import snapshot
 from concord.stores.local import LocalDirStore
 from concord.trust import generate_key, sign_root
@@ -82,6 +84,28 @@ class LyingRegistry:
 
             def do_GET(self) -> None:
                 self.answer(head=False)
+
+            def do_POST(self) -> None:  # an upload session, whatever is asked
+                self.send(202, b"", "text/plain", Location=f"/v2/{REPO}/blobs/uploads/{len(owner.blobs)}")
+
+            def do_PUT(self) -> None:
+                """Takes what it is told: a blob under the digest the client names, never checked
+                (kept only when its whole body arrived), a manifest under its tag."""
+                path, _, query = self.path.partition("?")
+                length = int(self.headers.get("Content-Length", "0"))
+                try:
+                    body = self.rfile.read(length)
+                except OSError:
+                    body = b""
+                if len(body) != length:
+                    self.close_connection = True
+                    return
+                rest = path[len(f"/v2/{REPO}/"):]
+                if rest.startswith("blobs/uploads/"):
+                    owner.blobs[query.split("digest=", 1)[1].replace("%3A", ":")] = body
+                elif rest.startswith("manifests/"):
+                    owner.manifests[rest.split("/", 1)[1]] = (body, self.headers.get("Content-Type", MANIFEST_TYPE))
+                self.send(201, b"", "text/plain")
 
             def answer(self, head: bool) -> None:
                 prefix = f"/v2/{REPO}/"
@@ -174,6 +198,13 @@ def stall(first: bytes = b"x" * 100, size: int = 10_000):
 
 
 # --------------------------------------------------------------------------- fixtures
+
+
+@pytest.fixture(scope="module", autouse=True)
+def concord_home(tmp_path_factory):
+    """A home of the module's own: the exports' digest memo goes there, never into ``./data``."""
+    with patched_environ({"CONCORD_HOME": str(tmp_path_factory.mktemp("concord-home"))}):
+        yield
 
 
 @pytest.fixture(scope="module")
@@ -495,6 +526,34 @@ def test_export_never_reuses_a_digest_the_registry_names_for_a_file(genuine, tmp
         assert layer["digest"] == sha256(genuine_bytes)
         assert reg.read_blob(layer["digest"], len(genuine_bytes)) == genuine_bytes
         reg.close()
+
+
+def test_a_wrong_memo_entry_never_uploads_bytes_under_a_digest_not_theirs(genuine, tmp_path, monkeypatch, capsys):
+    """A registry that keeps whatever it is sent under the digest it is told, and a memo entry
+    that names the wrong digest for the tokenizer: the upload is stopped before its last block,
+    the file hashed afresh, and the registry ends up with the tokenizer under its own digest."""
+    store, root, ckpt = genuine["store"], genuine["root"], genuine["ckpt"]
+    monkeypatch.setenv("CONCORD_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("DOCKER_CONFIG", str(genuine["base"] / "none"))
+    tokenizer = load_manifest(store, root).by_path["tokenizer.txt"]
+    genuine_bytes = (ckpt / "tokenizer.txt").read_bytes()
+    lie = sha256(bytes(b ^ 0x20 for b in genuine_bytes))
+    with LyingRegistry({}, {}) as lax:
+        assert cli(capsys, "export", "oci", str(store.root), "--ref", root, lax.ref(), "--plain-http")[0] == 0
+    memo = DigestMemo(tmp_path / "home" / MEMO_DIR)
+    assert memo.get(content_key(tokenizer), tokenizer.size) == sha256(genuine_bytes)
+    memo.put(content_key(tokenizer), tokenizer.size, lie)
+    memo.save()
+    with LyingRegistry({}, {}) as lax:
+        code, text = cli(capsys, "export", "oci", str(store.root), "--ref", root, lax.ref(), "--plain-http")
+        assert code == 0, text
+        assert lie not in lax.blobs
+        layer = next(x for x in json.loads(lax.manifests["v1"][0])["layers"] if x["annotations"][mp.FILEPATH] == "tokenizer.txt")
+        assert layer["digest"] == sha256(genuine_bytes) and lax.blobs[layer["digest"]] == genuine_bytes
+        for path in ("config.json", "model.safetensors"):  # the honest entries were used, and held
+            d = next(x for x in json.loads(lax.manifests["v1"][0])["layers"] if x["annotations"][mp.FILEPATH] == path)["digest"]
+            assert lax.blobs[d] == (ckpt / path).read_bytes()
+    assert DigestMemo(tmp_path / "home" / MEMO_DIR).get(content_key(tokenizer), tokenizer.size) == sha256(genuine_bytes)
 
 
 def test_export_refuses_a_store_signature_that_does_not_hold_and_pushes_nothing(genuine, tmp_path, capsys):
