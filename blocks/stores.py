@@ -339,6 +339,16 @@ class S3Store(StoreBlockMixin, Block):
         title="SSE-KMS key id",
         description="The KMS key (id, ARN or alias) for aws:kms; if unset, the account's default KMS key.",
     )
+    connections: Optional[int] = Field(
+        default=None,
+        ge=1,
+        le=1024,
+        description=(
+            "How many transfers (uploads, downloads, existence checks) the store runs at once, as "
+            "?connections=N on an s3:// address; if unset, 16. More suits a fast link to a distant "
+            "endpoint, fewer a throttled one."
+        ),
+    )
     store_key: Optional[Secret] = Field(default=None, description=_STORE_KEY_HELP)
 
     _store: Optional[Store] = PrivateAttr(default=None)
@@ -431,6 +441,7 @@ class S3Store(StoreBlockMixin, Block):
             create_bucket=self.create_bucket,
             sse=self.server_side_encryption,
             sse_kms_key_id=self.sse_kms_key_id,
+            connections=self.connections,
         )
 
 

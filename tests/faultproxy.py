@@ -73,6 +73,8 @@ class FaultProxy:
         self.upstream = (parts.hostname, parts.port or 80)
         self.faults: list[Fault] = []
         self.requests = 0
+        #: ``(method, path with query)`` of every request forwarded, in arrival order
+        self.log: list[tuple[str, str]] = []
         self._lock = threading.Lock()
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self._server.daemon_threads = True
@@ -99,6 +101,7 @@ class FaultProxy:
     def _pick(self, method: str, path: str) -> Fault | None:
         with self._lock:
             self.requests += 1
+            self.log.append((method, path))
             hit = None
             for f in self.faults:  # every fault counts the request, the first one hit acts
                 if f.strikes(method, path) and hit is None:

@@ -235,6 +235,9 @@ def write_lease(
     first; then, if a collection holds the store, the lease is taken back and the writer waits
     for the collection to end (up to ``wait_seconds``, then :class:`StoreLockedError`). While the
     body runs, a heartbeat renews the lease; it is removed on exit (also when the body raises).
+    The body runs in the store's :meth:`~concord.stores.base.Store.inventory`: what it holds is
+    learned once (an S3 store lists its chunks instead of asking about each), which holds for as
+    long as the lease does.
     A writer killed before it can remove it holds the store until its heartbeat is
     ``ttl_seconds`` old, or until a collection on the same machine sees its process gone.
     Yields the lease's key.
@@ -248,7 +251,8 @@ def write_lease(
             outer.count += 1
     if outer is not None:
         try:
-            yield outer.key
+            with store.inventory():
+                yield outer.key
         finally:
             _leave(ident, outer, store)
         return
@@ -257,7 +261,9 @@ def write_lease(
     with _HELD_LOCK:
         registered = _HELD.setdefault(ident, held) is held
     try:
-        yield key
+        # what the store holds, learned once under the lease: no collection deletes it meanwhile
+        with store.inventory():
+            yield key
     finally:
         if registered:
             _leave(ident, held, store)

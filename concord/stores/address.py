@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
-from urllib.parse import unquote, urlparse
+from urllib.parse import parse_qs, unquote, urlparse
 
 from concord.errors import InvalidStoreURIError
 from concord.plugins import Plugins, split_prefix
@@ -47,7 +47,9 @@ class StoreAddress:
 
     ``kind`` is :data:`FOLDER` (``path``: a folder as typed, or the unquoted path of a
     ``file://`` URI), :data:`S3` (``bucket`` and ``prefix``, without surrounding '/') or
-    :data:`SCHEME` (``scheme`` and ``rest``: ``block`` and ``NAME``). ``scheme`` is ``""`` for a
+    :data:`SCHEME` (``scheme`` and ``rest``: ``block`` and ``NAME``). An S3 address may end in
+    ``?connections=N`` (how many transfers the store runs at once, 1 to 1024; default 16): it is
+    ``connections``, and no part of the store's identity. ``scheme`` is ``""`` for a
     folder typed as a path, ``"file"`` or ``"s3"`` for those URIs; ``rest`` is what follows
     ``scheme:`` (the whole text for a folder typed as a path).
     """
@@ -59,6 +61,8 @@ class StoreAddress:
     path: str | None = None
     bucket: str | None = None
     prefix: str = ""
+    #: transfers at once, from ``?connections=N`` (S3 only); None: the store's default
+    connections: int | None = None
 
     @classmethod
     def parse(cls, spec: "str | os.PathLike | StoreAddress", *, check: bool = True) -> "StoreAddress":
@@ -103,13 +107,15 @@ class StoreAddress:
         prefix = parsed.path.strip("/")
         if not bucket:
             raise InvalidStoreURIError(text, "no bucket name after s3://", part="address")
-        if parsed.query or parsed.fragment:
-            raise InvalidStoreURIError(text, "query strings and fragments are not allowed", part="address")
+        if parsed.fragment:
+            raise InvalidStoreURIError(text, "fragments are not allowed", part="address")
+        connections = _connections(text, parsed.query)
         if prefix and any(p in ("", ".", "..") for p in prefix.split("/")):
             raise InvalidStoreURIError(text, "the prefix has an empty, '.' or '..' segment", part="address")
         if check:
             validate_prefix(validate_bucket_name(bucket), prefix)
-        return cls(text=text, kind=S3, scheme="s3", rest=text[len("s3:"):], bucket=bucket, prefix=prefix)
+        rest = text[len("s3:"):].split("?", 1)[0]
+        return cls(text=text, kind=S3, scheme="s3", rest=rest, bucket=bucket, prefix=prefix, connections=connections)
 
     # ------------------------------------------------------------------ what it names
 
@@ -156,7 +162,7 @@ class StoreAddress:
         if self.kind == S3:
             from concord.stores.s3 import S3ObjectStore
 
-            return S3ObjectStore(self.bucket, self.prefix)
+            return S3ObjectStore(self.bucket, self.prefix, connections=self.connections)
         if self.kind == FOLDER:
             from concord.stores.local import LocalDirStore
 
@@ -165,6 +171,26 @@ class StoreAddress:
         if factory is None:
             raise InvalidStoreURIError(self.text, f"unknown scheme {self.scheme!r} (folder, file://, s3:// or block:)")
         return factory(self.rest)
+
+
+def _connections(text: str, query: str) -> int | None:
+    """The ``connections`` of an S3 address's query string (None if it has none); any other
+    option, a repeated one or a value out of range is refused, saying which."""
+    if not query:
+        return None
+    from concord.stores.s3 import DEFAULT_CONNECTIONS, MAX_CONNECTIONS
+
+    options = parse_qs(query, keep_blank_values=True)
+    unknown = sorted(set(options) - {"connections"})
+    if unknown or "connections" not in options:
+        raise InvalidStoreURIError(text, f"unknown option {(unknown or [query])[0]!r}: the one option is ?connections=N", part="address")
+    values = options["connections"]
+    value = values[0].strip()
+    if len(values) != 1 or not value.isdigit() or not 1 <= int(value) <= MAX_CONNECTIONS:
+        raise InvalidStoreURIError(
+            text, f"connections must be one whole number from 1 to {MAX_CONNECTIONS} (default {DEFAULT_CONNECTIONS})", part="address"
+        )
+    return int(value)
 
 
 __all__ = ["FOLDER", "S3", "SCHEME", "SCHEME_GROUP", "StoreAddress", "register_scheme"]

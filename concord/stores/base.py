@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import re
 from abc import ABC, abstractmethod
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Iterable, Iterator
@@ -271,6 +272,13 @@ class Store(ABC):
 
     def close(self) -> None:
         """Release clients and connections (no-op by default)."""
+
+    def inventory(self) -> AbstractContextManager[None]:
+        """For the body (one operation: a snapshot, a sync, an import, each under its
+        garbage-collection lease), let the store learn which chunks it holds in as few requests as
+        it can and remember it: an object store from listings (:class:`~concord.stores.s3.S3ObjectStore`)
+        instead of a request per chunk. A folder asks its files each time (the default: nothing)."""
+        return nullcontext()
 
     def flush(self) -> None:
         """Make everything written so far durable before something names it: a folder store

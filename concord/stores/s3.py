@@ -16,8 +16,11 @@ exception is translated at one boundary (:meth:`S3ObjectStore._translate`) into 
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import ipaddress
 import logging
+import math
 import os
 import random
 import re
@@ -82,6 +85,21 @@ ARCHIVE_CLASSES = frozenset({"GLACIER", "DEEP_ARCHIVE"})
 
 READ_TIMEOUT = 60.0
 MAX_POOL_CONNECTIONS = 32
+#: transfers an S3 store runs at once unless its address or block says (``?connections=N``)
+DEFAULT_CONNECTIONS = 16
+#: the most a store may be given
+MAX_CONNECTIONS = 1024
+#: a question about this many chunks or more, outside an :meth:`S3ObjectStore.inventory`, is
+#: answered from listings instead of a HEAD each
+LIST_WORTH = 100
+#: an object larger than this that no inventory knows is asked about (one HEAD) before its bytes
+#: are sent; a smaller one goes at once, ``If-None-Match: *`` refusing it if present
+ASK_FIRST_BYTES = 1 << 20
+#: keys in a full ListObjectsV2 page
+PAGE_KEYS = 1000
+#: a store of up to about this many chunks is listed whole on an operation's first question
+WHOLE_LISTING = 16 * PAGE_KEYS
+_MAX_LEVEL = 4
 
 #: how many times a GET whose answer breaks off is sent, at most (``CONCORD_S3_READ_ATTEMPTS``)
 READ_ATTEMPTS = 5
@@ -197,6 +215,19 @@ def validate_prefix(bucket: str, prefix: str) -> str:
     return cleaned
 
 
+def check_connections(connections: object, where: str = "the store") -> int | None:
+    """``connections`` (how many transfers a store runs at once) if it is a whole number from 1 to
+    :data:`MAX_CONNECTIONS`, or None (the default); else ``ValueError`` saying so."""
+    if connections is None:
+        return None
+    if isinstance(connections, bool) or not isinstance(connections, int) or not 1 <= connections <= MAX_CONNECTIONS:
+        raise ValueError(
+            f"{where}: connections must be a whole number from 1 to {MAX_CONNECTIONS} (transfers at once; "
+            f"default {DEFAULT_CONNECTIONS}), got {connections!r}"
+        )
+    return connections
+
+
 class S3ObjectStore(Store):
     """A :class:`Store` at ``s3://bucket/prefix``.
 
@@ -216,7 +247,7 @@ class S3ObjectStore(Store):
     (``concord init --encrypt``) is independent of it and may be combined with it.
     """
 
-    parallelism = 16
+    parallelism = DEFAULT_CONNECTIONS
 
     def __init__(
         self,
@@ -234,6 +265,7 @@ class S3ObjectStore(Store):
         max_attempts: int = 3,
         sse: str | None = None,
         sse_kms_key_id: str | None = None,
+        connections: int | None = None,
     ) -> None:
         self.bucket = validate_bucket_name(bucket)
         self.prefix = validate_prefix(bucket, prefix)
@@ -256,6 +288,8 @@ class S3ObjectStore(Store):
             raise ValueError(f"max_attempts must be at least 1, got {max_attempts!r}")
         self.connect_timeout = float(connect_timeout)
         self.max_attempts = int(max_attempts)
+        self.connections = check_connections(connections, self.uri)
+        self.parallelism = self.connections or DEFAULT_CONNECTIONS
         self._credentials = {
             "aws_access_key_id": aws_access_key_id,
             "aws_secret_access_key": aws_secret_access_key,
@@ -263,6 +297,8 @@ class S3ObjectStore(Store):
         }
         self._lock = threading.Lock()
         self._cached_client: Any = None
+        self._inventory: _Inventory | None = None
+        self._inventory_depth = 0
 
     def __repr__(self) -> str:
         where = f", endpoint_url={self._endpoint_name()!r}" if self.endpoint_url else ""
@@ -278,6 +314,7 @@ class S3ObjectStore(Store):
         state = super().__getstate__()
         state["_lock"] = None
         state["_cached_client"] = None
+        state["_inventory"], state["_inventory_depth"] = None, 0
         return state
 
     def __setstate__(self, state: dict) -> None:
@@ -300,7 +337,7 @@ class S3ObjectStore(Store):
                     retries={"max_attempts": self.max_attempts, "mode": "standard"},
                     connect_timeout=self.connect_timeout,
                     read_timeout=READ_TIMEOUT,
-                    max_pool_connections=MAX_POOL_CONNECTIONS,
+                    max_pool_connections=max(MAX_POOL_CONNECTIONS, self.parallelism),
                     # S3-compatible servers reached by address rarely resolve bucket subdomains
                     s3={"addressing_style": "path" if self.endpoint_url else "auto"},
                 )
@@ -407,24 +444,37 @@ class S3ObjectStore(Store):
             raise
 
     def _put_object(self, key: str, data: bytes | memoryview, *, overwrite: bool) -> bool:
+        """One PutObject. Unless ``overwrite``, it carries ``If-None-Match: *``, and the server's
+        412 answer says the object was there: no request asks first, except for an object of more
+        than :data:`ASK_FIRST_BYTES` that no :meth:`inventory` knows about (its bytes are worth a
+        HEAD). A chunk the operation's inventory lists is not sent at all."""
         from botocore.exceptions import ClientError
 
         body = data if isinstance(data, bytes) else bytes(data)
         args: dict[str, Any] = {"Bucket": self.bucket, "Key": self._key(key), "Body": body, **self._sse_args()}
         if self.storage_class and key.startswith("chunks/"):
             args["StorageClass"] = self.storage_class
+        md5 = hashlib.md5(body, usedforsecurity=False)
+        args["ContentMD5"] = base64.b64encode(md5.digest()).decode()  # a server that checks refuses a changed body
+        inventory = self._inventory if key.startswith("chunks/") else None
         with self._translate("write", key):
             if not overwrite:
-                if self._head(key) is not None:
-                    return False  # already there: don't send the bytes at all
+                if inventory is not None and inventory.holds(key):
+                    return False  # listed: don't send the bytes at all
+                if inventory is None and len(body) > ASK_FIRST_BYTES and self._head(key) is not None:
+                    return False
                 args["IfNoneMatch"] = "*"
             try:
                 response = self._client().put_object(**args)
             except ClientError as exc:
                 if not overwrite and _error_code(exc) in _CONDITION_FAILED_CODES:
+                    if inventory is not None:
+                        inventory.add(key)  # another writer's copy: there now
                     return False
                 raise
-            self._check_arrival(key, len(body), response.get("ETag"))
+            self._check_arrival(key, len(body), md5.hexdigest(), response.get("ETag"))
+        if inventory is not None:
+            inventory.add(key)
         return True
 
     def _sse_args(self) -> dict[str, str]:
@@ -436,8 +486,13 @@ class S3ObjectStore(Store):
             args["SSEKMSKeyId"] = self.sse_kms_key_id
         return args
 
-    def _check_arrival(self, key: str, size: int, etag: str | None) -> None:
-        """After a put, make sure the object the store holds has the length that was sent."""
+    def _check_arrival(self, key: str, size: int, md5: str, etag: str | None) -> None:
+        """After a put, make sure the store holds what was sent: the PutObject's answer names the
+        object's MD5 as its ETag (a single-part upload without SSE-KMS), so a match costs no
+        request. Only an answer that does not match (SSE-KMS, a server whose ETags are not
+        MD5s) is followed by a HEAD, which checks the object's length."""
+        if etag is not None and etag.strip('"') == md5:
+            return
         head = self._head(key)
         if head is None:
             raise StoreError(
@@ -480,15 +535,48 @@ class S3ObjectStore(Store):
                 raise
 
     def _exists_many(self, keys: list[str]) -> list[bool]:
+        """Chunks from the operation's :meth:`inventory` (or, for a question of at least
+        :data:`LIST_WORTH` chunks outside one, from an inventory of this question's own);
+        anything else with one HEAD each."""
+        inventory = self._inventory
+        chunks = [k for k in keys if k.startswith("chunks/")]
+        if inventory is None and len(chunks) >= LIST_WORTH:
+            inventory = _Inventory(self)
+        known: dict[str, bool] = {}
+        if inventory is not None and chunks:
+            known = dict(zip(chunks, self._parallel(inventory.holds, chunks, "check")))
+
         def exists(key: str) -> bool:
             with self._translate("check", key):
                 return self._head(key) is not None
 
-        return self._parallel(exists, keys, "check")
+        asked = [k for k in keys if k not in known]
+        known.update(zip(asked, self._parallel(exists, asked, "check")))
+        return [known[k] for k in keys]
+
+    @contextmanager
+    def inventory(self) -> Iterator[None]:
+        """For the body (one operation), learn which chunks the store holds from ListObjectsV2
+        pages of ``chunks/`` instead of a HEAD per chunk, and remember it (:class:`_Inventory`).
+        Nested scopes share the outer one; it is forgotten when the outermost ends."""
+        with self._lock:
+            self._inventory_depth += 1
+            if self._inventory is None:
+                self._inventory = _Inventory(self)
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._inventory_depth -= 1
+                if self._inventory_depth == 0:
+                    self._inventory = None
 
     def _delete_object(self, key: str) -> None:
         with self._translate("delete", key):
             self._client().delete_object(Bucket=self.bucket, Key=self._key(key))
+        inventory = self._inventory
+        if inventory is not None and key.startswith("chunks/"):
+            inventory.discard(key)
 
     def _list_keys(self, prefix: str) -> Iterator[str]:
         for key, _, _ in self._list_stats(prefix):
@@ -710,3 +798,138 @@ def _error_code(exc: Any) -> str:
     if not code:
         code = str(error.get("ResponseMetadata", {}).get("HTTPStatusCode") or "")
     return code
+
+
+def _region(key: str, level: int) -> str:
+    """The listing prefix of the region ``key`` (``chunks/<2 hex>/<name>``) falls in at ``level``
+    (how many leading hex digits of the name name a region): ``chunks/``, ``chunks/a``,
+    ``chunks/ab/``, ``chunks/ab/abc`` ..."""
+    name = key.rsplit("/", 1)[-1]
+    if level == 0:
+        return "chunks/"
+    if level == 1:
+        return f"chunks/{name[:1]}"
+    return f"chunks/{name[:2]}/{name[:level] if level > 2 else ''}"
+
+
+class _Inventory:
+    """Which chunks a store holds, as one operation learns it: from ListObjectsV2 pages (1,000
+    keys each) rather than a HEAD per chunk, remembered for the operation; a chunk written or
+    refused as present meanwhile is added, one deleted is removed.
+
+    The first question lists the first page of ``chunks/``. A store of up to 1,000 chunks is then
+    known whole, and one of up to about :data:`WHOLE_LISTING` is listed whole at once (at most 16
+    pages). A larger store is cut into regions of 1,000 to 16,000 chunks by the leading hex digits
+    of their names (chunk names are hashes, spread evenly; the first page tells how densely): a
+    region is listed once as many questions have fallen in it as it has pages, and until then each
+    question is one HEAD. So an operation pays at most about twice the cheaper of a HEAD per chunk
+    and a listing of the regions it touches, however large the store.
+
+    What it learns holds for the operation: a writer lists under its garbage-collection lease, so
+    no collection deletes a listed chunk meanwhile, and a chunk another writer adds after the
+    listing is found by the conditional PUT's 412 answer."""
+
+    def __init__(self, store: S3ObjectStore) -> None:
+        self.store = store
+        self._lock = threading.Lock()
+        self._known: set[str] = set()
+        self._level: int | None = None  # None: the first page is not listed yet
+        self._pages = 1  # pages a region is expected to take
+        self._listed: set[str] = set()
+        self._asked: dict[str, int] = {}
+        self._busy: dict[str, threading.Event] = {}
+
+    def add(self, key: str) -> None:
+        with self._lock:
+            self._known.add(key)
+
+    def discard(self, key: str) -> None:
+        with self._lock:
+            self._known.discard(key)
+
+    def holds(self, key: str) -> bool:
+        """Whether the store holds chunk object ``key`` (relative to the store's prefix)."""
+        self._once("", lambda: self._level is not None, self._first_page)
+        with self._lock:
+            if key in self._known:
+                return True
+            region = _region(key, self._level)
+            if region in self._listed:
+                return False
+            asked = self._asked[region] = self._asked.get(region, 0) + 1
+            rent = asked < self._pages
+        if rent:  # too few questions here yet to pay for listing the region
+            with self.store._translate("check", key):
+                found = self.store._head(key) is not None
+            if found:
+                self.add(key)
+            return found
+        self._once(region, lambda: region in self._listed, lambda: self._list(region))
+        with self._lock:
+            return key in self._known
+
+    def _once(self, token: str, done: Callable[[], bool], work: Callable[[], None]) -> None:
+        """``work()`` unless ``done()`` (asked under the lock): one thread at a time per ``token``,
+        the others wait for it, and one of them tries again if it failed."""
+        while True:
+            with self._lock:
+                if done():
+                    return
+                event = self._busy.get(token)
+                mine = event is None
+                if mine:
+                    event = self._busy[token] = threading.Event()
+            if not mine:
+                event.wait(READ_DEADLINE)
+                continue
+            try:
+                work()
+            finally:
+                with self._lock:
+                    self._busy.pop(token, None)
+                event.set()
+
+    def _take(self, page: dict) -> str | None:
+        """Remember a page's keys; the last one (None for an empty page)."""
+        strip = len(self.store.prefix) + 1 if self.store.prefix else 0
+        names = [obj["Key"][strip:] for obj in page.get("Contents", ())]
+        with self._lock:
+            self._known.update(names)
+        return names[-1] if names else None
+
+    def _first_page(self) -> None:
+        with self.store._translate("list", "chunks/"):
+            pages = self.store.list_pages(self.store._key("chunks/"))
+            first = next(pages)
+            last = self._take(first)
+            level, per_region = 0, 1
+            if first.get("IsTruncated") and last is not None:
+                estimate = _estimate(last)
+                if estimate is None or estimate <= WHOLE_LISTING:
+                    for page in pages:
+                        self._take(page)
+                else:
+                    level = max(1, min(_MAX_LEVEL, int(math.log(estimate / PAGE_KEYS, 16))))
+                    per_region = max(1, math.ceil(estimate / 16**level / PAGE_KEYS))
+        with self._lock:
+            if level == 0:
+                self._listed.add("chunks/")
+            self._level, self._pages = level, per_region
+
+    def _list(self, region: str) -> None:
+        with self.store._translate("list", region):
+            for page in self.store.list_pages(self.store._key(region)):
+                self._take(page)
+        with self._lock:
+            self._listed.add(region)
+
+
+def _estimate(last: str) -> float | None:
+    """How many chunks a store holds, judged from the last key of the first (full) page of its
+    listing: names are hashes, spread evenly, so the page covered this share of them. None when
+    the name is not hex (then the store is listed whole)."""
+    try:
+        share = (int(last.rsplit("/", 1)[-1][:12], 16) + 1) / 16**12
+    except ValueError:
+        return None
+    return PAGE_KEYS / share

@@ -57,7 +57,13 @@ def test_a_scheme_from_an_entry_point():
         (None, "empty store address", None),
         ("s3://", "no bucket name after s3://", "address"),
         ("s3:///prefix", "no bucket name after s3://", "address"),
-        ("s3://bucket-1/p?x=1", "query strings and fragments are not allowed", "address"),
+        ("s3://bucket-1/p?x=1", "unknown option 'x'", "address"),
+        ("s3://bucket-1/p?connections=8&x=1", "unknown option 'x'", "address"),
+        ("s3://bucket-1/p#f", "fragments are not allowed", "address"),
+        ("s3://bucket-1/p?connections=0", "connections must be one whole number from 1 to 1024", "address"),
+        ("s3://bucket-1/p?connections=many", "connections must be one whole number", "address"),
+        ("s3://bucket-1/p?connections=4&connections=8", "connections must be one whole number", "address"),
+        ("s3://bucket-1/p?connections=2000", "connections must be one whole number", "address"),
         ("s3://bucket-1/a/../b", "the prefix has an empty, '.' or '..' segment", "address"),
         ("s3://bucket-1/a//b", "the prefix has an empty, '.' or '..' segment", "address"),
         ("s3://Bad_Bucket/x", "bucket names are 3 to 63 characters", "bucket"),
@@ -130,3 +136,12 @@ def test_without_check_only_the_form_is_read():
     for text in ("s3://", "s3://b1/a/../b", "file://elsewhere/x", "block:", ""):
         with pytest.raises(InvalidStoreURIError):
             StoreAddress.parse(text, check=False)
+
+
+def test_an_s3_address_sets_its_connections_and_keeps_its_identity():
+    a = parse("s3://bucket-1/a/b?connections=48")
+    assert (a.connections, a.bucket, a.prefix, a.identity) == (48, "bucket-1", "a/b", "s3://bucket-1/a/b")
+    assert a.identity == parse("s3://bucket-1/a/b").identity and parse("s3://bucket-1/a/b").connections is None
+    store = a.open()
+    assert (store.connections, store.parallelism, store.uri) == (48, 48, "s3://bucket-1/a/b")
+    assert parse("s3://bucket-1/a").open().parallelism == 16  # the default
