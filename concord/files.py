@@ -10,14 +10,22 @@ Every small file is written through :func:`atomic_write`: store objects, refs an
 checkpoint watcher's state, the record of ``deployments.serve``, an audit's PNGs. The one
 specialised path is a folder store's chunk copied in the kernel (``copy_file_range`` from the
 checkpoint file into a :func:`temp_path`, then ``os.replace``), which never holds the bytes.
+
+Restore and checkout write their many files through :class:`OpenFiles`, which keeps a bounded
+number of them open (each closed, and flushed if asked, after its last piece), and feed one
+queue of chunks across all files to their threads with :func:`bounded_map`.
 """
 
 from __future__ import annotations
 
 import errno
+import itertools
 import os
 import threading
 import uuid
+from collections import deque
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 
 #: temporary files start with this (a folder store lists them as leftovers, never as objects)
 TMP_PREFIX = ".tmp-"
@@ -51,9 +59,45 @@ def pwrite_all(fd: int, data, offset: int) -> None:
         view, offset = view[n:], offset + n
 
 
+#: files an :class:`OpenFiles` keeps open at once at the most (fewer under a low ``ulimit -n``)
+OPEN_FILES = 64
+
+
+def open_files_limit(share: int = 4) -> int:
+    """How many files one :class:`OpenFiles` may keep open: :data:`OPEN_FILES`, or a ``share``-th
+    of the process's open-file limit (``ulimit -n``) when that is lower, so that a command's other
+    files (store objects, sockets, the fsync pool's) always find room. At least 4."""
+    try:
+        import resource
+
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    except (ImportError, OSError, ValueError):
+        return OPEN_FILES
+    if soft == getattr(resource, "RLIM_INFINITY", -1) or soft <= 0:
+        return OPEN_FILES
+    return max(4, min(OPEN_FILES, soft // share))
+
+
+class _Open:
+    __slots__ = ("fd", "left", "users", "writing")
+
+    def __init__(self) -> None:
+        self.fd: int | None = None
+        self.users = 0  # threads using the fd now: it is never closed under them
+        self.left: int | None = None  # pieces still to come (None: not said, closed when evicted or at the end)
+        self.writing = threading.Lock()
+
+
 class OpenFiles:
-    """Files opened once each (with ``flags``) for threads that read or write parts of them, and
-    closed together.
+    """Files that threads read or write parts of, each opened (with ``flags``, new files with
+    ``mode``) when first used, with at most ``limit`` open at once whatever their number.
+
+    A caller that knows how many pieces a file takes says so (:meth:`expect`) and reports each
+    one done (:meth:`done`): the file is closed as soon as its last piece is, and with ``fsync``
+    flushed first, so a restore of 100,000 files never holds more than a few of them. A file
+    that needs a place while ``limit`` are open takes that of the one used least recently and not
+    in use now (flushed first too, with ``fsync``); it is opened again if needed. Use a file's fd
+    only inside :meth:`use`, which keeps it open meanwhile.
 
     :meth:`write` lets one thread at a time write into a file. A local filesystem (ext4, XFS) runs
     one buffered write into a file at a time anyway, and a thread that waits for it in the kernel
@@ -61,31 +105,172 @@ class OpenFiles:
     threads' reading, decoding and hashing get the core. Writes to different files still run side
     by side."""
 
-    def __init__(self, flags: int) -> None:
+    def __init__(self, flags: int, *, limit: int | None = None, fsync: bool = False, mode: int = 0o666) -> None:
         self.flags = flags
-        self.fds: dict[str, int] = {}
-        self._writing: dict[str, threading.Lock] = {}
+        self.limit = limit or open_files_limit()
+        self.fsync = fsync
+        self.mode = mode
+        self.peak = 0  # the most files open at once
+        self._files: dict[str, _Open] = {}
+        self._idle: dict[str, None] = {}  # open and unused, least recently used first
+        self._open = 0
         self._lock = threading.Lock()
 
-    def fd(self, path: str) -> int:
+    @property
+    def fds(self) -> dict[str, int]:
+        """The files open now, with their fds."""
         with self._lock:
-            if path not in self.fds:
-                self.fds[path] = os.open(path, self.flags)
-                self._writing[path] = threading.Lock()
-            return self.fds[path]
+            return {p: e.fd for p, e in self._files.items() if e.fd is not None}
+
+    def expect(self, path: str, pieces: int) -> None:
+        """``path`` takes ``pieces`` more pieces: it is closed once :meth:`done` said so of each."""
+        with self._lock:
+            e = self._files.setdefault(path, _Open())
+            e.left = (e.left or 0) + pieces
+
+    def done(self, path: str) -> None:
+        """One piece of ``path`` is written (or read): after the last, the file is closed."""
+        close = None
+        with self._lock:
+            e = self._files.get(path)
+            if e is None or e.left is None:
+                return
+            e.left -= 1
+            if e.left <= 0 and e.users == 0:
+                close = self._forget(path, e)
+        self._close(close)
+
+    @contextmanager
+    def use(self, path: str) -> Iterator[int]:
+        """The fd of ``path``, open until the block ends."""
+        victims: list[int] = []
+        with self._lock:
+            e = self._files.setdefault(path, _Open())
+            if e.fd is None:
+                victims = self._make_room()
+                try:  # opened under the lock: two threads never open one file twice
+                    e.fd = os.open(path, self.flags, self.mode)
+                except BaseException:
+                    self._open -= 1
+                    if e.users == 0 and e.left is None:
+                        del self._files[path]
+                    self._close_all(victims)
+                    raise
+            e.users += 1
+            self._idle.pop(path, None)
+        try:
+            self._close_all(victims)
+            yield e.fd
+        finally:
+            close = None
+            with self._lock:
+                e.users -= 1
+                if e.users == 0:
+                    if e.left is not None and e.left <= 0:
+                        close = self._forget(path, e)
+                    elif e.fd is not None:
+                        self._idle[path] = None
+            self._close(close)
 
     def write(self, path: str, data, offset: int) -> None:
         """All of ``data`` at ``offset`` of ``path``, one writer per file at a time."""
-        fd = self.fd(path)
-        with self._writing[path]:
+        with self.use(path) as fd, self._files[path].writing:
             pwrite_all(fd, data, offset)
 
+    def read(self, path: str, length: int, offset: int) -> bytes:
+        with self.use(path) as fd:
+            return os.pread(fd, length, offset)
+
     def close(self) -> None:
+        """Close (and with ``fsync`` flush) every file still open; the first error is raised."""
         with self._lock:
-            fds = list(self.fds.values())
-            self.fds.clear()
-        for fd in fds:
+            closing = [e.fd for e in self._files.values() if e.fd is not None]
+            self._files.clear()
+            self._idle.clear()
+            self._open = 0
+        self._close_all(closing)
+
+    def abandon(self) -> None:
+        """Close every file still open, flushing none and raising nothing (what failed is being
+        raised already, and what was written is thrown away)."""
+        with self._lock:
+            closing = [e.fd for e in self._files.values() if e.fd is not None]
+            self._files.clear()
+            self._idle.clear()
+            self._open = 0
+        for fd in closing:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+    # -- under self._lock
+
+    def _make_room(self) -> list[int]:
+        """Reserve a place for one more open file (closing idle ones: returned, to be closed)."""
+        victims = []
+        while self._open >= self.limit and self._idle:
+            path = next(iter(self._idle))
+            del self._idle[path]
+            e = self._files[path]
+            victims.append(e.fd)
+            e.fd = None
+            self._open -= 1
+            if e.left is None:  # nothing to count: forgotten until used again
+                del self._files[path]
+        self._open += 1  # over the limit only when every open file is in use
+        self.peak = max(self.peak, self._open)
+        return victims
+
+    def _forget(self, path: str, e: _Open) -> int | None:
+        del self._files[path]
+        self._idle.pop(path, None)
+        if e.fd is None:
+            return None
+        self._open -= 1
+        return e.fd
+
+    # -- outside it
+
+    def _close(self, fd: int | None) -> None:
+        """Close ``fd`` (with ``fsync``, flushed first: a file is on disk once it is closed)."""
+        if fd is None:
+            return
+        try:
+            if self.fsync:
+                os.fsync(fd)
+        finally:
             os.close(fd)
+
+    def _close_all(self, fds: list[int]) -> None:
+        """Close every fd of ``fds``; the first error is raised once all are closed."""
+        error = None
+        for fd in fds:
+            try:
+                self._close(fd)
+            except OSError as exc:
+                error = error or exc
+        if error is not None:
+            raise error
+
+
+def bounded_map(pool, fn, items: Iterable, window: int) -> Iterator:
+    """``pool.map(fn, items)`` in order with at most ``window`` tasks in flight, so memory stays
+    bounded however many items (one queue across every file of a snapshot, restore or checkout:
+    many small files keep every worker busy as one large one does)."""
+    pending: deque = deque()
+    it = iter(items)
+    try:
+        for item in itertools.islice(it, window):
+            pending.append(pool.submit(fn, item))
+        while pending:
+            result = pending.popleft().result()
+            for item in itertools.islice(it, 1):
+                pending.append(pool.submit(fn, item))
+            yield result
+    finally:
+        for fut in pending:
+            fut.cancel()
 
 
 def atomic_write(

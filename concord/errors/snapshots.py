@@ -125,6 +125,22 @@ class RestoreTargetError(ConcordError, FileExistsError):
         )
 
 
+class LocalFileError(ConcordError, OSError):
+    """A file or folder on this machine could not be made, written or read (its permissions, a
+    full disk, the open-file limit): a local problem, never the store's."""
+
+    def __init__(self, path: str, cause: str) -> None:
+        self.path = path
+        self.cause = cause
+        super().__init__(
+            f"{path}: {cause}; a problem of this machine, not of the store: check that folder's "
+            "permissions and free space, and the open-file limit (ulimit -n), then run again."
+        )
+
+    def __str__(self) -> str:  # OSError would format its own fields otherwise
+        return str(self.args[0])
+
+
 class ReplicationError(ConcordError):
     """One or more targets of a replication failed; the others completed."""
 

@@ -97,10 +97,17 @@ class StoreUnreachableError(StoreError, ConnectionError):
 
 
 class StoreAccessError(StoreError, PermissionError):
-    """The store refused the request (credentials, permissions, missing bucket)."""
+    """The store refused the request (credentials, permissions, missing bucket; for a folder
+    store: its permissions, a full disk or the open-file limit)."""
 
     def __init__(self, store: str, cause: str) -> None:
         self.store = store
+        if "://" not in store:  # a folder on this machine: nothing to do with credentials
+            super().__init__(
+                f"store {store} refused the request: {cause}. It is a folder on this machine: check "
+                "its permissions and free space, and the open-file limit (ulimit -n)."
+            )
+            return
         super().__init__(
             f"store {store} refused the request: {cause}. Check the bucket name and the "
             "credentials (AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY or the block's fields)."

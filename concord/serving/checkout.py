@@ -39,8 +39,15 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from concord.errors import CheckoutDiskFullError, HealthCheckFailedError, IntegrityError, UnsafePathError
-from concord.files import OpenFiles, atomic_write
+from concord.errors import (
+    CheckoutDiskFullError,
+    ConcordError,
+    HealthCheckFailedError,
+    IntegrityError,
+    LocalFileError,
+    UnsafePathError,
+)
+from concord.files import OpenFiles, atomic_write, bounded_map
 from concord.hashing import chunk_id
 from concord.progress import Progress, ensure
 from concord.serving.health import HealthCheck
@@ -54,6 +61,8 @@ if TYPE_CHECKING:
 
 #: errors that mean the disk (or a quota, or a file size limit) is full
 DISK_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+#: chunks in flight at once across all files: bounds memory whatever the version holds
+WINDOW = 64
 
 
 @dataclass(frozen=True)
@@ -286,14 +295,19 @@ def materialise(
     os.makedirs(part_dir, exist_ok=True)
     tally = _Tally()
     prog = ensure(progress)
-    dst = OpenFiles(os.O_RDWR | getattr(os, "O_CLOEXEC", 0))
+    # one queue of chunks across every file: each file is closed (and flushed) after its last
+    # chunk, so a few files are open at once however many the version holds
+    dst = OpenFiles(os.O_RDWR | getattr(os, "O_CLOEXEC", 0), fsync=fsync)
     src = OpenFiles(os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
     try:
         paths = _target_paths(manifest, part_dir)
         # every place each chunk goes: a chunk named twice is fetched or copied once
         places: dict[str, list[tuple[str, int, int]]] = {}
+        folders: set[str] = set()
         for f, path in zip(manifest.files, paths):
-            os.makedirs(os.path.dirname(path), exist_ok=True)
+            if os.path.dirname(path) not in folders:
+                os.makedirs(os.path.dirname(path), exist_ok=True)
+                folders.add(os.path.dirname(path))
             if kept_dir is not None and f.path not in damaged:
                 _link_or_copy(os.path.join(kept_dir, *f.path.split("/")), path)
                 tally.add("reused", f.size)
@@ -307,19 +321,28 @@ def materialise(
             finally:
                 os.close(fd)
             whole = f.path in intact
+            pieces = 0
             for p in f.parts:
                 for cid, offset, length in p.chunk_spans(manifest.chunk_size):
                     if whole:
                         tally.add("reused", length)
                         continue
                     places.setdefault(cid, []).append((path, offset, length))
+                    pieces += 1
+            if pieces:
+                dst.expect(path, pieces)
         local = _local_sources(layout, sources, rehash)
         in_cache = cache.has_chunks([c for c in places if c not in local]) if cache is not None else set()
         prog.start(manifest.total_bytes, "checkout")
         prog.advance(tally.reused)  # files kept whole or hard-linked
 
         def read(path: str, offset: int, length: int) -> bytes:
-            return os.pread(dst.fd(path), length, offset)
+            return dst.read(path, length, offset)
+
+        def place_all(cid: str) -> None:
+            place(cid)
+            for t in places[cid]:
+                dst.done(t[0])  # a file is closed after its last chunk
 
         def place(cid: str) -> None:
             todo = places[cid]
@@ -337,11 +360,13 @@ def materialise(
                 try:
                     if verified:  # unchanged since it was verified: copied in the kernel, not read
                         for t in todo:
-                            _copy(src.fd(spath), soff, dst.fd(t[0]), t[1], t[2])
+                            with src.use(spath) as sfd, dst.use(t[0]) as dfd:
+                                _copy(sfd, soff, dfd, t[1], t[2])
                             tally.add("reused", t[2])
                         prog.advance(sum(t[2] for t in places[cid]))
                         return
-                    _copy(src.fd(spath), soff, dst.fd(path), offset, length)
+                    with src.use(spath) as sfd, dst.use(path) as dfd:
+                        _copy(sfd, soff, dfd, offset, length)
                     data = read(path, offset, length)
                     if chunk_id(data) == cid:
                         tally.add("reused", length)
@@ -370,12 +395,9 @@ def materialise(
 
         workers = max(4, store.parallelism)
         with ThreadPoolExecutor(workers, thread_name_prefix="concord-checkout") as pool:
-            for _ in pool.map(place, list(places)):
+            for _ in bounded_map(pool, place_all, places, WINDOW):
                 pass
-        if fsync:
-            for fd in dst.fds.values():
-                os.fsync(fd)
-        dst.close()
+        dst.close()  # with fsync, each file is flushed as it is closed
         atomic_write(layout.manifest_path(root), manifest.to_json(), fsync=fsync)
         if kept_dir is None:
             _record_files(layout, root, part_dir, manifest, fsync)
@@ -391,13 +413,15 @@ def materialise(
             fsync_dir(layout.folder)  # the rename itself survives a power cut before the flip
     except OSError as exc:
         if exc.errno in DISK_FULL:
-            dst.close()
+            dst.abandon()
             shutil.rmtree(part_dir, ignore_errors=True)
             raise CheckoutDiskFullError(layout.link, manifest.total_bytes, os.strerror(exc.errno)) from exc
-        raise
+        if isinstance(exc, ConcordError):
+            raise
+        raise LocalFileError(exc.filename if isinstance(exc.filename, str) else part_dir, exc.strerror or str(exc)) from exc
     finally:
-        dst.close()
-        src.close()
+        dst.abandon()  # closed above unless something failed
+        src.abandon()
         prog.close()
     return tally
 
@@ -423,6 +447,33 @@ def checkout(
     ``health``, the gate runs after the flip; when it fails the link flips back and
     :class:`HealthCheckFailedError` is raised. ``keep`` prunes to that many versions after a
     healthy flip (never the current one or the one before)."""
+    try:
+        return _checkout(
+            store, manifest, dest, cache=cache, keep=keep, health=health, trust=trust, wait=wait,
+            fsync=fsync, rehash=rehash, progress=progress,
+        )
+    except OSError as exc:
+        if isinstance(exc, ConcordError):
+            raise
+        # the link's folder not writable, the open-file limit...: said as this machine's problem
+        where = exc.filename if isinstance(exc.filename, str) else os.path.abspath(os.fspath(dest))
+        raise LocalFileError(where, exc.strerror or str(exc)) from exc
+
+
+def _checkout(
+    store: Store,
+    manifest: Manifest,
+    dest: str | os.PathLike,
+    *,
+    cache: Store | None = None,
+    keep: int | None = None,
+    health: HealthCheck | None = None,
+    trust: "TrustPolicy | None" = None,
+    wait: float = DEFAULT_WAIT,
+    fsync: bool = True,
+    rehash: bool = False,
+    progress: Progress | None = None,
+) -> CheckoutResult:
     t0 = time.perf_counter()
     layout = Layout.of(dest)
     root = manifest.root

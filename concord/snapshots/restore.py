@@ -25,8 +25,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable, Mapping, Protocol
 
-from concord.errors import RestoreTargetError, UnsafePathError
-from concord.files import OpenFiles
+from concord.errors import ConcordError, IntegrityError, LocalFileError, RestoreTargetError, UnsafePathError
+from concord.files import OpenFiles, bounded_map
 from concord.snapshots.manifest import Manifest, safe_relpath
 from concord.progress import Progress, ensure
 from concord.stores.base import Store
@@ -117,6 +117,10 @@ def _target_paths(manifest: Manifest, base: str) -> list[str]:
 RootCheck = Callable[[Store, str], "DigestCheck | None"]
 
 
+#: chunks in flight at once across all files: bounds memory whatever the snapshot holds
+WINDOW = 64
+
+
 def restore(
     store: Store,
     manifest: Manifest,
@@ -130,11 +134,13 @@ def restore(
         raise RestoreTargetError(out)
     digests = check_root(store, manifest.root) if check_root is not None else None
     parent = os.path.dirname(out)
-    os.makedirs(parent, exist_ok=True)
     tmp = os.path.join(parent, f".{os.path.basename(out)}.concord-tmp-{uuid.uuid4().hex[:12]}")
-    os.mkdir(tmp)
+    _local(tmp, out, os.makedirs, parent, exist_ok=True)
+    _local(tmp, out, os.mkdir, tmp)
     prog = ensure(progress)
-    files = OpenFiles(os.O_WRONLY | getattr(os, "O_CLOEXEC", 0))
+    # one queue of chunks across every file; each file is opened at its first chunk and closed
+    # after its last, so a few files are open at once however many the snapshot holds
+    files = OpenFiles(os.O_WRONLY | os.O_CREAT | getattr(os, "O_CLOEXEC", 0))
     try:
         paths = _target_paths(manifest, tmp)
         hashers: dict[int, Hasher] = {}
@@ -145,26 +151,30 @@ def restore(
                     hashers[i] = h
         feed = _InOrder(hashers) if hashers else None
         prog.start(manifest.total_bytes, "restore")
-        jobs = []
-        for i, (f, path) in enumerate(zip(manifest.files, paths)):
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            with open(path, "wb") as fh:
-                fh.truncate(f.size)
-            k = 0  # the manifest's parts and chunks are in file order, contiguous (checked when it is read)
-            for p in f.parts:
-                for cid, offset, length in p.chunk_spans(manifest.chunk_size):
-                    jobs.append((i, k, path, cid, offset, length))
-                    k += 1
+        _local(tmp, out, _make_folders, paths)
+
+        def jobs():
+            cs = manifest.chunk_size
+            for i, (f, path) in enumerate(zip(manifest.files, paths)):
+                n = sum(p.n_chunks for p in f.parts)
+                if n == 0:
+                    _local(tmp, out, _create_empty, path)
+                    continue
+                files.expect(path, n)
+                k = 0  # the manifest's parts and chunks are in file order, contiguous (checked when it is read)
+                for p in f.parts:
+                    for cid, offset, length in p.chunk_spans(cs):
+                        yield i, k, path, cid, offset, length
+                        k += 1
 
         def write(job) -> None:
             i, k, path, cid, offset, length = job
             try:
                 data = store.read_chunk(cid, verify=True)  # transient: written (and hashed) at once
                 if len(data) != length:
-                    from concord.errors import IntegrityError
-
                     raise IntegrityError(f"chunk {cid} in {store.uri}", f"{length} bytes", f"{len(data)} bytes")
-                files.write(path, data, offset)
+                _local(tmp, out, files.write, path, data, offset)
+                _local(tmp, out, files.done, path)
             except BaseException:
                 if feed is not None:
                     feed.broken(i)
@@ -174,17 +184,41 @@ def restore(
             prog.advance(length)
 
         with ThreadPoolExecutor(store.parallelism, thread_name_prefix="concord-restore") as pool:
-            for _ in pool.map(write, jobs):
+            for _ in bounded_map(pool, write, jobs(), WINDOW):
                 pass
-        files.close()
+        _local(tmp, out, files.close)
         if digests is not None:
             digests.check({manifest.files[i].path: h for i, h in hashers.items()})
         if os.path.isdir(out):
             os.rmdir(out)  # empty (checked above)
-        os.rename(tmp, out)
+        _local(tmp, out, os.rename, tmp, out)
     finally:
-        files.close()
+        files.abandon()  # closed above unless something failed
         prog.close()
         if os.path.exists(tmp):
             shutil.rmtree(tmp, ignore_errors=True)
     return RestoreResult(manifest.root, manifest.n_files, manifest.total_bytes, out)
+
+
+def _make_folders(paths: list[str]) -> None:
+    for folder in dict.fromkeys(os.path.dirname(p) for p in paths):
+        os.makedirs(folder, exist_ok=True)
+
+
+def _create_empty(path: str) -> None:
+    os.close(os.open(path, os.O_WRONLY | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o666))
+
+
+def _local(tmp: str, out: str, fn, *args, **kwargs):
+    """``fn(*args)``, with an OS error of this machine (a folder not writable, a full disk, the
+    open-file limit) said as :class:`LocalFileError` naming the path as it will be after the
+    restore, never as the store's problem."""
+    try:
+        return fn(*args, **kwargs)
+    except ConcordError:
+        raise
+    except OSError as exc:
+        where = exc.filename if isinstance(exc.filename, str) else (args[0] if args and isinstance(args[0], str) else tmp)
+        if where == tmp or where.startswith(tmp + os.sep):
+            where = out + where[len(tmp):]
+        raise LocalFileError(where, exc.strerror or str(exc)) from exc

@@ -3,9 +3,18 @@ of 100,000 files read back with the roots they always had."""
 
 from __future__ import annotations
 
+import ctypes
 import json
+import os
+import random
+import resource
+import signal
 import struct
+import subprocess
+import sys
+from pathlib import Path
 
+import pytest
 from blake3 import blake3
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -130,3 +139,179 @@ def test_part_and_file_metadata_templates_are_their_canonical_json(kind, name, l
     dtype = dtype if kind == "tensor" else None
     assert part_meta_json(kind, name, length, dtype, shape) == canonical_json(part_meta(kind, name, length, dtype, shape))
     assert file_meta_json(path, length, fkind) == canonical_json(file_meta(path, length, fkind))
+
+
+# --------------------------------------------------------------------------- many files, few open
+
+
+def test_open_files_keep_at_most_their_limit_open_and_close_each_file_after_its_last_piece(tmp_path):
+    import threading
+
+    from concord.files import OpenFiles
+
+    paths = [str(tmp_path / f"f{i}") for i in range(200)]
+    files = OpenFiles(os.O_WRONLY | os.O_CREAT, limit=8, fsync=True)
+    for p in paths:
+        files.expect(p, 4)
+    order = [(i, k) for k in range(4) for i in range(len(paths))]  # every file's pieces far apart
+    random.Random(3).shuffle(order)
+    lock = threading.Lock()
+
+    def work() -> None:
+        while True:
+            with lock:
+                if not order:
+                    return
+                i, k = order.pop()
+            files.write(paths[i], bytes([i % 256]) * 100, k * 100)
+            files.done(paths[i])
+
+    threads = [threading.Thread(target=work) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not any(t.is_alive() for t in threads)
+    assert files.peak <= 8 and files.fds == {}  # every file closed once its last piece was done
+    files.close()
+    assert all(open(p, "rb").read() == bytes([i % 256]) * 400 for i, p in enumerate(paths))
+
+
+FILES = 3000
+#: the open-file limit the commands run under: far fewer than the files
+NOFILE = 128
+REF = "models/many"
+
+
+def _make_folder(base: Path, n: int) -> Path:
+    """``n`` small files in nested folders: random bytes of 0 to 6,000 bytes, some empty, some
+    the same as another (one chunk named by two files), some of several chunks."""
+    rng = random.Random(25)
+    src = base / "many"
+    for i in range(n):
+        folder = src / f"part-{i % 17:02d}" / f"sub-{i % 5}"
+        folder.mkdir(parents=True, exist_ok=True)
+        if i % 101 == 0:
+            data = b""
+        elif i % 53 == 0:
+            data = b"the same bytes in several files\n" * 10
+        elif i % 499 == 0:
+            data = rng.randbytes(3 * CHUNK + 17)  # several chunks of one file
+        else:
+            data = rng.randbytes(rng.randrange(1, 6000))
+        (folder / f"file-{i:05d}.dat").write_bytes(data)
+    return src
+
+
+def _limits(nofile: int | None = None, fsize: int | None = None, no_dac_override: bool = False):
+    """What runs in the child before the command: lower limits; drop root's power to write
+    where the permissions refuse it (root ignores them otherwise)."""
+
+    def apply() -> None:
+        if nofile is not None:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
+        if fsize is not None:
+            signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past it fails with EFBIG instead
+            resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize))
+        if no_dac_override and os.geteuid() == 0:
+            libc = ctypes.CDLL(None, use_errno=True)
+            for cap in (1, 2):  # CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH, out of the bounding set for the exec
+                if libc.prctl(24, cap, 0, 0, 0) != 0:  # PR_CAPBSET_DROP
+                    raise OSError(ctypes.get_errno(), "prctl(PR_CAPBSET_DROP)")
+
+    return apply
+
+
+def concord(*argv: str, cwd: Path, **limits) -> subprocess.CompletedProcess:
+    env = dict(os.environ, CONCORD_NO_PROGRESS="1", CONCORD_HOME=str(cwd / "home"))
+    return subprocess.run(
+        [sys.executable, "-m", "concord.cli", *argv], cwd=cwd, env=env, capture_output=True, text=True,
+        preexec_fn=_limits(**limits), timeout=600, check=False,
+    )
+
+
+def _same_tree(a: Path, b: Path) -> None:
+    files_a = sorted(p.relative_to(a) for p in a.rglob("*") if p.is_file())
+    files_b = sorted(p.relative_to(b) for p in b.rglob("*") if p.is_file())
+    assert files_a == files_b and len(files_a) == FILES
+    different = [str(r) for r in files_a if (a / r).read_bytes() != (b / r).read_bytes()]
+    assert different == []
+
+
+@pytest.fixture(scope="module")
+def many(tmp_path_factory) -> Path:
+    base = tmp_path_factory.mktemp("many")
+    _make_folder(base, FILES)
+    return base
+
+
+@pytest.mark.timeout(900)
+def test_every_command_works_on_3000_files_under_an_open_file_limit_of_128(many, tmp_path):
+    src, store = many / "many", tmp_path / "store"
+    ok = lambda r: (r.returncode, r.stderr) == (0, "")
+    r = concord("snapshot", str(src), "--store", str(store), "--ref", REF, cwd=tmp_path, nofile=NOFILE)
+    assert ok(r), r.stderr
+    # again, over the same store: every chunk is there already (a re-hash)
+    r = concord("snapshot", str(src), "--store", str(store), "--ref", REF, cwd=tmp_path, nofile=NOFILE)
+    assert ok(r) and "new in" in r.stdout and ": 0 chunks" in r.stdout, r.stdout + r.stderr
+
+    r = concord("restore", str(store), "--ref", REF, str(tmp_path / "out"), cwd=tmp_path, nofile=NOFILE)
+    assert ok(r), r.stderr
+    _same_tree(src, tmp_path / "out")
+
+    r = concord("checkout", str(store), "--ref", REF, str(tmp_path / "serve" / "current"), cwd=tmp_path, nofile=NOFILE)
+    assert ok(r), r.stderr
+    _same_tree(src, tmp_path / "serve" / "current")
+
+    r = concord("sync", str(store), str(tmp_path / "replica"), "--ref", REF, cwd=tmp_path, nofile=NOFILE)
+    assert ok(r), r.stderr
+    for s in (store, tmp_path / "replica"):
+        r = concord("verify", str(s), cwd=tmp_path, nofile=NOFILE)
+        assert ok(r) and " 0 missing, 0 corrupt" in r.stdout, r.stdout + r.stderr
+    r = concord("restore", str(tmp_path / "replica"), "--ref", REF, str(tmp_path / "out2"), cwd=tmp_path, nofile=NOFILE)
+    assert ok(r), r.stderr
+    _same_tree(src, tmp_path / "out2")
+
+
+def _one_local_line(r: subprocess.CompletedProcess, path: Path) -> str:
+    err = r.stderr.strip()
+    assert r.returncode != 0 and err.count("\n") == 0, r.stderr
+    assert str(path) in err and "Traceback" not in err
+    assert "credentials" not in err and "AWS_" not in err and "bucket" not in err
+    return err
+
+
+@pytest.fixture(scope="module")
+def small_store(tmp_path_factory) -> Path:
+    base = tmp_path_factory.mktemp("small")
+    (base / "src" / "d").mkdir(parents=True)
+    (base / "src" / "d" / "weights.dat").write_bytes(random.Random(1).randbytes(200_000))
+    (base / "src" / "config.json").write_text('{"layers": 2}')
+    r = concord("snapshot", str(base / "src"), "--store", str(base / "store"), "--ref", REF, cwd=base)
+    assert r.returncode == 0, r.stderr
+    for p in [base, *base.rglob("*")]:  # readable by the child that may not override permissions
+        p.chmod(0o755 if p.is_dir() else 0o644)
+    return base / "store"
+
+
+@pytest.mark.parametrize("command", ["restore", "checkout"])
+def test_an_output_folder_that_cannot_be_written_is_one_line_naming_it(small_store, tmp_path, command):
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(0o555)
+    try:
+        target = locked / ("out" if command == "restore" else "current")
+        r = concord(command, str(small_store), "--ref", REF, str(target), cwd=tmp_path, no_dac_override=True)
+        err = _one_local_line(r, locked)
+        assert "Permission denied" in err and "a problem of this machine" in err
+        assert os.listdir(locked) == []
+    finally:
+        locked.chmod(0o755)
+
+
+def test_a_file_the_output_disk_cannot_take_is_one_line_naming_it(small_store, tmp_path):
+    out = tmp_path / "out"
+    r = concord("restore", str(small_store), "--ref", REF, str(out), cwd=tmp_path, fsize=64 * 1024)
+    err = _one_local_line(r, out / "d" / "weights.dat")
+    assert "File too large" in err and not out.exists()
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".out")] == []  # the temporary folder is gone
