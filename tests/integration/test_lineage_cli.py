@@ -124,5 +124,5 @@ def test_unreachable_tracking_server_touches_no_store(tmp_path):
     penguins = tmp_path / "penguins.csv"
     load_penguins().to_csv(penguins, index=False)
     res = concord("data", "register", str(penguins), "--name", "penguins", ok=False)
-    assert res.returncode == 14 and "127.0.0.1:1" in res.stderr  # 14: unreachable and res.stderr.count("\n") == 1
+    assert res.returncode == 14 and "127.0.0.1:1" in res.stderr and res.stderr.count("\n") == 1  # 14: unreachable
     assert not (tmp_path / "registry").exists()

@@ -103,6 +103,6 @@ def test_unreachable_s3_is_a_clear_error_and_writes_nothing(tmp_path, aws_creden
     src = tmp_path / "c0"
     concord("snapshot", str(MINILM / "config.json"), "--store", str(src), "--ref", "cfg", env=env)
     res = concord("sync", str(src), "s3://nowhere/x", "--ref", "cfg", env=env, ok=False)
-    assert res.returncode == 1 and res.stdout == ""
+    assert res.returncode == 14 and res.stdout == ""  # 14: unreachable
     assert "unreachable" in res.stderr and res.stderr.count("\n") == 1
     assert concord("verify", str(src), env=env)["missing"] == []
