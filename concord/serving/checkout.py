@@ -29,6 +29,7 @@ prunes of one link take its lock in turn.
 from __future__ import annotations
 
 import errno
+import functools
 import json
 import os
 import shutil
@@ -426,6 +427,25 @@ def materialise(
     return tally
 
 
+def _local_errors(fn):
+    """``fn`` with an OS error of this machine (the link's folder not writable, the open-file
+    limit...) said as :class:`LocalFileError` naming the path, never as the store's problem."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except OSError as exc:
+            if isinstance(exc, ConcordError):
+                raise
+            dest = kwargs["dest"] if "dest" in kwargs else args[2]
+            where = exc.filename if isinstance(exc.filename, str) else os.path.abspath(os.fspath(dest))
+            raise LocalFileError(where, exc.strerror or str(exc)) from exc
+
+    return wrapper
+
+
+@_local_errors
 def checkout(
     store: Store,
     manifest: Manifest,
@@ -447,33 +467,6 @@ def checkout(
     ``health``, the gate runs after the flip; when it fails the link flips back and
     :class:`HealthCheckFailedError` is raised. ``keep`` prunes to that many versions after a
     healthy flip (never the current one or the one before)."""
-    try:
-        return _checkout(
-            store, manifest, dest, cache=cache, keep=keep, health=health, trust=trust, wait=wait,
-            fsync=fsync, rehash=rehash, progress=progress,
-        )
-    except OSError as exc:
-        if isinstance(exc, ConcordError):
-            raise
-        # the link's folder not writable, the open-file limit...: said as this machine's problem
-        where = exc.filename if isinstance(exc.filename, str) else os.path.abspath(os.fspath(dest))
-        raise LocalFileError(where, exc.strerror or str(exc)) from exc
-
-
-def _checkout(
-    store: Store,
-    manifest: Manifest,
-    dest: str | os.PathLike,
-    *,
-    cache: Store | None = None,
-    keep: int | None = None,
-    health: HealthCheck | None = None,
-    trust: "TrustPolicy | None" = None,
-    wait: float = DEFAULT_WAIT,
-    fsync: bool = True,
-    rehash: bool = False,
-    progress: Progress | None = None,
-) -> CheckoutResult:
     t0 = time.perf_counter()
     layout = Layout.of(dest)
     root = manifest.root
