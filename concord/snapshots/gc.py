@@ -165,33 +165,87 @@ class Lease:
 
 class _Heartbeat:
     """Keeps one lease document alive: rewrites its expiry every ``ttl / 5`` (at most a minute)
-    until stopped. A renewal that fails is logged and tried again at the next beat."""
+    until stopped. A renewal that fails is logged and tried again at the next beat. Every lease
+    and lock of the process is renewed by one thread (:class:`_Beats`), however many stores it
+    writes to at once."""
 
     def __init__(self, store: Store, key: str, doc: dict, ttl: float) -> None:
         self.store, self.key, self.doc, self.ttl = store, key, doc, ttl
+        self.period = min(60.0, ttl / 5)
         self.renewed = time.monotonic()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="concord-lease", daemon=True)
-        self._thread.start()
+        self.due = self.renewed + self.period
+        _BEATS.add(self)
 
-    def _run(self) -> None:
-        while not self._stop.wait(min(60.0, self.ttl / 5)):
-            now = datetime.now(timezone.utc)
-            self.doc["renewed"] = now.isoformat(timespec="seconds")
-            self.doc["expires"] = (now + timedelta(seconds=self.ttl)).isoformat(timespec="seconds")
-            try:
-                self.store.put_document(self.key, json.dumps(self.doc, indent=1).encode(), overwrite=True)
-                self.renewed = time.monotonic()
-            except Exception as exc:  # the next beat tries again; the expiry leaves room for several
-                log.warning("could not renew %s in %s (%s)", self.key, self.store.uri, exc)
+    def renew(self) -> None:
+        now = datetime.now(timezone.utc)
+        self.doc["renewed"] = now.isoformat(timespec="seconds")
+        self.doc["expires"] = (now + timedelta(seconds=self.ttl)).isoformat(timespec="seconds")
+        try:
+            self.store.put_document(self.key, json.dumps(self.doc, indent=1).encode(), overwrite=True)
+            self.renewed = time.monotonic()
+        except Exception as exc:  # the next beat tries again; the expiry leaves room for several
+            log.warning("could not renew %s in %s (%s)", self.key, self.store.uri, exc)
 
     def fresh(self) -> bool:
         """Whether the document still holds for certain (renewed well within its lifetime)."""
         return time.monotonic() - self.renewed < 0.8 * self.ttl
 
     def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=5)
+        """No renewal after this returns (one under way is waited for, up to 5 s), so the
+        document can be removed."""
+        _BEATS.remove(self, wait=5.0)
+
+
+class _Beats:
+    """The one thread that renews every lease and lock this process holds, each when it is due
+    (one after another: a renewal is one small write). It runs while there is one to renew."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._beats: list[_Heartbeat] = []
+        self._renewing: _Heartbeat | None = None
+        self._thread: threading.Thread | None = None
+
+    def add(self, beat: _Heartbeat) -> None:
+        with self._cond:
+            self._beats.append(beat)
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name="concord-lease", daemon=True)
+                self._thread.start()
+            self._cond.notify_all()
+
+    def remove(self, beat: _Heartbeat, wait: float) -> None:
+        deadline = time.monotonic() + wait
+        with self._cond:
+            if beat in self._beats:
+                self._beats.remove(beat)
+            while self._renewing is beat and time.monotonic() < deadline:
+                self._cond.wait(deadline - time.monotonic())
+            self._cond.notify_all()
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while True:
+                    if not self._beats:
+                        self._thread = None
+                        return
+                    beat = min(self._beats, key=lambda b: b.due)
+                    left = beat.due - time.monotonic()
+                    if left <= 0:
+                        break
+                    self._cond.wait(left)
+                self._renewing = beat
+            try:
+                beat.renew()
+            finally:
+                with self._cond:
+                    self._renewing = None
+                    beat.due = time.monotonic() + beat.period
+                    self._cond.notify_all()
+
+
+_BEATS = _Beats()
 
 
 def _write_doc(store: Store, prefix: str, what: str, ttl: float) -> tuple[str, dict]:

@@ -1,11 +1,15 @@
 """Replicate a snapshot from one store to many: only missing chunks move, each verified.
 
-For every target, in parallel: read its ref (the compare-and-swap's expected value), ask in
-batches which chunks it already holds, copy the rest (each chunk re-hashed as it is read from the
-source, its size checked on arrival), write the manifest after every chunk it names, and move the
-ref last. Between stores of one encoding (:attr:`~concord.stores.config.Encoding.identity`) a
-chunk moves as it is stored (compressed, encrypted), decoded and hashed on arrival; between
-stores of different encodings it is decoded, checked and encoded again. A run killed at any point leaves the target consistent; re-running sends only what is
+For every target (a few at a time): take its garbage-collection lease, read its ref (the
+compare-and-swap's expected value) and ask which chunks it already holds (an S3 target answers
+from a listing). Then each chunk some target lacks is read from the source once (re-hashed as it
+is read) and written to every target that lacks it, on one pool of at most
+:data:`MAX_COPY_WORKERS` threads whatever the number of targets; all leases are renewed by one
+heartbeat thread. Last, for each target, the manifest is written after every chunk it names, and
+the ref moves. A target that fails is reported and gets nothing more; the others go on.
+Between stores of one encoding (:attr:`~concord.stores.config.Encoding.identity`) a chunk moves
+as it is stored (compressed, encrypted), decoded and hashed once as it is read; between stores
+of different encodings it is decoded, checked and encoded again, once per encoding. A run killed at any point leaves the target consistent; re-running sends only what is
 still missing. A ref moved by someone else meanwhile is reported, never overwritten. Each target is
 written under a garbage-collection lease, from its plan to its ref: the chunks the plan finds
 present must still be there when the ref moves.
@@ -26,7 +30,8 @@ from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import Callable, Optional
 
-from concord.errors import ReplicationError
+from concord.errors import ChunkNotFoundError, IntegrityError, ReplicationError
+from concord.hashing import chunk_id
 from concord.snapshots.gc import write_lease
 from concord.snapshots.manifest import Manifest
 from concord.progress import Progress, ensure
@@ -34,6 +39,12 @@ from concord.snapshots.refs import resolve_root
 from concord.stores.base import Store, check_writable_ref
 
 HAS_BATCH = 1000
+#: threads copying chunks, for any number of targets (each reads a chunk once and writes it to
+#: every target that lacks it)
+MAX_COPY_WORKERS = 32
+#: targets planned (lease, ref, which chunks they lack) and finished (manifest, signatures, ref)
+#: at once
+TARGET_WORKERS = 8
 #: why a signature document must not be written (None: it holds): (store holding the root's bytes,
 #: root, document key, bundle bytes, the root's manifest, whether it would replace one the target
 #: holds); :func:`concord.trust.copying.signature_problem` is one
@@ -91,38 +102,97 @@ def copy_chunks(
     """Copy ``ids`` from ``source`` to ``target``, each verified on the way; (chunks, bytes as
     stored in the target, raw bytes) written. ``dtypes`` (chunk id → the dtype of its tensor) let
     a compressed target choose its codec."""
-    same = bool(ids) and source.encoding().framed and source.encoding().identity == target.encoding().identity
+    tallies, failures = fan_out(source, [(target, ids)], progress, overwrite=overwrite, dtypes=dtypes)
+    if failures:
+        raise failures[0]
+    return tallies[0]
+
+
+def fan_out(
+    source: Store,
+    wants: list[tuple[Store, list[str]]],
+    progress: Progress,
+    *,
+    overwrite: bool = False,
+    dtypes: dict[str, str] | None = None,
+) -> tuple[list[tuple[int, int, int]], dict[int, BaseException]]:
+    """Copy to each ``(target, ids)`` of ``wants`` the chunks it lacks, reading each chunk from
+    ``source`` once, however many targets want it, and writing it to each of them, on one pool
+    of at most :data:`MAX_COPY_WORKERS` threads. Each chunk is hashed as it is read (between
+    stores of one encoding, decoded and hashed once, then sent as stored); a chunk is encoded once
+    per encoding it is sent in. Per target (in ``wants``' order): (chunks, bytes as stored, raw
+    bytes) written; and {index in ``wants``: the error that stopped that target} — a target that
+    fails gets nothing more, the others go on."""
     dtypes = dtypes or {}
-    framed = bool(ids) and target.encoding().framed
+    wanted: dict[str, list[int]] = {}
+    for i, (_, ids) in enumerate(wants):
+        for cid in ids:
+            wanted.setdefault(cid, []).append(i)
+    if not wanted:
+        return [(0, 0, 0) for _ in wants], {}
+    source_enc = source.encoding()
+    encodings = [target.encoding() for target, _ in wants]
+    # the stored form travels between stores of the source's encoding (when it is not bare bytes)
+    as_stored = [source_enc.framed and enc.identity == source_enc.identity for enc in encodings]
+    tallies = [[0, 0, 0] for _ in wants]
+    failures: dict[int, BaseException] = {}
+    lock = threading.Lock()
 
-    def one(cid: str) -> tuple[int, int]:
-        if same:  # as stored: decoded and hashed on arrival by put_chunk_stored
-            blob = source.read_chunk_stored(cid)
-            if blob is None:
-                from concord.errors import ChunkNotFoundError
+    def fail(i: int, exc: BaseException) -> None:
+        with lock:
+            failures.setdefault(i, exc)
 
-                raise ChunkNotFoundError(source.uri, cid)
-            raw = target.put_chunk_stored(cid, blob, overwrite=overwrite) or 0
-            stored = len(blob) if raw else None
-        else:
-            data = source.read_chunk(cid, verify=True)  # transient: stored at once
-            raw = len(data)
-            if framed:
-                stored = target.put_chunk_sized(cid, data, verify=False, overwrite=overwrite, dtype=dtypes.get(cid))
-            else:  # stored as it is
-                stored = raw if target.put_chunk(cid, data, verify=False, overwrite=overwrite) else None
-        progress.advance(raw)
-        return (stored, raw) if stored is not None else (-1, 0)
+    def one(cid: str) -> None:
+        with lock:
+            todo = [i for i in wanted[cid] if i not in failures]
+        if not todo:
+            return
+        try:
+            blob = data = None
+            if any(as_stored[i] for i in todo):
+                blob = source.read_chunk_stored(cid)
+                if blob is None:
+                    raise ChunkNotFoundError(source.uri, cid)
+                data = source_enc.decode_chunk(cid, blob)
+                actual = chunk_id(data)
+                if actual != cid:
+                    raise IntegrityError(f"chunk {cid} in {source.uri}", cid, actual)
+            else:  # transient: written to every target before this thread reads another chunk
+                data = source.read_chunk(cid, verify=True)
+        except Exception as exc:  # noqa: BLE001 (every target that wanted it fails with it)
+            for i in todo:
+                fail(i, exc)
+            return
+        raw = len(data)
+        encoded: dict[str, bytes] = {}  # one encoding per encoding identity, shared by its targets
+        for i in todo:
+            target, enc = wants[i][0], encodings[i]
+            try:
+                if as_stored[i]:
+                    stored = len(blob) if target.put_chunk_stored(cid, blob, overwrite=overwrite, checked_length=raw) else None
+                elif not enc.framed:  # stored as it is
+                    stored = raw if target.put_chunk(cid, data, verify=False, overwrite=overwrite) else None
+                elif sum(1 for j in todo if encodings[j].identity == enc.identity) == 1:
+                    stored = target.put_chunk_sized(cid, data, verify=False, overwrite=overwrite, dtype=dtypes.get(cid))
+                else:
+                    if enc.identity not in encoded:
+                        encoded[enc.identity] = bytes(enc.encode_chunk(cid, data, dtypes.get(cid)))
+                    blob_i = encoded[enc.identity]
+                    stored = len(blob_i) if target.put_chunk_stored(cid, blob_i, overwrite=overwrite, checked_length=raw) else None
+            except Exception as exc:  # noqa: BLE001 (this target stops; the others go on)
+                fail(i, exc)
+                continue
+            progress.advance(raw)
+            if stored is not None:
+                with lock:
+                    t = tallies[i]
+                    t[0], t[1], t[2] = t[0] + 1, t[1] + stored, t[2] + raw
 
-    sent = nbytes = raw_bytes = 0
-    workers = max(1, min(source.parallelism, target.parallelism) if ids else 1)
+    workers = max(1, min(MAX_COPY_WORKERS, len(wanted), max(min(source.parallelism, t.parallelism) for t, _ in wants)))
     with ThreadPoolExecutor(workers, thread_name_prefix="concord-copy") as pool:
-        for n, raw in pool.map(one, ids):
-            if n >= 0:
-                sent += 1
-                nbytes += n
-                raw_bytes += raw
-    return sent, nbytes, raw_bytes
+        for _ in pool.map(one, wanted):
+            pass
+    return [tuple(t) for t in tallies], failures
 
 
 def chunk_dtypes(manifest: Manifest) -> dict[str, str]:
@@ -223,9 +293,9 @@ def replicate(
     plans, failures = _each(targets, plan)
     prog = ensure(progress)
 
-    def run(p: _Plan) -> TargetResult:
+    def finish(job: tuple[_Plan, tuple[int, int, int]]) -> TargetResult:
+        p, (sent, nbytes, raw) = job
         with p.lease:
-            sent, nbytes, raw = copy_chunks(source, p.target, p.missing, prog, dtypes=dtypes)
             p.target.put_manifest(root, manifest_bytes)
             signatures = copy_signatures(source, p.target, root, check=check_signature, manifest=manifest)
             version = None
@@ -235,7 +305,12 @@ def replicate(
 
     try:
         prog.start(sum(lengths[c] for p in plans for c in p.missing), "sync")
-        results, more = _each(plans, run, key=lambda p: p.target)
+        # each missing chunk read once, written to every target that lacks it
+        tallies, broken = fan_out(source, [(p.target, p.missing) for p in plans], prog, dtypes=dtypes)
+        for i, exc in broken.items():
+            failures[plans[i].target.uri] = exc
+        jobs = [(p, t) for i, (p, t) in enumerate(zip(plans, tallies)) if i not in broken]
+        results, more = _each(jobs, finish, key=lambda job: job[0].target)
     finally:
         for p in plans:
             p.lease.close()  # a no-op for the ones their run released
@@ -264,9 +339,9 @@ def _once_each(check: SignatureCheck) -> SignatureCheck:
 
 
 def _each(items, fn, key=lambda x: x):
-    """Run ``fn`` on every item in parallel; (results in order, {store uri: exception})."""
+    """Run ``fn`` on every item, :data:`TARGET_WORKERS` at a time; (results in order, {store uri: exception})."""
     results, failures = [], {}
-    with ThreadPoolExecutor(max(1, len(items)), thread_name_prefix="concord-target") as pool:
+    with ThreadPoolExecutor(max(1, min(TARGET_WORKERS, len(items))), thread_name_prefix="concord-target") as pool:
         futures = [(item, pool.submit(fn, item)) for item in items]
         for item, fut in futures:
             try:

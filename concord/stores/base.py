@@ -420,16 +420,22 @@ class Store(ABC):
         of one encoding (:attr:`~concord.stores.config.Encoding.identity`)."""
         return self._get_object(self._chunk_key(cid))
 
-    def put_chunk_stored(self, cid: str, blob: bytes, *, overwrite: bool = False) -> int | None:
+    def put_chunk_stored(
+        self, cid: str, blob: bytes, *, overwrite: bool = False, checked_length: int | None = None
+    ) -> int | None:
         """Store ``blob``, a chunk encoded as this store encodes (read from a store of the same
         encoding), after decoding it and checking it hashes to ``cid``. The raw bytes it stands
-        for, or None if the chunk was there."""
+        for, or None if the chunk was there. A caller that has just decoded and checked these very
+        bytes (a sync writing one chunk to many targets) passes their raw length as ``checked_length``."""
         enc = self.encoding()
-        data = enc.decode_chunk(cid, blob)
-        actual = chunk_id(data)
-        if actual != cid:
-            raise IntegrityError(f"chunk sent to {self.uri}", cid, actual)
-        return len(data) if self._put_object(chunk_key(enc.chunk_name(cid)), blob, overwrite=overwrite) else None
+        raw = checked_length
+        if raw is None:
+            data = enc.decode_chunk(cid, blob)
+            actual = chunk_id(data)
+            if actual != cid:
+                raise IntegrityError(f"chunk sent to {self.uri}", cid, actual)
+            raw = len(data)
+        return raw if self._put_object(chunk_key(enc.chunk_name(cid)), blob, overwrite=overwrite) else None
 
     def delete_chunk(self, cid: str) -> None:
         self._delete_object(self._chunk_key(cid))

@@ -126,43 +126,55 @@ def _object_place(key: str) -> bool:
     return key.endswith(".json") or (parts[0] in ("refs", "chunks") and len(parts) == 3)
 
 
+#: threads flushing files, shared by every folder store of the process (a sync to a hundred
+#: folders flushes on these few, not on a pool per folder)
+FSYNC_WORKERS = 8
+_FSYNC_POOL: tuple[int, ThreadPoolExecutor] | None = None  # (the process it belongs to, the pool)
+_FSYNC_LOCK = threading.Lock()
+
+
+def _fsync_pool() -> ThreadPoolExecutor:
+    """The process's flushing pool (a forked child makes its own: its parent's threads are not in it)."""
+    global _FSYNC_POOL
+    with _FSYNC_LOCK:
+        if _FSYNC_POOL is None or _FSYNC_POOL[0] != os.getpid():
+            _FSYNC_POOL = (os.getpid(), ThreadPoolExecutor(FSYNC_WORKERS, thread_name_prefix="concord-fsync"))
+        return _FSYNC_POOL[1]
+
+
 class _Flushes:
     """Files written but not yet flushed, and the folders they were named in: each file's
-    ``fsync`` runs on a small pool from the moment it is added; :meth:`wait` lets them finish,
-    then flushes every folder once (a chunk's ``chunks/XX``, ``chunks``, the store's root...)."""
-
-    WORKERS = 4
+    ``fsync`` runs on the process's flushing pool from the moment it is added; :meth:`wait` lets
+    them finish, then flushes every folder once (a chunk's ``chunks/XX``, ``chunks``, the store's root...)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._pool: ThreadPoolExecutor | None = None
         self._files: list[Future] = []
         self._folders: set[str] = set()
 
     def add(self, path: str, folders: Iterator[str]) -> None:
         with self._lock:
-            if self._pool is None:
-                self._pool = ThreadPoolExecutor(self.WORKERS, thread_name_prefix="concord-fsync")
-            self._files.append(self._pool.submit(fsync_path, path))
+            self._files.append(_fsync_pool().submit(fsync_path, path))
             self._folders.update(folders)
 
     def wait(self) -> None:
         with self._lock:
             files, self._files = self._files, []
             folders, self._folders = self._folders, set()
-            pool = self._pool
         if not files and not folders:
             return
         for f in files:
             f.result()  # an error of any file's flush is raised here, before the ref moves
+        pool = _fsync_pool()
         for f in [pool.submit(fsync_path, d) for d in folders]:
             f.result()
 
     def close(self) -> None:
+        """Let what was added finish (the pool is shared: it stays)."""
         with self._lock:
-            pool, self._pool = self._pool, None
-        if pool is not None:
-            pool.shutdown(wait=True)
+            files = list(self._files)
+        for f in files:
+            f.exception()  # waited for; an error is the next wait's to raise
 
 
 class LocalDirStore(Store):
