@@ -252,8 +252,17 @@ def load_block(block_type: type[B], name: str, where: str, *, slug: Optional[str
     ensure_api(where)
     seconds = api_timeout()
 
+    updates = {PREFECT_API_REQUEST_TIMEOUT: seconds, PREFECT_CLIENT_MAX_RETRIES: 1}
+    if not configured_api():
+        # the server just started, by its address: the block's "loaded" event then goes to it too,
+        # instead of to an in-process copy of the server Prefect would build at exit to send it
+        from prefect.server.api.server import SubprocessASGIServer
+        from prefect.settings import PREFECT_API_URL
+
+        updates[PREFECT_API_URL] = SubprocessASGIServer().api_url
+
     def load():
-        with temporary_settings(updates={PREFECT_API_REQUEST_TIMEOUT: seconds, PREFECT_CLIENT_MAX_RETRIES: 1}):
+        with temporary_settings(updates=updates):
             return block_type.load(name, _sync=True)  # type: ignore[attr-defined]
 
     try:

@@ -272,6 +272,11 @@ def quiet_libraries() -> Iterator[None]:
     """The libraries a command may load print nothing of their own on its stderr: a command
     answers with its output and, on failure, one ``concord: error:`` line. A value the user set
     for ``DO_NOT_TRACK`` or ``MLFLOW_LOGGING_LEVEL`` is kept."""
+    import logging
+
     values = dict(QUIET_ENV, **{k: v for k, v in QUIET_DEFAULTS.items() if k not in os.environ})
+    # a block read from Prefect's temporary server leaves its "loaded" event to be sent as the
+    # command exits, and Prefect's events worker says "Still processing items" meanwhile
+    logging.getLogger("EventsWorker").setLevel(logging.ERROR)
     with patched_environ(values):
         yield

@@ -5,6 +5,7 @@ runs as a real subprocess on a Prefect home of its own."""
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import sqlite3
@@ -166,3 +167,23 @@ def test_the_demo_gives_up_on_a_temporary_server_that_never_starts_in_one_line(t
     (line,) = done.stderr.splitlines()
     assert line.startswith("DEMO FAILED: the demo: Prefect's temporary server did not start"), line
     assert "starting its temporary server (up to 5 s" in done.stdout
+
+
+def test_a_block_in_the_temporary_servers_database_is_read_by_starting_it(tmp_path, prefect_harness):
+    """The harness's database (migrated) with a saved store block, copied into a Prefect home of
+    the test's own: the command starts the temporary server on it and answers with its own output only."""
+    from prefect.settings import PREFECT_API_DATABASE_CONNECTION_URL
+
+    from blocks import LocalStore
+
+    LocalStore(path=str(tmp_path / "store")).save("api-test-store", overwrite=True)
+    url = PREFECT_API_DATABASE_CONNECTION_URL.value()
+    source = Path(str(url.get_secret_value() if hasattr(url, "get_secret_value") else url).partition(":///")[2])
+    (tmp_path / "prefect-home").mkdir()
+    with sqlite3.connect(source) as live, sqlite3.connect(tmp_path / "prefect-home" / "prefect.db") as copy:
+        live.backup(copy)
+    done = _run(tmp_path, "refs", "block:api-test-store", "--json")
+    assert done.returncode == 0 and done.stderr == "", done.stderr
+    assert json.loads(done.stdout) == {"refs": [], "store": str(tmp_path / "store")}
+    # the server's own output went to its log, not into the answer
+    assert (tmp_path / "prefect-home" / "temporary-server.log").exists()
