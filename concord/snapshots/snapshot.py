@@ -6,8 +6,10 @@ the header is one part, each tensor another, and each part is chunked from its f
 (:mod:`concord.snapshots.formats`, which never unpickles anything). Other files are one part
 each. Each chunk goes through one small pipeline on a thread pool (BLAKE3 releases the GIL):
 hash, claim (a chunk seen twice in one snapshot is handled once), write unless the store already
-holds it. At most ``WINDOW`` chunks are in flight, so memory stays flat whatever
-the checkpoint size. The manifest is written after every chunk it names, and the ref last.
+holds it. The chunks of all files share one queue, so many small files keep every worker busy
+as one large file does; at most ``WINDOW`` chunks are in flight and ``OPEN_SOURCES`` files open
+(each from before its first chunk is queued until its last is stored), so memory and open files
+stay flat whatever the checkpoint holds. The manifest is written after every chunk it names, and the ref last.
 
 All the writing happens under a garbage-collection lease: a chunk the store already holds is not
 written again, and the lease keeps a collection from deleting it before the new ref names it.
@@ -20,11 +22,12 @@ import mmap
 import os
 import threading
 from collections import deque
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from typing import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
 from concord.errors import ControlCharacterNameError, SourceChangedError, SourceNotFoundError
+from concord.files import open_files_limit
 from concord.snapshots.gc import write_lease
 from concord.hashing import chunk_id
 from concord.snapshots.manifest import (
@@ -41,8 +44,13 @@ from concord.stores.base import Store, check_writable_ref
 from concord.text import control_char
 from concord.snapshots.walk import walk_files
 
-#: chunks in flight at once: bounds memory (futures, ids) whatever the checkpoint size
+#: chunks in flight at once, across files: bounds memory (futures, ids) whatever the checkpoint size
 WINDOW = 64
+#: files open at once at the most (each with its mapping), fewer under a low ``ulimit -n``
+OPEN_SOURCES = 32
+#: files of at most this many bytes are read in one call instead of mapped: unmapping costs more
+#: (every core's TLB is flushed) than copying them, and they are most files of a sharded dataset
+SMALL_FILE = 256 * 1024
 
 
 @dataclass(frozen=True)
@@ -89,9 +97,38 @@ def collect_files(source: str | os.PathLike) -> list[tuple[str, str]]:
     return sorted(out)
 
 
+class _Source:
+    """One file being snapshotted: open (and memory-mapped) from before its first chunk is
+    queued until its last is stored."""
+
+    __slots__ = ("before", "bytes", "f", "ids", "kind", "layout", "left", "mm", "path", "rel", "size", "written")
+
+    def __init__(self, rel: str, path: str, f, before: os.stat_result, kind: str, layout: list) -> None:
+        self.rel, self.path, self.f, self.before = rel, path, f, before
+        self.size = before.st_size
+        self.kind, self.layout = kind, layout
+        self.mm: mmap.mmap | None = None
+        self.bytes: bytes | mmap.mmap = b""  # the file's bytes: read (a small file) or mapped
+        self.ids: list[list[str | None]] = []
+        self.left = 0  # chunks queued and not yet stored
+        self.written: list[str] = []  # chunks this file wrote to the store (taken back if it changed)
+
+    def close(self) -> None:
+        try:
+            if self.mm is not None:
+                self.mm.close()
+        finally:
+            self.f.close()
+
+
 class _Snapshotter:
     """Hashes and stores the chunks of one snapshot, one pipeline per chunk:
-    hash → claim (so a chunk seen twice is written once) → write unless the store has it."""
+    hash → claim (so a chunk seen twice is written once) → write unless the store has it.
+
+    The chunks of every file go through one queue, in file order, at most ``WINDOW`` in flight:
+    many small files keep every worker busy as one large file does. A file is opened (its layout
+    read, see :func:`~concord.snapshots.formats.file_layout`) when its chunks are queued and
+    closed after its last is stored, so at most ``OPEN_SOURCES`` files are open at once."""
 
     def __init__(self, store: Store, chunk_size: int, progress: Progress, workers: int | None) -> None:
         self.store = store
@@ -106,41 +143,117 @@ class _Snapshotter:
         self.new_stored_bytes = 0
 
     def file_entry(self, rel: str, path: str, pool: ThreadPoolExecutor) -> FileEntry:
-        with open(path, "rb") as f:
+        """The entry of one file, its chunks stored."""
+        return self.entries([(rel, path)], pool)[0]
+
+    def entries(
+        self, files: Iterable[tuple[str, str]], pool: ThreadPoolExecutor, sizes: Iterable[int] | None = None
+    ) -> list[FileEntry]:
+        """The entries of ``files`` (``(relative path, path)``), every chunk stored: one queue of
+        work across all of them (see the class's doc). ``sizes`` (as the walk found them) sends
+        each small file to a worker whole: opened, read, hashed, stored and closed there."""
+        out: list[FileEntry] = []
+        pending: deque = deque()  # (future, source or None for a whole file, part index, chunk index)
+        sources: deque[_Source] = deque()  # open files with chunks queued, in file order
+        limit = min(OPEN_SOURCES, open_files_limit(8))
+
+        def settle() -> None:
+            fut, src, i, k = pending.popleft()
+            if src is None:
+                out.append(fut.result())
+                return
+            src.ids[i][k] = fut.result()
+            src.left -= 1
+            if src.left == 0:  # its last chunk: the queue is in file order, so it is the first open
+                sources.popleft()
+                out.append(self._finish(src))
+
+        try:
+            for (rel, path), size in zip(files, itertools.repeat(None) if sizes is None else sizes):
+                if size is not None and size <= SMALL_FILE:
+                    while len(pending) >= WINDOW:
+                        settle()
+                    pending.append((pool.submit(self._whole_file, rel, path), None, 0, 0))
+                    continue
+                while len(sources) >= limit and pending:
+                    settle()
+                src = self._open(rel, path)
+                if isinstance(src, FileEntry):
+                    out.append(src)
+                    continue
+                sources.append(src)
+                for item in self._spans(src):
+                    while len(pending) >= WINDOW:
+                        settle()
+                    pending.append((pool.submit(self._chunk, src, *item[2:]), src, item[0], item[1]))
+            while pending:
+                settle()
+        finally:
+            for fut, *_ in pending:
+                fut.cancel()
+            wait([fut for fut, *_ in pending])  # no thread still reads a mapping closed below
+            for src in sources:
+                src.close()
+        return out
+
+    def _whole_file(self, rel: str, path: str) -> FileEntry:
+        """The entry of one (small) file, done on this thread from its opening to its closing."""
+        src = self._open(rel, path)
+        if isinstance(src, FileEntry):
+            return src
+        try:
+            for i, k, start, length, dtype in self._spans(src):
+                src.ids[i][k] = self._chunk(src, start, length, dtype)
+        except BaseException:
+            src.close()
+            raise
+        return self._finish(src)
+
+    def _open(self, rel: str, path: str) -> _Source | FileEntry:
+        """``path`` opened, its layout read and its bytes mapped; a file of no bytes is done at once."""
+        f = open(path, "rb")
+        try:
             before = os.fstat(f.fileno())
-            size = before.st_size
-            kind, layout = file_layout(f, size, path, rel)
-            if size == 0:
+            kind, layout = file_layout(f, before.st_size, path, rel)
+            if before.st_size == 0:
+                f.close()
                 return make_file(rel, 0, kind, [make_part(*_part_args(lay, [])) for lay in layout])
-            mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-            written: list[str] = []
-            try:
-                if hasattr(mm, "madvise"):
-                    mm.madvise(mmap.MADV_SEQUENTIAL)
-                parts = self._parts(mm, f.fileno(), layout, pool, written)
-            finally:
-                mm.close()
-            after = os.stat(path)
-            if (after.st_size, after.st_mtime_ns) != (before.st_size, before.st_mtime_ns):
-                for cid in written:  # their bytes may not match their names: take them back
-                    self.store.delete_chunk(cid)
-                raise SourceChangedError(path)
-        return make_file(rel, size, kind, parts)
+            src = _Source(rel, path, f, before, kind, layout)
+            if before.st_size <= SMALL_FILE:
+                src.bytes = _read_all(f.fileno(), before.st_size)
+            else:
+                src.mm = src.bytes = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+                if hasattr(src.mm, "madvise"):
+                    src.mm.madvise(mmap.MADV_SEQUENTIAL)
+        except BaseException:
+            f.close()
+            raise
+        return src
 
-    def _parts(self, mm: mmap.mmap, fd: int, layout, pool: ThreadPoolExecutor, written: list[str]) -> list:
+    def _spans(self, src: _Source) -> Iterator[tuple[int, int, int, int, str | None]]:
+        """``(part index, chunk index, start, length, dtype)`` of each chunk of ``src``, in file order."""
         cs = self.chunk_size
-        spans = (
-            (i, start, min(cs, off + length - start), dtype)
-            for i, (_, _, off, length, dtype, _) in enumerate(layout)
-            for start in range(off, off + length, cs)
-        )
-        ids_per_part: list[list[str]] = [[] for _ in layout]
-        for i, cid in _bounded_map(pool, lambda s: (s[0], self._chunk(mm, fd, s[1], s[2], written, s[3])), spans, WINDOW):
-            ids_per_part[i].append(cid)
-        return [make_part(*_part_args(lay, ids_per_part[i])) for i, lay in enumerate(layout)]
+        for i, (_, _, off, length, dtype, _) in enumerate(src.layout):
+            starts = range(off, off + length, cs)
+            src.ids.append([None] * len(starts))
+            src.left += len(starts)
+            for k, start in enumerate(starts):
+                yield i, k, start, min(cs, off + length - start), dtype
 
-    def _chunk(self, mm: mmap.mmap, fd: int, start: int, length: int, written: list[str], dtype: str | None = None) -> str:
-        with memoryview(mm) as mv:
+    def _finish(self, src: _Source) -> FileEntry:
+        """The entry of a file whose chunks are all stored; the file is closed. A file that
+        changed meanwhile is refused (:class:`SourceChangedError`) and its new chunks taken back."""
+        src.close()
+        after = os.stat(src.path)
+        if (after.st_size, after.st_mtime_ns) != (src.before.st_size, src.before.st_mtime_ns):
+            for cid in src.written:  # their bytes may not match their names: take them back
+                self.store.delete_chunk(cid)
+            raise SourceChangedError(src.path)
+        parts = [make_part(*_part_args(lay, src.ids[i])) for i, lay in enumerate(src.layout)]
+        return make_file(src.rel, src.size, src.kind, parts)
+
+    def _chunk(self, src: _Source, start: int, length: int, dtype: str | None = None) -> str:
+        with memoryview(src.bytes) as mv:
             view = mv[start : start + length]
             try:
                 cid = chunk_id(view)
@@ -149,34 +262,29 @@ class _Snapshotter:
                     self._claimed.add(cid)
                 # put_chunk writes nothing (and sends nothing) when the store already has the chunk
                 # dtype lets a compressed store choose its codec (byte planes for floating tensors)
-                stored = self.store.put_chunk_from_file(cid, fd, start, length, view, dtype=dtype) if mine else None
+                stored = self.store.put_chunk_from_file(cid, src.f.fileno(), start, length, view, dtype=dtype) if mine else None
                 if stored:  # the bytes written, as stored (True from a store that only says whether)
                     with self._lock:
                         self.new_chunks += 1
                         self.new_bytes += length
                         self.new_stored_bytes += length if stored is True else stored
-                        written.append(cid)
+                        src.written.append(cid)
             finally:
                 view.release()
         self.progress.advance(length)
         return cid
 
 
-def _bounded_map(pool: ThreadPoolExecutor, fn, items: Iterable, window: int) -> Iterator:
-    """``pool.map`` in order with at most ``window`` tasks in flight, so memory stays bounded."""
-    pending: deque = deque()
-    it = iter(items)
-    try:
-        for item in itertools.islice(it, window):
-            pending.append(pool.submit(fn, item))
-        while pending:
-            result = pending.popleft().result()
-            for item in itertools.islice(it, 1):
-                pending.append(pool.submit(fn, item))
-            yield result
-    finally:
-        for fut in pending:
-            fut.cancel()
+def _read_all(fd: int, size: int) -> bytes:
+    """The ``size`` bytes of the file ``fd`` (one call, more if the kernel gives less). A file that
+    shrank meanwhile gives fewer: its chunks fail, and its changed size is refused after."""
+    data = os.pread(fd, size, 0)
+    while len(data) < size:
+        more = os.pread(fd, size - len(data), len(data))
+        if not more:
+            break
+        data += more
+    return data
 
 
 def _part_args(layout_entry, ids: list[str]):
@@ -206,14 +314,14 @@ def snapshot(
         current = store.read_ref(ref)
         expected = current.root if current else None
     prog = ensure(progress)
-    total = sum(os.path.getsize(p) for _, p in files)
-    prog.start(total, "snapshot")
+    sizes = [os.path.getsize(p) for _, p in files]
+    prog.start(sum(sizes), "snapshot")
     snap = _Snapshotter(store, chunk_size, prog, workers)
     name = os.path.basename(os.fspath(source))
     with write_lease(store, f"snapshot of {name}" + (f" to ref {ref}" if ref else "")):
         try:
             with ThreadPoolExecutor(snap.workers, thread_name_prefix="concord-snapshot") as pool:
-                entries = [snap.file_entry(rel, path, pool) for rel, path in files]
+                entries = snap.entries(files, pool, sizes)
         finally:
             prog.close()
         manifest = Manifest.build(chunk_size, entries)

@@ -12,6 +12,7 @@ import signal
 import struct
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -19,7 +20,15 @@ from blake3 import blake3
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from concord.hashing import FILE, PART, SNAPSHOT, canonical_json, flat_canonical_json
+from concord.errors import SourceChangedError
+from concord.hashing import (
+    FILE,
+    PART,
+    SNAPSHOT,
+    canonical_json,
+    chunk_id,
+    flat_canonical_json,
+)
 from concord.snapshots.manifest import (
     FORMAT,
     PART_KINDS,
@@ -31,6 +40,8 @@ from concord.snapshots.manifest import (
     part_meta,
     part_meta_json,
 )
+from concord.snapshots.snapshot import snapshot
+from concord.stores import LocalDirStore
 
 CHUNK = 64 * 1024
 
@@ -315,3 +326,58 @@ def test_a_file_the_output_disk_cannot_take_is_one_line_naming_it(small_store, t
     err = _one_local_line(r, out / "d" / "weights.dat")
     assert "File too large" in err and not out.exists()
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".out")] == []  # the temporary folder is gone
+
+
+# --------------------------------------------------------------------------- one queue across files
+
+
+class _MeetingStore(LocalDirStore):
+    """A real store whose first ``parties`` chunk writes wait until all of them are under way at
+    once: only a snapshot that keeps that many chunks of different files in flight gets past."""
+
+    def __init__(self, path, parties: int) -> None:
+        super().__init__(path)
+        self.barrier = threading.Barrier(parties, timeout=60)
+        self.calls = 0
+        self.lock = threading.Lock()
+
+    def put_chunk_from_file(self, cid, fd, offset, length, data, **kw):
+        with self.lock:
+            self.calls += 1
+            first = self.calls <= self.barrier.parties
+        if first:
+            self.barrier.wait()  # BrokenBarrierError after 60 s: fewer were in flight
+        return super().put_chunk_from_file(cid, fd, offset, length, data, **kw)
+
+
+def test_small_files_keep_every_worker_busy_at_once(tmp_path):
+    src = tmp_path / "shards"
+    src.mkdir()
+    for i in range(40):  # one chunk each
+        (src / f"shard-{i:03d}.dat").write_bytes(os.urandom(1000 + i))
+    store = _MeetingStore(tmp_path / "s", parties=4)
+    r = snapshot(src, store, chunk_size=CHUNK, workers=4)
+    assert r.files == 40 and r.new_chunks == 40 and not store.barrier.broken
+
+
+def test_a_small_file_changing_during_the_snapshot_is_refused_and_its_chunks_taken_back(tmp_path):
+    src = tmp_path / "shards"
+    src.mkdir()
+    for i in range(30):
+        (src / f"shard-{i:03d}.dat").write_bytes(os.urandom(2000))
+    target = src / "shard-017.dat"
+
+    class Racing(LocalDirStore):
+        def put_chunk_from_file(self, cid, fd, offset, length, data, **kw):
+            wrote = super().put_chunk_from_file(cid, fd, offset, length, data, **kw)
+            if os.fstat(fd).st_ino == target.stat().st_ino and target.stat().st_size == 2000:
+                with open(target, "ab") as f:
+                    f.write(b"a writer that has not finished")
+            return wrote
+
+    store = Racing(tmp_path / "s")
+    with pytest.raises(SourceChangedError, match="changed while"):
+        snapshot(src, store, chunk_size=CHUNK, ref="x")
+    held = set(store.iter_chunks())
+    assert chunk_id(target.read_bytes()[:2000]) not in held
+    assert list(store.iter_manifests()) == [] and store.read_ref("x") is None
