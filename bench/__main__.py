@@ -1,4 +1,4 @@
-"""Run the benchmarks and print one table per benchmark: ``python -m bench [snapshot|sync|diff|lora|tier|drift|verify|audit-memory|trust|checkout|lineage|formats] ...``."""
+"""Run the benchmarks and print one table per benchmark: ``python -m bench [snapshot|sync|diff|lora|tier|drift|verify|audit-memory|trust|checkout|lineage|formats|s3-scale|fanout|scale] ...``."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
 
-from bench.common import DEFAULT_OUT, Options, Table, machine_summary
+from bench.common import DEFAULT_OUT, Options, Table, machine_summary, parse_size
 
-BENCHMARKS = ("snapshot", "sync", "diff", "lora", "tier", "drift", "verify", "audit-memory", "oci", "compress", "trust", "checkout", "lineage", "formats")
+BENCHMARKS = ("snapshot", "sync", "diff", "lora", "tier", "drift", "verify", "audit-memory", "oci", "compress", "trust", "checkout", "lineage", "formats", "s3-scale", "fanout", "scale")
 DEFAULT_SIZE_GB = 2.1
 QUICK_SIZE_GB = 0.1
 #: benchmarks whose checkpoint defaults to another size (when neither --size-gb nor --quick is given)
@@ -22,13 +22,15 @@ SIZE_GB_OF = {"tier": 1.1, "audit-memory": 0.5, "formats": 0.25}
 def parse_args(argv: list[str] | None) -> tuple[list[str], Options, dict[str, Options]]:
     """The benchmarks to run, the options, and the options of those whose default size differs."""
     p = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
-    p.add_argument("which", nargs="*", metavar="{snapshot,sync,diff,lora,tier,drift,verify,audit-memory,oci,compress,trust,checkout,lineage,formats}", help="benchmarks to run (default: all)")
+    p.add_argument("which", nargs="*", metavar="{snapshot,sync,diff,lora,tier,drift,verify,audit-memory,oci,compress,trust,checkout,lineage,formats,s3-scale,fanout,scale}", help="benchmarks to run (default: all)")
     p.add_argument(
         "--size-gb",
         type=float,
         default=None,
         help="checkpoint size in GB of 10^9 bytes (default 2.1, tier 1.1, formats 0.25; audit-memory: each CSV file, default 0.5; 0.1 with --quick)",
     )
+    p.add_argument("--files", type=int, default=None, metavar="N", help="scale: files in the folder (default 20000; 500 with --quick)")
+    p.add_argument("--size", default=None, metavar="BYTES", help="scale: bytes of each file, e.g. 50k, 64ki, 1m (default 50k)")
     p.add_argument("--quick", action="store_true", help="small sizes and one run each: a smoke run in seconds")
     p.add_argument(
         "--runs", type=int, default=None, help="timed runs per measurement, best kept (default 3; 1 with --quick)"
@@ -51,7 +53,13 @@ def parse_args(argv: list[str] | None) -> tuple[list[str], Options, dict[str, Op
         p.error(f"unknown benchmark {unknown[0]!r}: choose from {', '.join(BENCHMARKS)}")
     if size <= 0 or runs < 1:
         p.error("--size-gb must be positive and --runs at least 1")
-    opts = Options(a.out.resolve(), size, runs, a.quick, max(0.0, a.wait_idle))
+    try:
+        file_size = parse_size(a.size) if a.size is not None else None
+    except ValueError:
+        p.error(f"--size {a.size!r} is not a size: give bytes, e.g. 50000, 50k, 64ki or 1m")
+    if (a.files is not None and a.files < 1) or (file_size is not None and file_size < 1):
+        p.error("--files and --size must be positive")
+    opts = Options(a.out.resolve(), size, runs, a.quick, max(0.0, a.wait_idle), a.files, file_size)
     own = {} if a.size_gb is not None or a.quick else {b: replace(opts, size_gb=gb) for b, gb in SIZE_GB_OF.items()}
     return list(dict.fromkeys(a.which or BENCHMARKS)), opts, own
 

@@ -188,7 +188,8 @@ def fan_out(
                     t = tallies[i]
                     t[0], t[1], t[2] = t[0] + 1, t[1] + stored, t[2] + raw
 
-    workers = max(1, min(MAX_COPY_WORKERS, len(wanted), max(min(source.parallelism, t.parallelism) for t, _ in wants)))
+    # as many as the busiest side likes: a folder reads fast, an object store waits on each request
+    workers = max(1, min(MAX_COPY_WORKERS, len(wanted), max(source.parallelism, *(t.parallelism for t, _ in wants))))
     with ThreadPoolExecutor(workers, thread_name_prefix="concord-copy") as pool:
         for _ in pool.map(one, wanted):
             pass
