@@ -47,6 +47,9 @@ class Options:
     quick: bool
     #: seconds to wait, before each timed round, for other processes to leave the CPUs idle
     wait_idle: float = 0.0
+    #: files in the folder and bytes of each, for the benchmarks of many files (None: their default)
+    files: int | None = None
+    file_size: int | None = None
 
     @property
     def data_dir(self) -> Path:
@@ -156,6 +159,15 @@ def _with_unit(x: float, unit: str) -> str:
     return f"{_num(x)} {unit}".strip()
 
 
+def parse_size(text: str) -> int:
+    """``50k`` → 50,000; ``64ki`` → 65,536; ``1m`` → 1,000,000; a plain number is bytes."""
+    t = text.strip().lower().removesuffix("b")
+    for suffix, factor in (("ki", 1024), ("mi", 1024**2), ("k", 1000), ("m", 1000**2)):
+        if t.endswith(suffix):
+            return int(float(t[: -len(suffix)]) * factor)
+    return int(t)
+
+
 def log(msg: str) -> None:
     """A progress line on stderr, so the tables on stdout stay clean."""
     print(f"  · {msg}", file=sys.stderr, flush=True)
@@ -222,7 +234,7 @@ def times_note(cases: tuple[Case, ...] | list[Case]) -> str:
     """Every run's time, with the share of the CPUs other processes used during it."""
     runs = "; ".join(f"{c.label} " + ", ".join(f"{t:.3f} ({o:.0%})" for t, o in zip(c.times, c.others)) for c in cases)
     return (
-        "runs interleaved after an untimed warm-up round; every run's time in s, with (in brackets) the "
+        "runs interleaved after an untimed warm-up round (none with one run); every run's time in s, with (in brackets) the "
         f"share of the CPUs other processes and kernel threads used meanwhile: {runs}"
     )
 

@@ -1,0 +1,239 @@
+"""Scale in files: every command on a folder of many small files, each beside its baseline, with
+the most files each command held open.
+
+Setup (untimed): ``--files`` files of ``--size`` bytes each (default 20,000 of 50 KB: 1 GB;
+``--quick``: 500), random bytes, 1,000 to a folder, named ``shard-NNNNNN.dat`` (an extension no
+checkpoint format claims, so every file is one opaque part); generated once and reused while
+their sidecar matches; read once so they sit in the page cache.
+
+Timed, each command as its own process (``python -m concord.cli``, as a user runs it), in
+interleaved rounds with its baseline:
+
+- a fresh snapshot into an empty folder store, against ``rsync -a`` into an empty folder;
+- a re-hash: the same snapshot again into the same store (every chunk there already), against
+  ``b3sum`` of every file (when ``b3sum`` is not installed, a Python loop hashing each file with
+  the same ``blake3`` library Concord uses, said in the notes);
+- ``concord verify`` of the store, against the same baseline over the store's chunk files;
+- ``concord restore`` into a new folder, and ``concord checkout`` of a new link (each file
+  flushed to disk as it is finished, the default; and with ``--no-fsync``), against ``cp -a``;
+- ``concord sync`` into an empty folder store, against ``rsync -a`` of the store's folder.
+
+Run it under a low open-file limit, as the goal asks: ``bash -c 'ulimit -n 256; python -m bench
+scale --files 20000 --size 50k'``. Every process is polled every 2 ms for its open file
+descriptors (``/proc/PID/fd``); the most any Concord command held is a row of its own. The
+manifest's load (parse and check every hash, in this process) is timed too.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import resource
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from bench.common import (
+    MB,
+    Case,
+    Options,
+    Row,
+    Table,
+    Target,
+    fresh_dir,
+    log,
+    race,
+    read_json,
+    remove,
+    settle,
+    times_note,
+    warm,
+    write_json_atomic,
+)
+
+FILES = 20_000
+QUICK_FILES = 500
+FILE_BYTES = 50_000
+PER_FOLDER = 1000
+REF = "bench/scale"
+
+#: the baseline re-hash when b3sum is not installed: each file hashed whole with blake3
+HASH_ALL = """
+import os, sys
+from blake3 import blake3
+n = 0
+for root, _, names in os.walk(sys.argv[1]):
+    for name in names:
+        with open(os.path.join(root, name), "rb") as f:
+            blake3(f.read(), max_threads=1).hexdigest()
+        n += 1
+print(n)
+"""
+
+
+def _folder(data_dir: Path, n: int, size: int) -> Path:
+    src = data_dir / f"scale-{n}x{size}"
+    sidecar = data_dir / f"scale-{n}x{size}.json"
+    params = {"files": n, "size": size, "per_folder": PER_FOLDER, "format": 1}
+    if read_json(sidecar) == params and src.is_dir():
+        log(f"reusing {src}")
+        return src
+    log(f"writing {n} files of {size} bytes into {src}")
+    remove(sidecar)
+    fresh_dir(src)
+    rng = random.Random(20_000)
+    for i in range(n):
+        folder = src / f"part-{i // PER_FOLDER:04d}"
+        if i % PER_FOLDER == 0:
+            folder.mkdir()
+        (folder / f"shard-{i:06d}.dat").write_bytes(rng.randbytes(size))
+    write_json_atomic(sidecar, params)
+    return src
+
+
+class _Counted:
+    """Runs a command, polling its open file descriptors; keeps the most seen."""
+
+    def __init__(self) -> None:
+        self.peak: dict[str, int] = {}
+
+    def run(self, label: str, argv: list[str], env: dict[str, str]) -> None:
+        proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        most = 0
+        done = threading.Event()
+
+        def poll() -> None:
+            nonlocal most
+            fd_dir = f"/proc/{proc.pid}/fd"
+            while not done.is_set():
+                try:
+                    most = max(most, len(os.listdir(fd_dir)))
+                except OSError:
+                    return
+                time.sleep(0.002)
+
+        poller = threading.Thread(target=poll, daemon=True)
+        poller.start()
+        try:
+            _, err = proc.communicate(timeout=3600)
+        finally:
+            done.set()
+            poller.join()
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        if proc.returncode != 0:
+            raise RuntimeError(f"{label}: {' '.join(argv[:6])} ... exited with {proc.returncode}: {err.strip()[-2000:]}")
+        self.peak[label] = max(self.peak.get(label, 0), most)
+
+
+def run(opts: Options) -> list[Table]:
+    n = opts.files or (QUICK_FILES if opts.quick else FILES)
+    size = opts.file_size or FILE_BYTES
+    src = _folder(opts.data_dir, n, size)
+    work = fresh_dir(opts.work_dir / "scale")
+    store, again, out, link, replica = (work / p for p in ("store", "store-b", "out", "serve", "replica"))
+    copy = work / "copy"
+    env = dict(os.environ, CONCORD_NO_PROGRESS="1", CONCORD_HOME=str(work / "home"))
+    concord = [sys.executable, "-m", "concord.cli"]
+    rsync = shutil.which("rsync")
+    b3sum = shutil.which("b3sum")
+    counted = _Counted()
+    nofile = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    secs = sum(warm(p) for p in src.rglob("*.dat"))
+    log(f"{n} files read into the page cache in {secs:.1f} s; open-file limit {nofile}")
+
+    def cmd(label: str, *argv: str):
+        return lambda: counted.run(label, list(argv), env)
+
+    def clear(*paths: Path):
+        def before() -> None:
+            for p in paths:
+                remove(p)
+            settle()
+
+        return before
+
+    def hash_all(folder: Path) -> list[str]:
+        if b3sum:
+            return ["bash", "-c", f"find {folder} -type f -print0 | xargs -0 {b3sum} > /dev/null"]
+        return [sys.executable, "-c", HASH_ALL, str(folder)]
+
+    # the snapshot the other commands start from (untimed)
+    counted.run("setup", [*concord, "snapshot", str(src), "--store", str(store), "--ref", REF], env)
+    cases = [
+        Case("concord snapshot (fresh)", cmd("snapshot", *concord, "snapshot", str(src), "--store", str(again), "--ref", REF), clear(again)),
+        Case("rsync -a (fresh)", cmd("rsync", rsync or "true", "-a", f"{src}/", f"{copy}/"), clear(copy)),
+        Case("concord snapshot (re-hash)", cmd("re-hash", *concord, "snapshot", str(src), "--store", str(store), "--ref", REF)),
+        Case("hash every file", cmd("hash", *hash_all(src))),
+        Case("concord verify", cmd("verify", *concord, "verify", str(store))),
+        Case("hash every chunk file", cmd("hash-store", *hash_all(store / "chunks"))),
+        Case("concord restore", cmd("restore", *concord, "restore", str(store), "--ref", REF, str(out)), clear(out)),
+        Case("cp -a", cmd("cp", "cp", "-a", str(src), str(copy)), clear(copy)),
+        Case("concord checkout", cmd("checkout", *concord, "checkout", str(store), "--ref", REF, str(link / "current")), clear(link)),
+        Case("concord checkout --no-fsync", cmd("checkout-nofsync", *concord, "checkout", str(store), "--ref", REF, str(link / "current"), "--no-fsync"), clear(link)),
+        Case("concord sync", cmd("sync", *concord, "sync", str(store), str(replica), "--ref", REF), clear(replica)),
+        Case("rsync -a of the store", cmd("rsync-store", rsync or "true", "-a", f"{store}/", f"{replica}/"), clear(replica)),
+    ]
+    try:
+        race(opts.runs, *cases, warmup=opts.runs > 1, wait_idle=opts.wait_idle)
+        load = _manifest_load(store)
+    finally:
+        remove(work)
+    c = {case.label: case.best for case in cases}
+    gb = n * size / 1e9
+    table = Table(
+        f"scale: {n} files of {size / 1000:g} KB ({gb:.2f} GB), each command as its own process, "
+        f"open-file limit {nofile}, best of {opts.runs}"
+    )
+    rs = "rsync -a" if rsync else None
+
+    def vs(metric: str, ours: str, base: str, name: str | None, limit: float | None) -> None:
+        table.add(Row(metric, c[ours], c[base] if name else None, "s", Target("ratio", "<=", limit) if limit and name else None, name or ""))
+
+    hashing = "b3sum" if b3sum else "blake3 per file (Python)"
+    vs("fresh snapshot into an empty store", "concord snapshot (fresh)", "rsync -a (fresh)", rs, 1.5)
+    vs("re-hash: snapshot of the unchanged folder", "concord snapshot (re-hash)", "hash every file", hashing, 2.0)
+    vs("verify of the store", "concord verify", "hash every chunk file", hashing, None)
+    vs("restore into a new folder", "concord restore", "cp -a", "cp -a", 2.0)
+    vs("checkout (each file flushed)", "concord checkout", "cp -a", "cp -a", 2.0)
+    vs("checkout --no-fsync", "concord checkout --no-fsync", "cp -a", "cp -a", 2.0)
+    vs("sync to an empty local store", "concord sync", "rsync -a of the store", "rsync -a" if rsync else None, 1.0)
+    ours = {k: v for k, v in counted.peak.items() if k not in ("rsync", "hash", "hash-store", "cp", "rsync-store")}
+    table.add(Row("most files open in any concord command", max(ours.values()), None, "fds", Target("value", "<", 256)))
+    table.add(Row(f"manifest load ({n} files, every hash checked)", load, None, "s", Target("value", "<", 1.0)))
+    table.notes += [
+        "open file descriptors at the most, per command (polled every 2 ms): "
+        + ", ".join(f"{k} {v}" for k, v in counted.peak.items()),
+        f"throughput: fresh snapshot {gb / c['concord snapshot (fresh)']:.2f} GB/s, re-hash "
+        f"{gb / c['concord snapshot (re-hash)']:.2f} GB/s, restore {gb / c['concord restore']:.2f} GB/s "
+        f"({n / c['concord restore']:.0f} files/s)",
+        "a fresh snapshot and a sync flush every chunk file to disk before the ref moves, and a "
+        "checkout every file before its flip (rsync and cp flush nothing); each Concord row includes "
+        "the process's start and the manifest's load",
+        *([] if b3sum else ["b3sum is not installed here: the hashing baseline is a Python loop over the files with the blake3 library (one thread per file)"]),
+        *([] if rsync else ["rsync is not installed here: its rows have no baseline"]),
+        times_note(cases),
+    ]
+    return [table]
+
+
+def _manifest_load(store: Path) -> float:
+    """Seconds to read and check the snapshot's manifest (best of 3), in this process."""
+    from concord.snapshots.manifest import Manifest
+    from concord.snapshots.refs import resolve_root
+    from concord.stores import LocalDirStore
+
+    s = LocalDirStore(store, must_exist=True)
+    root = resolve_root(s, REF)
+    data = s.get_manifest_bytes(root)
+    best = float("inf")
+    for _ in range(3):
+        t0 = time.perf_counter()
+        Manifest.from_json(data, expected_root=root)
+        best = min(best, time.perf_counter() - t0)
+    log(f"manifest of {len(data) / MB:.1f} MB loads in {best:.3f} s")
+    return best
