@@ -234,7 +234,7 @@ def times_note(cases: tuple[Case, ...] | list[Case]) -> str:
     """Every run's time, with the share of the CPUs other processes used during it."""
     runs = "; ".join(f"{c.label} " + ", ".join(f"{t:.3f} ({o:.0%})" for t, o in zip(c.times, c.others)) for c in cases)
     return (
-        "runs interleaved after an untimed warm-up round (none with one run); every run's time in s, with (in brackets) the "
+        "runs interleaved after an untimed warm-up round; every run's time in s, with (in brackets) the "
         f"share of the CPUs other processes and kernel threads used meanwhile: {runs}"
     )
 

@@ -216,6 +216,7 @@ def run(opts: Options) -> list[Table]:
         "the process's start and the manifest's load",
         *([] if b3sum else ["b3sum is not installed here: the hashing baseline is a Python loop over the files with the blake3 library (one thread per file)"]),
         *([] if rsync else ["rsync is not installed here: its rows have no baseline"]),
+        *(["one run each, without the warm-up round the next note names"] if opts.runs == 1 else []),
         times_note(cases),
     ]
     return [table]
