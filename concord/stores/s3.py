@@ -49,6 +49,7 @@ from concord.stores.base import (
     Store,
     _check_digest,
     check_restore_request,
+    chunk_name,
 )
 
 log = logging.getLogger(__name__)
@@ -544,7 +545,11 @@ class S3ObjectStore(Store):
             inventory = _Inventory(self)
         known: dict[str, bool] = {}
         if inventory is not None and chunks:
-            known = dict(zip(chunks, self._parallel(inventory.holds, chunks, "check")))
+            known[chunks[0]] = inventory.holds(chunks[0])  # the first page: how the rest is answered
+            answers = {k: inventory.answer(k) for k in chunks[1:]}
+            known.update((k, a) for k, a in answers.items() if a is not None)
+            asked = [k for k, a in answers.items() if a is None]  # only these need a request
+            known.update(zip(asked, self._parallel(inventory.holds, asked, "check")))
 
         def exists(key: str) -> bool:
             with self._translate("check", key):
@@ -832,7 +837,7 @@ class _Inventory:
     def __init__(self, store: S3ObjectStore) -> None:
         self.store = store
         self._lock = threading.Lock()
-        self._known: set[str] = set()
+        self._known: set[bytes] = set()  # 32-byte names: a million chunks in about 70 MB
         self._level: int | None = None  # None: the first page is not listed yet
         self._pages = 1  # pages a region is expected to take
         self._listed: set[str] = set()
@@ -840,18 +845,34 @@ class _Inventory:
         self._busy: dict[str, threading.Event] = {}
 
     def add(self, key: str) -> None:
-        with self._lock:
-            self._known.add(key)
+        name = _digest(key)
+        if name is not None:
+            with self._lock:
+                self._known.add(name)
 
     def discard(self, key: str) -> None:
+        name = _digest(key)
         with self._lock:
-            self._known.discard(key)
+            self._known.discard(name)
+
+    def answer(self, key: str) -> bool | None:
+        """Whether the store holds ``key``, if that is known without a request; else None."""
+        name = _digest(key)
+        with self._lock:
+            if name in self._known:
+                return True
+            if self._level is not None and _region(key, self._level) in self._listed:
+                return False
+        return None
 
     def holds(self, key: str) -> bool:
         """Whether the store holds chunk object ``key`` (relative to the store's prefix)."""
         self._once("", lambda: self._level is not None, self._first_page)
+        name = _digest(key)
+        if name is None:
+            return False  # not a chunk's name: never listed as one
         with self._lock:
-            if key in self._known:
+            if name in self._known:
                 return True
             region = _region(key, self._level)
             if region in self._listed:
@@ -866,7 +887,7 @@ class _Inventory:
             return found
         self._once(region, lambda: region in self._listed, lambda: self._list(region))
         with self._lock:
-            return key in self._known
+            return name in self._known
 
     def _once(self, token: str, done: Callable[[], bool], work: Callable[[], None]) -> None:
         """``work()`` unless ``done()`` (asked under the lock): one thread at a time per ``token``,
@@ -892,10 +913,11 @@ class _Inventory:
     def _take(self, page: dict) -> str | None:
         """Remember a page's keys; the last one (None for an empty page)."""
         strip = len(self.store.prefix) + 1 if self.store.prefix else 0
-        names = [obj["Key"][strip:] for obj in page.get("Contents", ())]
+        keys = [obj["Key"][strip:] for obj in page.get("Contents", ())]
+        names = [n for n in map(_digest, keys) if n is not None]
         with self._lock:
             self._known.update(names)
-        return names[-1] if names else None
+        return keys[-1] if keys else None
 
     def _first_page(self) -> None:
         with self.store._translate("list", "chunks/"):
@@ -933,3 +955,9 @@ def _estimate(last: str) -> float | None:
     except ValueError:
         return None
     return PAGE_KEYS / share
+
+
+def _digest(key: str) -> bytes | None:
+    """The 32 bytes a chunk object's key names (``chunks/ab/ab…``), or None for any other key."""
+    name = chunk_name(key)
+    return bytes.fromhex(name) if name is not None else None

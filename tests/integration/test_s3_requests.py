@@ -147,3 +147,33 @@ def test_a_big_question_outside_an_operation_is_answered_by_listing(proxy):
     assert store.has_chunks(ids + absent) == set(ids)
     asked = _tally(proxy.log[start:])
     assert asked["HEAD", "chunks"] == 0 and asked["LIST", "chunks"] == 1
+
+
+def test_a_store_that_looks_huge_is_asked_a_head_per_chunk_until_a_region_is_worth_listing(proxy):
+    """1,001 objects whose names all start with zeros look, from the first page, like a store of
+    hundreds of millions of chunks: a question elsewhere is a HEAD, until as many questions fell in
+    one region as it is expected to take pages; then that region is listed once."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from concord.stores.base import chunk_key
+
+    store = _store(proxy)
+    names = [f"{i:07x}" + "0" * 57 for i in range(1001)]
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(lambda n: store._put_object(chunk_key(n), b"x", overwrite=True), names))
+    with store.inventory():
+        start = len(proxy.log)
+        assert store._exists_many([chunk_key(names[0]), chunk_key(names[999])]) == [True, True]
+        assert _tally(proxy.log[start:]) == Counter({("LIST", "chunks"): 1})  # the first page alone
+        start = len(proxy.log)
+        assert store._exists_many([chunk_key(names[1000])]) == [True]  # past the first page: asked
+        assert _tally(proxy.log[start:]) == Counter({("HEAD", "chunks"): 1})
+        region = [chunk_key("abcd" + f"{i:02x}" + "0" * 58) for i in range(12)]
+        start = len(proxy.log)
+        for key in region:
+            assert store._exists_many([key]) == [False]
+        asked = _tally(proxy.log[start:])
+        assert asked[("LIST", "chunks")] == 1 and 1 <= asked[("HEAD", "chunks")] < len(region) - 1, asked
+        start = len(proxy.log)
+        assert store._exists_many(region) == [False] * len(region)  # the region is known now
+        assert len(proxy.log) == start
