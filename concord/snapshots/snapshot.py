@@ -23,7 +23,7 @@ import os
 import threading
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor, wait
-from typing import Callable, Iterable, Iterator
+from typing import Callable, Iterable, Iterator, Sized
 from dataclasses import dataclass, field
 
 from concord.errors import ControlCharacterNameError, SourceChangedError, SourceNotFoundError
@@ -51,6 +51,9 @@ OPEN_SOURCES = 32
 #: files of at most this many bytes are read in one call instead of mapped: unmapping costs more
 #: (every core's TLB is flushed) than copying them, and they are most files of a sharded dataset
 SMALL_FILE = 256 * 1024
+#: small files one worker takes at a time: at most this many, of at most this many bytes
+BATCH_FILES = 32
+BATCH_BYTES = 4 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -157,10 +160,15 @@ class _Snapshotter:
         sources: deque[_Source] = deque()  # open files with chunks queued, in file order
         limit = min(OPEN_SOURCES, open_files_limit(8))
 
+        batch: list[tuple[str, str]] = []  # small files not yet queued
+        batch_bytes = 0
+        # runs of small files, short enough that every worker gets several
+        per_batch = max(1, min(BATCH_FILES, len(files) // (4 * self.workers))) if isinstance(files, Sized) else 1
+
         def settle() -> None:
             fut, src, i, k = pending.popleft()
             if src is None:
-                out.append(fut.result())
+                out.extend(fut.result())
                 return
             src.ids[i][k] = fut.result()
             src.left -= 1
@@ -171,9 +179,16 @@ class _Snapshotter:
         try:
             for (rel, path), size in zip(files, itertools.repeat(None) if sizes is None else sizes):
                 if size is not None and size <= SMALL_FILE:
-                    while len(pending) >= WINDOW:
-                        settle()
-                    pending.append((pool.submit(self._whole_file, rel, path), None, 0, 0))
+                    batch.append((rel, path))
+                    batch_bytes += size
+                    if len(batch) < per_batch and batch_bytes < BATCH_BYTES:
+                        continue
+                while len(pending) >= WINDOW:
+                    settle()
+                if batch:  # a run of small files, done whole by one worker
+                    pending.append((pool.submit(self._whole_files, batch), None, 0, 0))
+                    batch, batch_bytes = [], 0
+                if size is not None and size <= SMALL_FILE:
                     continue
                 while len(sources) >= limit and pending:
                     settle()
@@ -186,6 +201,8 @@ class _Snapshotter:
                     while len(pending) >= WINDOW:
                         settle()
                     pending.append((pool.submit(self._chunk, src, *item[2:]), src, item[0], item[1]))
+            if batch:
+                pending.append((pool.submit(self._whole_files, batch), None, 0, 0))
             while pending:
                 settle()
         finally:
@@ -196,22 +213,26 @@ class _Snapshotter:
                 src.close()
         return out
 
-    def _whole_file(self, rel: str, path: str) -> FileEntry:
-        """The entry of one (small) file, done on this thread from its opening to its closing."""
-        src = self._open(rel, path)
-        if isinstance(src, FileEntry):
-            return src
-        try:
-            for i, k, start, length, dtype in self._spans(src):
-                src.ids[i][k] = self._chunk(src, start, length, dtype)
-        except BaseException:
-            src.close()
-            raise
-        return self._finish(src)
+    def _whole_files(self, files: list[tuple[str, str]]) -> list[FileEntry]:
+        """The entries of a run of small files, each done on this thread from its opening to
+        its closing (one task for many files: a file of one chunk costs the queue little)."""
+        out = []
+        for rel, path in files:
+            src = self._open(rel, path)
+            if not isinstance(src, FileEntry):
+                try:
+                    for i, k, start, length, dtype in self._spans(src):
+                        src.ids[i][k] = self._chunk(src, start, length, dtype)
+                except BaseException:
+                    src.close()
+                    raise
+                src = self._finish(src)
+            out.append(src)
+        return out
 
     def _open(self, rel: str, path: str) -> _Source | FileEntry:
         """``path`` opened, its layout read and its bytes mapped; a file of no bytes is done at once."""
-        f = open(path, "rb")
+        f = open(path, "rb", buffering=0)  # unbuffered: a layout reads a few headers at most
         try:
             before = os.fstat(f.fileno())
             kind, layout = file_layout(f, before.st_size, path, rel)
