@@ -98,7 +98,16 @@ def node_hash(tag: bytes, meta: dict | bytes, children_hex: Iterable[str] | str 
         children = children_hex
     else:
         children = bytes.fromhex("".join(children_hex))
-    return _blake3()(tag + struct.pack("<I", len(m)) + m + children).hexdigest()
+    return node_digest(tag, m, children)
+
+
+_length = struct.Struct("<I").pack
+
+
+def node_digest(tag: bytes, meta_json: bytes, children: bytes) -> str:
+    """:func:`node_hash` of metadata already in canonical JSON and children already raw digests
+    (the quick path of a reader checking 200,000 nodes)."""
+    return _blake3()(tag + _length(len(meta_json)) + meta_json + children).hexdigest()
 
 
 def is_digest(s: str) -> bool:

@@ -27,7 +27,7 @@ from functools import cached_property
 from typing import Iterator
 
 from concord.errors import ManifestError, UnsafePathError
-from concord.hashing import DIGEST_HEX, FILE, PART, SNAPSHOT, flat_canonical_json, is_digest, node_hash
+from concord.hashing import DIGEST_HEX, FILE, PART, SNAPSHOT, flat_canonical_json, is_digest, node_digest, node_hash
 from concord.snapshots.safetensors_header import DTYPE_BITS
 
 #: the largest integer a manifest may hold (every size, offset and length is below it)
@@ -348,10 +348,10 @@ def _parse_manifest(doc, where: str, expected_root: str | None, verify: bool) ->
             raise ManifestError(where, f"{path}: parts cover {offset} bytes, file size is {size}")
         fh = fd.get("hash")
         # verified: equal to the hash computed, so a digest (which one is said only on a mismatch)
-        if (node_hash(FILE, file_meta_json(path, size, kind), "".join([p.hash for p in parts])) != fh) if verify else not hexdigest(fh):
+        if (node_digest(FILE, file_meta_json(path, size, kind), bytes.fromhex("".join([p.hash for p in parts]))) != fh) if verify else not hexdigest(fh):
             _need(hexdigest(fh), where, f"{path}: hash is not a 64-hex digest")
             raise ManifestError(where, f"{path}: file hash does not match its parts")
-        files.append(_built(FileEntry, path=path, size=size, kind=kind, parts=tuple(parts), hash=fh))
+        files.append(FileEntry(path, size, kind, tuple(parts), fh))
         file_hashes.append(fh)
     _need(seen is None, where, "files are not sorted by path")
     if verify:
@@ -398,32 +398,12 @@ def _parse_part(pd, path: str, where: str, chunk_size: int, verify: bool) -> Par
             raw = bytes.fromhex(chunks)  # decoded once: checked, then hashed
         except ValueError:
             raw = None
-        if raw is None or raw.hex() != chunks or node_hash(PART, part_meta_json(pkind, name, plen, dtype, shape), raw) != h:
+        if raw is None or raw.hex() != chunks or node_digest(PART, part_meta_json(pkind, name, plen, dtype, shape), raw) != h:
             _need(_is_hex_digest(h), where, f"{path}:{name}: hash is not a 64-hex digest")
             _need(raw is not None, where, f"{path}:{name}: chunk list is not hex")
             _need(raw.hex() == chunks, where, f"{path}:{name}: chunk list is not lowercase hex")
             raise ManifestError(where, f"{path}:{name}: part hash does not match its chunks")
-    return _built(Part, kind=pkind, name=name, offset=poff, length=plen, chunks=chunks, hash=h, dtype=dtype, shape=shape)
-
-
-def _built(cls, **values):
-    """An instance of the frozen dataclass ``cls`` with these fields (and the defaults of the
-    others), made without its ``__init__``, which sets each field through
-    ``object.__setattr__``: the same object, made several times quicker (a manifest of 100,000
-    files makes 200,000)."""
-    obj = object.__new__(cls)
-    obj.__dict__.update(_DEFAULTS[cls], **values) if cls in _DEFAULTS else obj.__dict__.update(_defaults(cls), **values)
-    return obj
-
-
-_DEFAULTS: dict[type, dict] = {}
-
-
-def _defaults(cls) -> dict:
-    import dataclasses
-
-    _DEFAULTS[cls] = {f.name: f.default for f in dataclasses.fields(cls) if f.default is not dataclasses.MISSING}
-    return _DEFAULTS[cls]
+    return Part(pkind, name, poff, plen, chunks, h, dtype, shape)
 
 
 _HEX = frozenset("0123456789abcdef")
