@@ -22,6 +22,7 @@ from concord.errors import (
     NotRegularFileError,
     UnknownEncodingError,
 )
+from concord.files import bounded_map
 from concord.hashing import chunk_id
 from concord.snapshots.manifest import DEFAULT_CHUNK_SIZE, Manifest
 from concord.progress import Progress, ensure
@@ -30,6 +31,8 @@ from concord.stores.base import Store
 
 #: chunks in one batch at the most, whatever their size (bounds what a batch task carries)
 MAX_BATCH_CHUNKS = 4096
+#: chunks one thread re-hashes per task at the most
+RUN_CHUNKS = 32
 
 
 def _plain(obj) -> dict:
@@ -223,11 +226,18 @@ def check(store: Store, lengths: Mapping[str, int], *, progress: Progress | None
             return "corrupt", len(data)
         return None, len(data)
 
+    def run(ids: list[str]) -> list[tuple[str | None, int]]:
+        return [one(cid) for cid in ids]
+
     missing, corrupt = [], []
     ids = sorted(lengths)
+    # runs of chunks, one task each (a small chunk costs the queue little), a few per thread at least
+    per = max(1, min(RUN_CHUNKS, len(ids) // (4 * store.parallelism)))
+    runs = (ids[i : i + per] for i in range(0, len(ids), per))
     try:
         with ThreadPoolExecutor(store.parallelism, thread_name_prefix="concord-verify") as pool:
-            for cid, (state, n) in zip(ids, pool.map(one, ids)):
+            states = (state for result in bounded_map(pool, run, runs, 4 * store.parallelism) for state in result)
+            for cid, (state, n) in zip(ids, states):
                 read += n
                 if state == "missing":
                     missing.append(cid)
