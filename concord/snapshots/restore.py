@@ -17,6 +17,7 @@ bytes are hashed while still in hand (no copy, no buffer of chunks that arrived 
 
 from __future__ import annotations
 
+import itertools
 import os
 import shutil
 import threading
@@ -117,8 +118,10 @@ def _target_paths(manifest: Manifest, base: str) -> list[str]:
 RootCheck = Callable[[Store, str], "DigestCheck | None"]
 
 
-#: chunks in flight at once across all files: bounds memory whatever the snapshot holds
+#: tasks in flight at once across all files: bounds memory whatever the snapshot holds
 WINDOW = 64
+#: chunks one thread restores per task at the most
+RUN_CHUNKS = 16
 
 
 def restore(
@@ -183,8 +186,14 @@ def restore(
                 feed.feed(i, k, data)
             prog.advance(length)
 
+        def write_run(run: list) -> None:
+            for job in run:
+                write(job)
+
+        # runs of chunks, one task each (a small file's chunk costs the queue little), a few per thread at least
+        per = max(1, min(RUN_CHUNKS, manifest.n_chunks // (4 * store.parallelism)))
         with ThreadPoolExecutor(store.parallelism, thread_name_prefix="concord-restore") as pool:
-            for _ in bounded_map(pool, write, jobs(), WINDOW):
+            for _ in bounded_map(pool, write_run, _runs(jobs(), per), WINDOW):
                 pass
         _local(tmp, out, files.close)
         if digests is not None:
@@ -198,6 +207,13 @@ def restore(
         if os.path.exists(tmp):
             shutil.rmtree(tmp, ignore_errors=True)
     return RestoreResult(manifest.root, manifest.n_files, manifest.total_bytes, out)
+
+
+def _runs(items, n: int):
+    """``items`` in lists of ``n`` (the last may be shorter)."""
+    it = iter(items)
+    while run := list(itertools.islice(it, n)):
+        yield run
 
 
 def _make_folders(paths: list[str]) -> None:
