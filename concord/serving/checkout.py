@@ -62,8 +62,10 @@ if TYPE_CHECKING:
 
 #: errors that mean the disk (or a quota, or a file size limit) is full
 DISK_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
-#: chunks in flight at once across all files: bounds memory whatever the version holds
+#: tasks in flight at once across all files: bounds memory whatever the version holds
 WINDOW = 64
+#: chunks one thread places per task at the most
+RUN_CHUNKS = 16
 
 
 @dataclass(frozen=True)
@@ -340,10 +342,11 @@ def materialise(
         def read(path: str, offset: int, length: int) -> bytes:
             return dst.read(path, length, offset)
 
-        def place_all(cid: str) -> None:
-            place(cid)
-            for t in places[cid]:
-                dst.done(t[0])  # a file is closed after its last chunk
+        def place_all(cids: list[str]) -> None:
+            for cid in cids:
+                place(cid)
+                for t in places[cid]:
+                    dst.done(t[0])  # a file is closed after its last chunk
 
         def place(cid: str) -> None:
             todo = places[cid]
@@ -395,8 +398,11 @@ def materialise(
             prog.advance(sum(t[2] for t in places[cid]))
 
         workers = max(4, store.parallelism)
+        # runs of chunks, one task each (a small file's chunk costs the queue little), a few per thread at least
+        per = max(1, min(RUN_CHUNKS, len(places) // (4 * workers)))
+        ids = list(places)
         with ThreadPoolExecutor(workers, thread_name_prefix="concord-checkout") as pool:
-            for _ in bounded_map(pool, place_all, places, WINDOW):
+            for _ in bounded_map(pool, place_all, (ids[i : i + per] for i in range(0, len(ids), per)), WINDOW):
                 pass
         dst.close()  # with fsync, each file is flushed as it is closed
         atomic_write(layout.manifest_path(root), manifest.to_json(), fsync=fsync)
