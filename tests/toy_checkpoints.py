@@ -73,3 +73,36 @@ def make_lora_checkpoint(folder: Path, base: Path, step: int, *, marker: str | N
     if marker:
         (folder / marker).write_text("")
     return folder
+
+
+def make_spread_checkpoint(folder: Path, *, nodes: int = 3, seed: int = 0) -> tuple[Path, list[Path]]:
+    """A DCP checkpoint as ``nodes`` ranks would leave it on their local disks: ``folder/whole``
+    holds all of it (one ``.distcp`` file per rank, ``.metadata``, a config and a tokenizer),
+    ``folder/node-I`` only rank I's ``.distcp`` file and a copy of ``.metadata``, node 0 also the
+    config and tokenizer. Returns the whole folder and the node folders."""
+    import shutil
+    import warnings
+
+    import torch.distributed.checkpoint as dcp
+
+    g = torch.Generator().manual_seed(seed)
+    whole = folder / "whole"
+    sd = {f"layers.{i}.weight": torch.randn(64, 256, generator=g) for i in range(3 * nodes)}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "assuming the intent is to save in a single process"
+        dcp.save(sd, storage_writer=dcp.FileSystemWriter(str(whole / "ckpt"), thread_count=nodes))
+    (whole / "config.json").write_text(json.dumps({"ranks": nodes}))
+    (whole / "tokenizer.txt").write_bytes(os.urandom(100_000))
+    shards = sorted((whole / "ckpt").glob("*.distcp"))
+    assert len(shards) == nodes, shards
+    out = []
+    for i, shard in enumerate(shards):
+        node = folder / f"node-{i}"
+        (node / "ckpt").mkdir(parents=True)
+        shutil.copy2(shard, node / "ckpt" / shard.name)
+        shutil.copy2(whole / "ckpt" / ".metadata", node / "ckpt" / ".metadata")
+        if i == 0:
+            for name in ("config.json", "tokenizer.txt"):
+                shutil.copy2(whole / name, node / name)
+        out.append(node)
+    return whole, out

@@ -14,6 +14,7 @@ __all__ = [
     "SafetensorsError",
     "SourceChangedError",
     "SourceNotFoundError",
+    "SpreadSnapshotError",
     "StoreLockedError",
     "UnsafePathError",
     "WatchStateError",
@@ -52,6 +53,15 @@ class SourceChangedError(ConcordError, RuntimeError):
             f"{path} changed while it was being snapshotted; nothing of it was kept. Snapshot a "
             "checkpoint only once its writer has finished (write a completion marker, then snapshot)."
         )
+
+
+class SpreadSnapshotError(ConcordError, ValueError):
+    """The nodes' parts of a spread snapshot do not make one snapshot (a node missing or twice, a
+    file two nodes disagree on, chunks the store lacks); nothing was written."""
+
+    def __init__(self, problem: str) -> None:
+        self.problem = problem
+        super().__init__(f"spread snapshot refused: {problem}. No manifest was written and no ref moved.")
 
 
 class UnsafePathError(ConcordError, ValueError):
