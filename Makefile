@@ -4,8 +4,10 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PIP    := $(VENV)/bin/pip
 STAMP  := $(VENV)/.installed
-# pytest workers and per-test timeout can be tuned from the environment
+# pytest workers and per-test timeout can be tuned from the environment: the unit and
+# integration tests run on TEST_WORKERS processes (pytest-xdist; 0 runs them in pytest's own)
 PYTEST_ARGS ?=
+TEST_WORKERS ?= 2
 
 .PHONY: install test-prereqs demo test test-unit test-integration e2e bench clean serve stop status
 
@@ -31,19 +33,20 @@ test-prereqs:
 	  (apt-get install -y -q docker-registry apache2-utils || (apt-get update -q && apt-get install -y -q docker-registry apache2-utils)) >/dev/null; \
 	else echo "test-prereqs: $(REGISTRY_BIN) or htpasswd is missing and this is not root: run 'sudo apt-get install -y docker-registry apache2-utils' (the OCI tests fail without them)"; fi
 
-# Unit and integration tests in one process, the end-to-end tests (real served instances) in another,
-# so no client state of a served instance outlives it into the Prefect test harness.
+# Unit and integration tests in one run (on TEST_WORKERS processes, each with its own moto_server,
+# Prefect test harness and mlflow server), the end-to-end tests (one real served instance, one
+# process) in another, so no client state of a served instance outlives it into the test harness.
 # Each phase says what it runs and how long it took; pytest lists its slowest tests.
 test: install test-prereqs
 	@bash tests/phase.sh "import contracts" $(VENV)/bin/lint-imports
-	@bash tests/phase.sh "unit and integration tests" $(VENV)/bin/pytest -q --durations=15 tests/unit tests/integration $(PYTEST_ARGS)
+	@bash tests/phase.sh "unit and integration tests" $(VENV)/bin/pytest -q --durations=15 -n $(TEST_WORKERS) tests/unit tests/integration $(PYTEST_ARGS)
 	@bash tests/phase.sh "end-to-end tests" $(VENV)/bin/pytest -q --durations=10 tests/e2e $(PYTEST_ARGS)
 
 test-unit: install
-	$(VENV)/bin/pytest -q tests/unit $(PYTEST_ARGS)
+	$(VENV)/bin/pytest -q -n $(TEST_WORKERS) tests/unit $(PYTEST_ARGS)
 
 test-integration: install test-prereqs
-	$(VENV)/bin/pytest -q tests/integration $(PYTEST_ARGS)
+	$(VENV)/bin/pytest -q -n $(TEST_WORKERS) tests/integration $(PYTEST_ARGS)
 
 # End to end against a real Prefect server, worker and watcher (about a minute; also part of `make test`)
 e2e: install
