@@ -102,14 +102,21 @@ class _Tally:
             setattr(self, what, getattr(self, what) + n)
 
 
-def _target_paths(manifest: Manifest, base: str) -> list[str]:
+def _target_paths(manifest: Manifest, base: str, *, fresh: bool = False) -> list[str]:
+    """Where each file goes under ``base``. In a ``fresh`` folder (just made: nothing in it can
+    be a link) a checked relative path stays inside as it is written; elsewhere each path is
+    resolved (a link left in a partial version is followed before it is trusted)."""
     real_base = os.path.realpath(base)
     out = []
     for f in manifest.files:
         rel = safe_relpath(f.path)
         if control_char(rel) is not None:
             raise UnsafePathError(f.path, "it holds a control character, which a checkout never creates")
-        full = os.path.realpath(os.path.join(real_base, *rel.split("/")))
+        full = os.path.join(real_base, *rel.split("/"))
+        if fresh:  # relative, normalised, no '..': inside
+            out.append(full)
+            continue
+        full = os.path.realpath(full)
         if os.path.commonpath([full, real_base]) != real_base or full == real_base:
             raise UnsafePathError(f.path, "it resolves outside the version folder")
         out.append(full)
@@ -300,10 +307,10 @@ def materialise(
     prog = ensure(progress)
     # one queue of chunks across every file: each file is closed (and flushed) after its last
     # chunk, so a few files are open at once however many the version holds
-    dst = OpenFiles(os.O_RDWR | getattr(os, "O_CLOEXEC", 0), fsync=fsync)
+    dst = OpenFiles(os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), fsync=fsync, mode=0o644)
     src = OpenFiles(os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
     try:
-        paths = _target_paths(manifest, part_dir)
+        paths = _target_paths(manifest, part_dir, fresh=not resuming)
         # every place each chunk goes: a chunk named twice is fetched or copied once
         places: dict[str, list[tuple[str, int, int]]] = {}
         folders: set[str] = set()
@@ -315,14 +322,15 @@ def materialise(
                 _link_or_copy(os.path.join(kept_dir, *f.path.split("/")), path)
                 tally.add("reused", f.size)
                 continue
-            if f.path not in intact:
-                _own_file(path)
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-            try:
-                if os.fstat(fd).st_size != f.size:
-                    os.ftruncate(fd, f.size)
-            finally:
-                os.close(fd)
+            if resuming or f.size == 0:  # a new file of bytes is made by its first chunk, on a worker
+                if f.path not in intact:
+                    _own_file(path)
+                fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+                try:
+                    if os.fstat(fd).st_size != f.size:
+                        os.ftruncate(fd, f.size)
+                finally:
+                    os.close(fd)
             whole = f.path in intact
             pieces = 0
             for p in f.parts:
