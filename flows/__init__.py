@@ -14,6 +14,7 @@ _WHERE = {
     "diff_snapshots": "flows.snapshot",
     "restore_snapshot": "flows.snapshot",
     "rollback_ref": "flows.snapshot",
+    "snapshot_spread": "flows.spread",
     "replicate_snapshot": "flows.replicate",
     "snapshot_and_replicate": "flows.replicate",
     "verify_store": "flows.verify",

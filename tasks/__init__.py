@@ -39,6 +39,8 @@ _WHERE = {
     "restore_task": "snapshots",
     "rollback_task": "snapshots",
     "snapshot_task": "snapshots",
+    "snapshot_part_task": "snapshots",
+    "assemble_task": "snapshots",
     "check_trust_task": "trust",
     "sign_snapshot_task": "trust",
     "sign_tiers_task": "trust",

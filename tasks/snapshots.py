@@ -8,6 +8,7 @@ folders change under the same inputs, so every task runs every time.
 from __future__ import annotations
 
 import os
+import socket
 
 from prefect import task
 from prefect.cache_policies import NO_CACHE
@@ -35,17 +36,53 @@ def snapshot_task(
 
     with open_stores(store) as (s,):
         r = snapshot(source, s, ref=ref, chunk_size=chunk_size, message=message, progress=PrefectProgress())
-    out = r.to_dict() | {"store": s.uri, "source": os.path.abspath(source)}
-    related = [events.store(s.uri, "store")] + ([events.ref(r.ref)] if r.ref else [])
+    return _announce(r, s.uri, os.path.abspath(source))
+
+
+def _announce(r, store: str, source: str) -> dict:
+    """A snapshot's result as a task returns it, after emitting ``concord.snapshot.created`` and
+    logging it."""
+    out = r.to_dict() | {"store": store, "source": source}
+    related = [events.store(store, "store")] + ([events.ref(r.ref)] if r.ref else [])
     fields = ("root", "files", "tensors", "chunks", "bytes", "new_chunks", "new_bytes", "new_stored_bytes")
     payload = {k: out[k] for k in fields + ("store", "ref", "ref_version", "previous", "source")}
     out["event_id"] = events.emit(events.SNAPSHOT_CREATED, events.snapshot(r.root), related, payload)
     stored = f", {r.new_stored_bytes} stored" if r.new_stored_bytes != r.new_bytes else ""
     run_logger().info(
         "snapshot %s: %d files, %d tensors, %d bytes (%d new%s) in %s%s",
-        r.root[:12], r.files, r.tensors, r.bytes, r.new_bytes, stored, s.uri, f"; ref {r.ref} v{r.ref_version}" if r.ref else "",
+        r.root[:12], r.files, r.tensors, r.bytes, r.new_bytes, stored, store, f"; ref {r.ref} v{r.ref_version}" if r.ref else "",
     )
     return out
+
+
+@task(name="snapshot-part", task_run_name="snapshot-part-{node}", **RETRIED)
+def snapshot_part_task(
+    folder: str, store: str, node: str, paths: list[str] | None = None, chunk_size: int = DEFAULT_CHUNK_SIZE
+) -> dict:
+    """Store the chunks of the files of ``folder`` on this node in ``store``: this node's part of a
+    spread snapshot (:func:`concord.snapshots.spread.snapshot_part`), as a dict for
+    :func:`assemble_task`. Safe to retry: chunks already stored are not sent again."""
+    from concord.snapshots.spread import snapshot_part
+
+    with open_stores(store) as (s,):
+        part = snapshot_part(folder, s, node=node, paths=paths, chunk_size=chunk_size, progress=PrefectProgress())
+    run_logger().info(
+        "node %s: %d files, %d bytes (%d new) of %s stored in %s",
+        node, part.manifest.n_files, part.manifest.total_bytes, part.new_bytes, part.folder, s.uri,
+    )
+    return part.to_dict() | {"store": s.uri, "host": socket.gethostname()}
+
+
+@task(name="assemble-spread", cache_policy=NO_CACHE)
+def assemble_task(store: str, parts: list[dict], nodes: list[str], ref: str | None = None, message: str = "") -> dict:
+    """One snapshot out of every node's part (:func:`concord.snapshots.spread.assemble`): the
+    manifest written and ``ref`` moved, or nothing written when the parts do not make one
+    snapshot. Emits ``concord.snapshot.created``."""
+    from concord.snapshots.spread import assemble
+
+    with open_stores(store) as (s,):
+        r = assemble(s, parts, nodes=nodes, ref=ref, message=message)
+    return _announce(r, s.uri, ", ".join(f"{p['node']}:{p['folder']}" for p in parts))
 
 
 @task(name="diff", cache_policy=NO_CACHE)
