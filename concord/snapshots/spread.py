@@ -28,7 +28,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from concord.errors.snapshots import SourceNotFoundError, SpreadSnapshotError
+from concord.errors import SourceNotFoundError, SpreadSnapshotError
 from concord.progress import Progress, ensure
 from concord.snapshots.formats.dcp import METADATA, SUFFIX
 from concord.snapshots.gc import write_lease

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 from toy_checkpoints import files_equal, make_spread_checkpoint
 
-from concord.errors.snapshots import SpreadSnapshotError
+from concord.errors import SpreadSnapshotError
 from concord.snapshots.restore import restore
 from concord.snapshots.snapshot import snapshot
 from concord.snapshots.spread import assemble, snapshot_part

@@ -10,8 +10,7 @@ import shutil
 import pytest
 from toy_checkpoints import files_equal, make_spread_checkpoint
 
-from concord.errors import ManifestError, SourceNotFoundError
-from concord.errors.snapshots import SpreadSnapshotError
+from concord.errors import ManifestError, SourceNotFoundError, SpreadSnapshotError
 from concord.snapshots.restore import restore
 from concord.snapshots.snapshot import snapshot
 from concord.snapshots.spread import NodePart, assemble, snapshot_part
