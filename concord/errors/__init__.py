@@ -6,7 +6,7 @@ for an endpoint that does not answer), carries its context as attributes, and sa
 message what to do next.
 
 One module per area (``base``, ``stores``, ``snapshots``, ``lineage``, ``federation``,
-``tiering``, ``audit``, ``serving``, ``trust``); every error is imported from here: ``from concord.errors import X``.
+``tiering``, ``audit``, ``serving``, ``trust``, ``prefect``); every error is imported from here: ``from concord.errors import X``.
 """
 
 from __future__ import annotations
@@ -111,6 +111,7 @@ from concord.errors.audit import (
     ModelCardNotFoundError,
     ReplicaConfigError,
 )
+from concord.errors.prefect import PrefectUnavailableError
 from concord.errors.trust import (
     KeyFileError,
     KeyPasswordError,
@@ -143,10 +144,10 @@ __all__ = [
     "ReservedNameError",
     "StoreConfigError",
     "StoreKeyError",
-    "UnknownEncodingError",
     "StoreKeyFileError",
     "FrameError",
     "SealError",
+    "UnknownEncodingError",
     "SafetensorsError",
     "SourceNotFoundError",
     "SpreadSnapshotError",
@@ -183,8 +184,8 @@ __all__ = [
     "CheckpointNotFoundError",
     "CopyRuleError",
     "RestoreTimeoutError",
-    "TierStoreUnavailableError",
     "TierCopyNotFoundError",
+    "TierStoreUnavailableError",
     "DriftConfigError",
     "ReplicaConfigError",
     "ModelCardNotFoundError",
@@ -202,4 +203,5 @@ __all__ = [
     "SignatureError",
     "TrustPolicyError",
     "UntrustedRootError",
+    "PrefectUnavailableError",
 ]
