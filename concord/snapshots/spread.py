@@ -28,7 +28,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from concord.errors import SourceNotFoundError, SpreadSnapshotError
+from concord.errors import ManifestError, SourceNotFoundError, SpreadSnapshotError
 from concord.progress import Progress, ensure
 from concord.snapshots.formats.dcp import METADATA, SUFFIX
 from concord.snapshots.gc import write_lease
@@ -92,7 +92,10 @@ class NodePart:
         counts = [d.get(k, 0) for k in ("new_chunks", "new_bytes", "new_stored_bytes")]
         if not all(type(n) is int and n >= 0 for n in counts):
             raise SpreadSnapshotError(f"node {node}'s part has counts that are not whole numbers; take the part again")
-        manifest = Manifest.from_json(doc.encode(), expected_root=d.get("root"), verify=True)
+        try:
+            manifest = Manifest.from_json(doc.encode(), expected_root=d.get("root"), verify=True)
+        except ManifestError as exc:
+            raise SpreadSnapshotError(f"node {node}'s part is not a valid manifest ({exc}); take the part again") from exc
         return cls(node, folder, manifest, *counts)
 
 
