@@ -23,6 +23,7 @@ pytestmark = pytest.mark.e2e
 #: which the others read)
 AT_ONCE = (
     "snapshot-checkpoint/minilm-local",
+    "snapshot-spread/minilm-spread",
     "snapshot-and-replicate/new-checkpoint",
     "replicate-snapshot/minilm-to-clusters",
     "diff-snapshots/minilm-last-change",
