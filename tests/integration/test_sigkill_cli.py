@@ -16,8 +16,10 @@ import sys
 import time
 import uuid
 from pathlib import Path
+from typing import Iterator
 
 import pytest
+from faultproxy import Fault, FaultProxy
 
 from concord.snapshots.refs import load_manifest
 from concord.snapshots.snapshot import snapshot
@@ -78,18 +80,24 @@ class Place:
 
 
 @pytest.fixture(params=["local", "s3"])
-def place(request, tmp_path) -> Place:
+def place(request, tmp_path) -> Iterator[Place]:
     if request.param == "local":
-        return Place(str(tmp_path / "stores"), {**os.environ, "CONCORD_NO_PROGRESS": "1"})
+        yield Place(str(tmp_path / "stores"), {**os.environ, "CONCORD_NO_PROGRESS": "1"})
+        return
     endpoint = request.getfixturevalue("moto_server")  # with the test credentials in the environment
     env = {**os.environ, "CONCORD_NO_PROGRESS": "1"}
     import boto3
 
     bucket = f"sigkill-{uuid.uuid4().hex[:12]}"
     boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1").create_bucket(Bucket=bucket)
-    env["AWS_ENDPOINT_URL"] = endpoint
     request.getfixturevalue("monkeypatch").setenv("AWS_ENDPOINT_URL", endpoint)  # this process opens the same stores
-    return Place(f"s3://{bucket}/stores", env, endpoint)
+    # the command's chunk uploads go through a proxy that holds each one a quarter of a second: the
+    # moment to kill at then comes at the same pace on a fast machine as on a slow one (a chunk is one
+    # request, 16 at a time: a snapshot of 96 chunks takes 1.5 s however fast the machine is)
+    with FaultProxy(endpoint) as slow:
+        slow.add(Fault("delay", path=r"/chunks/", method="PUT", seconds=0.25))
+        env["AWS_ENDPOINT_URL"] = slow.url
+        yield Place(f"s3://{bucket}/stores", env, endpoint)
 
 
 def kill_when(proc: subprocess.Popen, reached) -> bool:
