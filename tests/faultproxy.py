@@ -117,21 +117,35 @@ class FaultProxy:
             def log_message(self, *args) -> None:  # quiet
                 pass
 
-            def _body(self) -> bytes:
+            def _body(self) -> bytes | None:
+                """The whole request body, or None when the client went away before sending it
+                all: a real server never stores half a body (S3 aborts such an upload), so
+                neither does this proxy forward one."""
                 if "chunked" in self.headers.get("Transfer-Encoding", "").lower():
                     parts = []
                     while True:
-                        size = int(self.rfile.readline().split(b";")[0].strip() or b"0", 16)
+                        line = self.rfile.readline()
+                        if not line:
+                            return None
+                        size = int(line.split(b";")[0].strip() or b"0", 16)
                         if size == 0:
                             while self.rfile.readline() not in (b"\r\n", b"\n", b""):
                                 pass
                             return b"".join(parts)
-                        parts.append(self.rfile.read(size))
+                        part = self.rfile.read(size)
+                        if len(part) < size:
+                            return None
+                        parts.append(part)
                         self.rfile.readline()
-                return self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                length = int(self.headers.get("Content-Length") or 0)
+                body = self.rfile.read(length)
+                return body if len(body) == length else None
 
             def _forward(self) -> None:
                 body = self._body()
+                if body is None:
+                    self.close_connection = True
+                    return
                 fault = proxy._pick(self.command, self.path)
                 if fault is not None and fault.kind == "503":
                     self.send_response(503)
