@@ -23,7 +23,6 @@ pytestmark = pytest.mark.e2e
 #: which the others read)
 AT_ONCE = (
     "snapshot-checkpoint/minilm-local",
-    "snapshot-spread/minilm-spread",
     "snapshot-and-replicate/new-checkpoint",
     "replicate-snapshot/minilm-to-clusters",
     "diff-snapshots/minilm-last-change",
@@ -43,7 +42,7 @@ AT_ONCE = (
 #: rolled out, a rollback to the base; then (with the AFTER runs) the newest rolled out again
 SERVING = ("checkout-node/checkout-on-node", "rollout/rollout-by-hand", "rollback-node/rollback-on-node")
 PUBLISH = "publish-oci/champion-to-registry"
-AFTER = ("rollback-ref/minilm-undo", "rollout/rollout-on-new-root", PUBLISH)
+AFTER = ("rollback-ref/minilm-undo", "rollout/rollout-on-new-root", PUBLISH, "snapshot-spread/minilm-spread")
 #: a publish run given no repository, as `make serve` deploys it where docker-registry is missing
 NO_REGISTRY = f"{PUBLISH} (no repository)"
 WAVE = 5
