@@ -76,6 +76,25 @@ class SnapshotResult:
         d = {k: getattr(self, k) for k in self.__dataclass_fields__ if k != "manifest"}
         return d
 
+    @classmethod
+    def of(cls, manifest: Manifest, *, new_chunks: int, new_bytes: int, new_stored_bytes: int,
+           ref: str | None, version: int | None, previous: str | None) -> "SnapshotResult":
+        """The result of writing ``manifest`` (and moving ``ref`` from ``previous`` to it)."""
+        return cls(
+            root=manifest.root,
+            files=manifest.n_files,
+            tensors=manifest.n_tensors,
+            chunks=manifest.n_chunks,
+            bytes=manifest.total_bytes,
+            new_chunks=new_chunks,
+            new_bytes=new_bytes,
+            new_stored_bytes=new_stored_bytes,
+            ref=ref,
+            ref_version=version,
+            previous=previous,
+            manifest=manifest,
+        )
+
 
 def collect_files(source: str | os.PathLike) -> list[tuple[str, str]]:
     """``(relative posix path, absolute path)`` of every regular file under ``source``, sorted.
@@ -352,17 +371,7 @@ def snapshot(
         version = None
         if ref:
             version = store.cas_ref(ref, expected, manifest.root, message or f"snapshot of {name}").version
-    return SnapshotResult(
-        root=manifest.root,
-        files=manifest.n_files,
-        tensors=manifest.n_tensors,
-        chunks=manifest.n_chunks,
-        bytes=manifest.total_bytes,
-        new_chunks=snap.new_chunks,
-        new_bytes=snap.new_bytes,
-        new_stored_bytes=snap.new_stored_bytes,
-        ref=ref,
-        ref_version=version,
-        previous=expected,
-        manifest=manifest,
+    return SnapshotResult.of(
+        manifest, new_chunks=snap.new_chunks, new_bytes=snap.new_bytes, new_stored_bytes=snap.new_stored_bytes,
+        ref=ref, version=version, previous=expected,
     )

@@ -180,19 +180,9 @@ def assemble(
         version = None
         if ref:
             version = store.cas_ref(ref, expected, manifest.root, message or what).version
-    return SnapshotResult(
-        root=manifest.root,
-        files=manifest.n_files,
-        tensors=manifest.n_tensors,
-        chunks=manifest.n_chunks,
-        bytes=manifest.total_bytes,
-        new_chunks=sum(p.new_chunks for p in got),
-        new_bytes=sum(p.new_bytes for p in got),
-        new_stored_bytes=sum(p.new_stored_bytes for p in got),
-        ref=ref,
-        ref_version=version,
-        previous=expected,
-        manifest=manifest,
+    return SnapshotResult.of(
+        manifest, new_chunks=sum(p.new_chunks for p in got), new_bytes=sum(p.new_bytes for p in got),
+        new_stored_bytes=sum(p.new_stored_bytes for p in got), ref=ref, version=version, previous=expected,
     )
 
 
