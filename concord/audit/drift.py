@@ -410,7 +410,7 @@ def _merged_ks_wasserstein(r: "np.ndarray", c: "np.ndarray") -> tuple[float, flo
     """
     import numpy as np
 
-    n_r, n_c = r.size, c.size
+    n_r = r.size
     r_at_or_below_c = np.searchsorted(r, c, side="right")  # per current value
     c_below_r = np.cumsum(np.bincount(r_at_or_below_c, minlength=n_r + 1)[:n_r])  # per reference value
     ks = wasserstein = 0.0
@@ -475,6 +475,25 @@ class _Side:
     high: float | None = None
     edges: Any = None  # numeric, streamed: the bin edges ``bin_counts`` were counted on
     bin_counts: Any = None  # numeric, streamed: the counts of every value on ``edges``
+    #: numeric: the exact mean of all ``size`` values, and their sum of squared deviations from it
+    #: (M2; variance = m2 / (size - 1)); both exact whatever the sampling, and mergeable (Chan et al.)
+    mean: float | None = None
+    m2: float | None = None
+
+    @property
+    def std(self) -> float | None:
+        """numeric: the sample standard deviation of all ``size`` values (None below two values)."""
+        if self.m2 is None or self.size < 2:
+            return None
+        return math.sqrt(max(self.m2, 0.0) / (self.size - 1))
+
+    @property
+    def singletons(self) -> int | None:
+        """categorical: how many labels occur exactly once (Good–Turing: their share of ``size``
+        estimates the share of values in labels this side has never seen)."""
+        if self.counts is None:
+            return None
+        return int((self.counts.to_numpy() == 1).sum())
 
     @property
     def nulls(self) -> int:
@@ -547,6 +566,30 @@ def _label_counts(s: "pd.Series") -> "pd.Series":
     return counts
 
 
+def combine_moments(
+    n_a: int, mean_a: float | None, m2_a: float | None, n_b: int, mean_b: float | None, m2_b: float | None
+) -> tuple[float | None, float | None]:
+    """The mean and M2 (sum of squared deviations from the mean) of two parts of a column, each
+    given by its count, mean and M2: Chan, Golub and LeVeque's pairwise update, so any split of a
+    column into batches or partitions gives the same moments (to rounding)."""
+    if not n_a or mean_a is None:
+        return mean_b, m2_b
+    if not n_b or mean_b is None:
+        return mean_a, m2_a
+    total = n_a + n_b
+    delta = mean_b - mean_a
+    return mean_a + delta * n_b / total, m2_a + m2_b + delta * delta * n_a * n_b / total
+
+
+def merge_moments(n: int, mean: float | None, m2: float | None, values: "np.ndarray") -> tuple[float, float]:
+    """:func:`combine_moments` of ``n`` values summarised by ``mean``/``m2`` and a batch of ``values``."""
+    import numpy as np
+
+    b_mean = float(values.mean())
+    b_m2 = float(np.square(values - b_mean).sum())
+    return combine_moments(n, mean, m2, values.size, b_mean, b_m2)
+
+
 class _Column:
     """One column of one table, taken in batch by batch: what :class:`_Side` needs, in bounded memory.
 
@@ -574,6 +617,7 @@ class _Column:
         self.sample = None  # numeric, sampled: the reservoir
         self.rng = None
         self.low = self.high = None
+        self.mean = self.m2 = None
         self.bin_counts = None
         self.label_parts: list = []  # labels: each batch's counts, merged from time to time
         self.label_pending = 0
@@ -618,6 +662,7 @@ class _Column:
         low, high = float(values.min()), float(values.max())
         self.low = low if self.low is None else min(self.low, low)
         self.high = high if self.high is None else max(self.high, high)
+        self.mean, self.m2 = merge_moments(self.size, self.mean, self.m2, values)
         if self.edges is not None:
             counts = _unsorted_bin_counts(values, self.edges)
             self.bin_counts = counts if self.bin_counts is None else self.bin_counts + counts
@@ -702,6 +747,7 @@ class _Column:
             values.sort()
             side.values, side.size = values, self.size
             side.low, side.high = self.low, self.high
+            side.mean, side.m2 = self.mean, self.m2
             side.edges, side.bin_counts = self.edges, self.bin_counts
         side.family = self.family if side.size else None
         return side
