@@ -1167,8 +1167,14 @@ def data_drift(
     GIL); each holds about ten times a column's values in memory.
 
     Every value is used: the statistics are exact. Tables too large to hold go through
-    :func:`data_drift_batches` instead.
+    :func:`data_drift_batches` instead. A reference profile (:mod:`concord.audit.profile`) can
+    stand for ``reference``: every current value is then compared with what the profile kept.
     """
+    if hasattr(reference, "reference_sides"):
+        return data_drift_batches(
+            reference, TableBatches.of_frame(current, which="current"), columns=columns, thresholds=thresholds,
+            bins=bins, history=history, sample_size=None,
+        )
     thresholds, bins, past = _check_options(thresholds, bins, history)
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
         raise DriftConfigError(
@@ -1259,7 +1265,10 @@ def data_drift_batches(
         raise DriftConfigError(
             "sample_size", f"must be a whole number >= 2 or None, got {sample_size!r}", f"Use the default, {SAMPLE_SIZE}."
         )
-    for which, table in (("reference", reference), ("current", current)):
+    # a reference profile (concord.audit.profile.TableProfile) stands for its table: the reference's
+    # sides come from it, and the current side's labels are pooled as the profile pooled its own
+    profiled = not isinstance(reference, TableBatches) and hasattr(reference, "reference_sides")
+    for which, table in (("reference", reference), ("current", current))[1 if profiled else 0:]:
         if not isinstance(table, TableBatches):
             raise DriftConfigError(
                 which, f"is a {type(table).__name__}, not TableBatches", "Read files with concord.lineage.data.table_batches."
@@ -1272,13 +1281,18 @@ def data_drift_batches(
     names = _column_names(columns, list(reference.columns), list(current.columns))
     in_ref, in_cur = set(reference.columns), set(current.columns)
 
-    rows_ref, ref_sides = _read_sides(reference, [n for n in names if n in in_ref], sample_size, {})
+    if profiled:
+        rows_ref, ref_sides = reference.reference_sides([n for n in names if n in in_ref])
+    else:
+        rows_ref, ref_sides = _read_sides(reference, [n for n in names if n in in_ref], sample_size, {})
     edges = {
         n: quantile_edges(side.values, bins)
         for n, side in ref_sides.items()
         if side.family not in (None, "label")
     }
     rows_cur, cur_sides = _read_sides(current, [n for n in names if n in in_cur], sample_size, edges)
+    if profiled:
+        cur_sides = reference.fold_current(cur_sides)
     compared_columns = [_compare(n, ref_sides.get(n), cur_sides.get(n), bins, thresholds) for n in names]
     return _report(names, compared_columns, past, thresholds, bins, rows_ref, rows_cur)
 

@@ -109,6 +109,7 @@ from concord.errors.audit import (
     DriftConfigError,
     ModelCardError,
     ModelCardNotFoundError,
+    ProfileError,
     ReplicaConfigError,
 )
 from concord.errors.prefect import PrefectUnavailableError
@@ -187,6 +188,7 @@ __all__ = [
     "TierCopyNotFoundError",
     "TierStoreUnavailableError",
     "DriftConfigError",
+    "ProfileError",
     "ReplicaConfigError",
     "ModelCardNotFoundError",
     "ModelCardError",

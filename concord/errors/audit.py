@@ -8,6 +8,7 @@ __all__ = [
     "DriftConfigError",
     "ModelCardError",
     "ModelCardNotFoundError",
+    "ProfileError",
     "ReplicaConfigError",
 ]
 
@@ -21,6 +22,21 @@ class DriftConfigError(ConcordError, ValueError):
         self.what = what
         self.problem = problem
         super().__init__(f"{what}: {problem}. {fix}")
+
+
+class ProfileError(ConcordError, ValueError):
+    """A reference profile cannot be read: not a profile, damaged, of an unknown format version,
+    or inconsistent (counts that do not add up, a sample that is not sorted or not finite)."""
+
+    exit_code = 15
+
+    def __init__(self, where: str, problem: str) -> None:
+        self.where = where
+        self.problem = problem
+        super().__init__(
+            f"reference profile {where}: {problem}. Make it again from its table with "
+            "`concord audit profile TABLE --out FILE` (or `--store` for a data snapshot)."
+        )
 
 
 class ReplicaConfigError(ConcordError, ValueError):
