@@ -7,9 +7,9 @@ file                   kind         parts
 =====================  ===========  ===========================================================
 ``*.safetensors``      safetensors  the header, then each tensor (:mod:`..safetensors_header`)
 ``*.distcp``           dcp          each record ``.metadata`` places in it (:mod:`.dcp`)
-``*.pt`` ``*.pth``     torch        each storage of the ``torch.save`` zip archive (:mod:`.torchzip`)
-``*.bin`` ``*.ckpt``
-``*.gguf``             gguf         the header and tensor infos, then each tensor (:mod:`.gguf`)
+``*.pt`` ``*.pth``     torch        each storage of the ``torch.save`` zip archive (:mod:`.torchzip`),
+``*.bin`` ``*.ckpt``                or of a legacy (non-zip) ``torch.save`` file (:mod:`.torchlegacy`)
+``*.gguf``             gguf         the header and tensor infos, then each tensor (:mod:`.gguf`, v1 to v3)
 anything else          blob         one ``data`` part
 =====================  ===========  ===========================================================
 
@@ -18,8 +18,9 @@ part's chunks start at its first byte. The bytes between them are ``header`` par
 
 **Nothing a checkpoint provides is executed.** ``data.pkl`` and ``.metadata`` are pickles, and a
 pickle is code; they are read by :mod:`.safepickle`, an opcode walk that imports and calls
-nothing. A file of these kinds that does not parse (not the format its extension says, damaged,
-truncated, offsets past the end or overlapping, a pickle the walk cannot follow, a ``.distcp``
+nothing, and so are the pickles of a legacy ``torch.save`` file. A file of these kinds that does
+not parse (not the format its extension says, damaged, truncated, offsets past the end or
+overlapping, a pickle the walk cannot follow, a ``.distcp``
 without a readable ``.metadata``) is snapshotted as a ``blob``, exactly as before these readers
 existed, and restores byte for byte all the same. Only ``.safetensors`` keeps its strict check
 (a bad header is a :class:`~concord.errors.SafetensorsError`), since that format is one Concord
@@ -30,7 +31,7 @@ from __future__ import annotations
 
 from typing import BinaryIO
 
-from concord.snapshots.formats import dcp, gguf, torchzip
+from concord.snapshots.formats import dcp, gguf, torchlegacy, torchzip
 from concord.snapshots.formats.common import (
     LayoutEntry,
     Piece,
@@ -79,6 +80,8 @@ def _pieces(kind: str, fd: int, size: int, path: str) -> list[Piece]:
         pieces = dcp.file_pieces(fd, size, path)
     elif kind == "gguf":
         pieces = gguf.file_pieces(fd, size)
+    elif torchlegacy.looks_legacy(fd, size):
+        pieces = torchlegacy.file_pieces(fd, size)
     else:
         pieces = torchzip.archive_pieces(fd, 0, size)
     if not pieces:

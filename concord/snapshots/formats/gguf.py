@@ -2,8 +2,9 @@
 
 The file is ``GGUF``, a version (2 or 3), the tensor and key-value counts (u64), the key-values
 (``general.alignment`` among them, default 32), and per tensor its name, dimensions, ggml type
-and offset from the start of the data section, which begins at the next multiple of the
-alignment after the infos. Every length is checked against the bytes left before it is used,
+and offset (u64) from the start of the data section, which begins at the next multiple of the
+alignment after the infos. Version 1 (llama.cpp before September 2023) is the same but for its
+counts, string and array lengths and dimensions, which are u32. Every length is checked against the bytes left before it is used,
 so a count or a string length the file merely claims never allocates anything.
 
 A tensor part has the tensor's ggml type as its dtype (``F32``, ``BF16``, ``Q4_K``, …) and its
@@ -52,6 +53,7 @@ class _Cursor:
     def __init__(self, fd: int, size: int) -> None:
         self.fd, self.size = fd, size
         self.pos = 0
+        self.count = self.u64  # counts, lengths and dimensions: u32 in version 1
         self._buf, self._at = b"", 0
 
     def take(self, n: int) -> bytes:
@@ -77,7 +79,7 @@ class _Cursor:
         return struct.unpack("<Q", self.take(8))[0]
 
     def string(self) -> bytes:
-        return self.take(self.u64())
+        return self.take(self.count())
 
     def left(self) -> int:
         return self.size - self.pos
@@ -88,10 +90,14 @@ def file_pieces(fd: int, size: int) -> list[Piece]:
     if c.take(4) != MAGIC:
         raise Unreadable("no GGUF magic")
     version = c.u32()
-    if version not in (2, 3):
-        raise Unreadable(f"GGUF version {version} (2 and 3 are read)")
-    n_tensors, n_kv = c.u64(), c.u64()
-    if n_kv * 12 > c.left() or n_tensors * 24 > c.left():  # the smallest key-value and tensor info
+    if version not in (1, 2, 3):
+        raise Unreadable(f"GGUF version {version} (1 to 3 are read)")
+    if version == 1:
+        c.count = c.u32
+    n_tensors, n_kv = c.count(), c.count()
+    width = 8 if version > 1 else 4
+    # the smallest key-value (an empty key, a type, a byte) and tensor info (an empty name, no dimensions)
+    if n_kv * (width + 5) > c.left() or n_tensors * (width + 16) > c.left():
         raise Unreadable("counts larger than the file")
     alignment = DEFAULT_ALIGNMENT
     for _ in range(n_kv):
@@ -109,7 +115,7 @@ def file_pieces(fd: int, size: int) -> list[Piece]:
         n_dims = c.u32()
         if n_dims > _MAX_DIMS:
             raise Unreadable(f"tensor {name[:80]!r} has {n_dims} dimensions")
-        dims = [c.u64() for _ in range(n_dims)]
+        dims = [c.count() for _ in range(n_dims)]
         infos.append((name, dims, c.u32(), c.u64()))
     data_start = -(-c.pos // alignment) * alignment
     if data_start > size:
@@ -142,11 +148,11 @@ def _skip_value(c: _Cursor, vtype: int) -> None:
     elif vtype == _STRING:
         c.string()
     elif vtype == _ARRAY:
-        item, n = c.u32(), c.u64()
+        item, n = c.u32(), c.count()
         if item in _WIDTH:
             c.skip(_WIDTH[item] * n)
         elif item == _STRING:
-            if n * 8 > c.left():
+            if n * 4 > c.left():
                 raise Unreadable("array longer than the file")
             for _ in range(n):
                 c.string()

@@ -18,6 +18,7 @@ The tree holds at most one object per opcode, so its size is bounded by the pick
 
 from __future__ import annotations
 
+import io
 import pickletools
 from dataclasses import dataclass
 from typing import Any
@@ -85,15 +86,25 @@ def read(data: bytes) -> Any:
     """The symbolic value of the pickle ``data`` (see the module docstring); executes nothing."""
     if len(data) > MAX_PICKLE_BYTES:
         raise Unreadable(f"pickle of {len(data)} bytes is over the {MAX_PICKLE_BYTES}-byte limit")
+    return read_next(io.BytesIO(data))
+
+
+def read_next(buf: io.BytesIO) -> Any:
+    """The symbolic value of the pickle at ``buf``'s position, leaving ``buf`` just after its
+    ``STOP`` (a file of several pickles in a row is read one by one); executes nothing.
+
+    On :class:`Unreadable`, ``buf``'s position tells how far the walk got: at the end of ``buf``
+    when the pickle merely runs on past the bytes given.
+    """
     try:
-        return _walk(data)
+        return _walk(buf)
     except Unreadable:
         raise
     except (ValueError, IndexError, KeyError, TypeError, RecursionError, UnicodeError, AttributeError) as exc:
         raise Unreadable(f"pickle cannot be followed: {type(exc).__name__}: {exc}") from None
 
 
-def _walk(data: bytes) -> Any:
+def _walk(data: io.BytesIO) -> Any:
     stack: list = []
     marks: list[int] = []
     memo: dict = {}

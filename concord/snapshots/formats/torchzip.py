@@ -60,29 +60,41 @@ def archive_pieces(fd: int, base: int, length: int, root: str = "") -> list[Piec
     folder = pkl[0].name[: -len("data.pkl")]
     storages = {e.name[len(folder) + len("data/") :]: e for e in entries if e.name.startswith(folder + "data/")}
     names = _names(pkl[0], fd, root)
-    pieces = []
-    for key, entry in storages.items():
-        found = names.get(key)
-        if found is None or not entry.stored:
-            pieces.append(Piece("data", entry.name[len(folder) :], entry.data_offset, entry.size))
-            continue
-        tensors, dtype = found
-        shapes = {t[1] for t in tensors}
-        shape = shapes.pop() if len(shapes) == 1 else None  # tied weights share one shape
-        name = ", ".join(t[0] for t in tensors)
-        pieces.append(tensor_piece(name, entry.data_offset, entry.size, dtype, shape))
-    return pieces
+    return [
+        storage_piece(names.get(key) if entry.stored else None, entry.name[len(folder) :], entry.data_offset, entry.size)
+        for key, entry in storages.items()
+    ]
 
 
-def _names(pkl: ZipEntry, fd: int, root: str) -> dict[str, tuple[list[tuple[str, Any]], str | None]]:
-    """storage key → ([(tensor name, shape or None)], dtype), from the pickle; {} when unreadable."""
+#: storage key → ([(tensor name, shape or None)], dtype), as :func:`storage_names` finds them
+Names = dict[str, tuple[list[tuple[str, Any]], "str | None"]]
+
+
+def storage_piece(found: tuple[list[tuple[str, Any]], str | None] | None, label: str, offset: int, length: int) -> Piece:
+    """The piece of one storage's ``length`` bytes at ``offset``: a tensor named by the tensors
+    that use it (:func:`storage_names`), or, when none does, a ``data`` piece named ``label``."""
+    if found is None:
+        return Piece("data", label, offset, length)
+    tensors, dtype = found
+    shapes = {t[1] for t in tensors}
+    shape = shapes.pop() if len(shapes) == 1 else None  # tied weights share one shape
+    return tensor_piece(", ".join(t[0] for t in tensors), offset, length, dtype, shape)
+
+
+def _names(pkl: ZipEntry, fd: int, root: str) -> Names:
+    """The storage names of the archive's pickle; {} when it cannot be followed."""
     if not pkl.stored or pkl.size > MAX_PICKLE_BYTES:
         return {}
     try:
-        tree = read(pread(fd, pkl.size, pkl.data_offset))
+        return storage_names(read(pread(fd, pkl.size, pkl.data_offset)), root)
     except Unreadable:
         return {}
-    out: dict[str, tuple[list[tuple[str, Any]], str | None]] = {}
+
+
+def storage_names(tree: Any, root: str = "") -> Names:
+    """storage key → ([(tensor name, shape or None)], dtype) of every tensor in the pickle ``tree``
+    (from :func:`~.safepickle.read`), named from ``root`` down."""
+    out: Names = {}
     for name, call in _tensors(tree, root):
         pid = call.args[0].pid
         if not (isinstance(pid, tuple) and len(pid) >= 5 and pid[0] == "storage" and isinstance(pid[2], str)):

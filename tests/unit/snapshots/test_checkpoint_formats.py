@@ -1,4 +1,5 @@
-"""Tensor-aware chunking of the formats training jobs write: DCP, torch.save archives, GGUF.
+"""Tensor-aware chunking of the formats training jobs write: DCP, torch.save archives, GGUF
+(legacy torch.save files and GGUF v1: test_legacy_checkpoint_formats.py).
 
 Each format is built for real (torch.save, torch.distributed.checkpoint.save, a GGUF file written
 by the spec), then: a next step that changes 10% of the tensors adds at most 1.02x their bytes,
@@ -125,7 +126,8 @@ def test_next_step_adds_only_the_changed_tensors(tmp_path, stores, save, file, k
     _assert_restores(stores[0], first.manifest, a, tmp_path / "out1")
 
 
-def test_torch_save_names_nested_and_shared_tensors(tmp_path):
+@pytest.mark.parametrize("zipped", [True, False], ids=["zip", "legacy"])
+def test_torch_save_names_nested_and_shared_tensors(tmp_path, zipped):
     w = torch.arange(12, dtype=torch.float32).reshape(3, 4)
     obj = {
         "model": {"embed.weight": w, "head.weight": w, "norm": torch.ones(5, dtype=torch.bfloat16)},
@@ -134,7 +136,7 @@ def test_torch_save_names_nested_and_shared_tensors(tmp_path):
         "view": torch.arange(10)[2:5],
         "param": torch.nn.Parameter(torch.ones(2, 2)),
     }
-    torch.save(obj, tmp_path / "ckpt.pth")
+    torch.save(obj, tmp_path / "ckpt.pth", _use_new_zipfile_serialization=zipped)
     kind, layout = _layout(tmp_path / "ckpt.pth")
     assert kind == "torch"
     found = {name: (dtype, shape) for k, name, _, _, dtype, shape in layout if k == "tensor"}
