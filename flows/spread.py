@@ -82,6 +82,7 @@ def snapshot_spread(
     chunk_size_mib: ChunkSizeMiB = 4,
     message: str = "",
     timeout_minutes: TimeoutMinutes = 120,
+    allow_incomplete: bool = False,
 ) -> dict:
     """Snapshot a checkpoint whose files lie on several nodes' own disks into one store: each node
     stores its files' chunks, then one manifest names them all (the root a snapshot of the whole
@@ -95,6 +96,8 @@ def snapshot_spread(
         chunk_size_mib: Chunk size in MiB, the same on every node.
         message: A note kept in the ref's history.
         timeout_minutes: How long to wait for every node's part before the run fails.
+        allow_incomplete: Assemble even when the nodes' files miss a storage file a DCP
+            `.metadata` names (a checkpoint that cannot be loaded whole); off, that is refused.
     """
     runner = FlowRunContext.get().task_runner
     get_run_logger().info("taking the parts of %d node(s) on %s", len(nodes), describe(runner))
@@ -112,7 +115,7 @@ def snapshot_spread(
             "minutes): nothing was assembled and no ref moved; run again (what the other nodes stored is not sent again)"
         )
     parts = [f.result() for f in futures]
-    r = assemble_task(store, parts, [n.name for n in nodes], ref=ref or None, message=message)
+    r = assemble_task(store, parts, [n.name for n in nodes], ref=ref or None, message=message, allow_incomplete=allow_incomplete)
     rows = [(p["node"], p["host"], f"`{p['folder']}`", p["files"], human(p["bytes"]), human(p["new_bytes"])) for p in parts]
     head = f"## Spread snapshot {short(r['root'])} in `{r['store']}`\n\n"
     head += f"root `{r['root']}`: {r['files']} files, {human(r['bytes'])}"

@@ -74,14 +74,17 @@ def snapshot_part_task(
 
 
 @task(name="assemble-spread", cache_policy=NO_CACHE)
-def assemble_task(store: str, parts: list[dict], nodes: list[str], ref: str | None = None, message: str = "") -> dict:
+def assemble_task(
+    store: str, parts: list[dict], nodes: list[str], ref: str | None = None, message: str = "", allow_incomplete: bool = False
+) -> dict:
     """One snapshot out of every node's part (:func:`concord.snapshots.spread.assemble`): the
     manifest written and ``ref`` moved, or nothing written when the parts do not make one
-    snapshot. Emits ``concord.snapshot.created``."""
+    snapshot (``allow_incomplete``: even one missing a storage file its DCP ``.metadata`` names).
+    Emits ``concord.snapshot.created``."""
     from concord.snapshots.spread import assemble
 
     with open_stores(store) as (s,):
-        r = assemble(s, parts, nodes=nodes, ref=ref, message=message)
+        r = assemble(s, parts, nodes=nodes, ref=ref, message=message, allow_incomplete=allow_incomplete)
     return _announce(r, s.uri, ", ".join(f"{p['node']}:{p['folder']}" for p in parts))
 
 

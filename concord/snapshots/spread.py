@@ -10,7 +10,8 @@ lease of its own:
 * checks them: each part a valid manifest (its hashes recomputed when it arrives as a dict), one
   chunk size, every expected node once, no path from two nodes with different contents (a file every
   node holds a copy of, such as the DCP ``.metadata``, counts once), no ``.distcp`` file cut as one blob on a node
-  that lacked the ``.metadata`` another node has, and every chunk the parts name held by the store;
+  that lacked the ``.metadata`` another node has, every chunk the parts name held by the store, and
+  every storage file a DCP ``.metadata`` names reported by some node (unless ``allow_incomplete``);
 * builds the manifest of all the files as one snapshot of the whole folder would (the same file
   entries, sorted by path, so the same root);
 * writes it, after every chunk it names, then moves the ref by compare-and-swap.
@@ -24,13 +25,17 @@ from __future__ import annotations
 
 import os
 import posixpath
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from concord.errors import ManifestError, SourceNotFoundError, SpreadSnapshotError
 from concord.progress import Progress, ensure
+from concord.snapshots.formats.common import Unreadable
 from concord.snapshots.formats.dcp import METADATA, SUFFIX
+from concord.snapshots.formats.dcp import storage_files as dcp_storage_files
+from concord.snapshots.formats.safepickle import MAX_PICKLE_BYTES
 from concord.snapshots.gc import write_lease
 from concord.snapshots.manifest import (
     DEFAULT_CHUNK_SIZE,
@@ -152,6 +157,7 @@ def assemble(
     nodes: Sequence[str] | None = None,
     ref: str | None = None,
     message: str = "",
+    allow_incomplete: bool = False,
 ) -> SnapshotResult:
     """Build one snapshot out of every node's part (:func:`snapshot_part`), write its manifest
     and, with ``ref``, point that ref at its root (compare-and-swap). The root is the one a single
@@ -161,7 +167,9 @@ def assemble(
     :class:`NodePart` or its :meth:`~NodePart.to_dict` form (then checked as a manifest read from a
     store is). Refused with :class:`~concord.errors.SpreadSnapshotError`, before anything is
     written, when a node is missing or reported twice, the parts disagree on a file or the chunk
-    size, or the store lacks a chunk a part names.
+    size, the store lacks a chunk a part names, or a DCP ``.metadata`` among the files names a
+    ``.distcp`` file no part holds (a rank whose node was left out); ``allow_incomplete=True``
+    writes such a snapshot all the same (a checkpoint that cannot be loaded whole).
     """
     ref = check_writable_ref(ref) if ref is not None else None  # "" is a mistake, not "no ref"
     got = [p if isinstance(p, NodePart) else NodePart.from_dict(p) for p in parts]
@@ -172,6 +180,8 @@ def assemble(
     what = f"spread snapshot of {len(got)} node(s)" + (f" to ref {ref}" if ref else "")
     with write_lease(store, what):
         _check_chunks(store, got)
+        if not allow_incomplete:
+            _check_complete(store, manifest)
         expected = None
         if ref:
             current = store.read_ref(ref)
@@ -247,3 +257,36 @@ def _check_chunks(store: Store, parts: list[NodePart]) -> None:
                 f"{store.uri} lacks {len(missing)} chunk(s) of node {p.node}'s part ({named}); "
                 "take that node's part again into this store, then assemble"
             )
+
+
+def _check_complete(store: Store, manifest: Manifest) -> None:
+    """Every storage file each DCP ``.metadata`` of the snapshot names is among its files.
+
+    The ``.metadata`` is read back from the store's chunks (the assembly need not hold the files)
+    and walked as a pickle, never loaded. One that is not a DCP ``Metadata`` (or too large to be
+    one) names no files, so it asks for none.
+    """
+    for f in manifest.files:
+        if posixpath.basename(f.path) != METADATA or f.size > MAX_PICKLE_BYTES:
+            continue
+        data = b"".join(store.get_chunk(cid) for p in f.parts for cid in p.chunk_ids())
+        try:
+            named = dcp_storage_files(data)
+        except Unreadable:
+            continue
+        folder = posixpath.dirname(f.path)
+        missing = sorted(rel for rel in named if posixpath.join(folder, rel) not in manifest.by_path)
+        if missing:
+            shown = ", ".join(_with_rank(posixpath.join(folder, rel)) for rel in missing[:NAMED])
+            raise SpreadSnapshotError(
+                f"{f.path} names {len(missing)} storage file(s) no node reported ({shown}"
+                + (" …" if len(missing) > NAMED else "")
+                + "); run snapshot_part on the node(s) holding them and assemble every part, "
+                "or accept a checkpoint that cannot be loaded whole (allow_incomplete=True, --allow-incomplete)"
+            )
+
+
+def _with_rank(path: str) -> str:
+    """``ckpt/__3_0.distcp (rank 3)``: the rank DCP's file system writer puts in a file's name."""
+    m = re.fullmatch(r"__(\d+)_\d+\.distcp", posixpath.basename(path))
+    return f"{path} (rank {int(m.group(1))})" if m else path

@@ -119,6 +119,15 @@ def _metadata(path: str, inode: int, size: int, mtime_ns: int) -> dict[str, list
         return None
 
 
+def storage_files(data: bytes) -> set[str]:
+    """The relative paths of the storage files the ``.metadata`` pickle ``data`` names (walked,
+    never loaded); :class:`Unreadable` when it is not a DCP ``Metadata``."""
+    try:
+        return set(_records(read(data)))
+    except (TypeError, ValueError, AttributeError, KeyError, IndexError) as exc:
+        raise Unreadable(f"{METADATA} cannot be followed: {type(exc).__name__}") from None
+
+
 def _records(tree: Any) -> dict[str, list[Record]]:
     if not (isinstance(tree, Call) and isinstance(tree.func, Global) and tree.func.name == "Metadata"):
         raise Unreadable("not a DCP Metadata object")

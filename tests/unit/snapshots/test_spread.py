@@ -139,3 +139,13 @@ def test_a_part_sent_with_a_forged_entry_is_refused(moved):
     _refused(store, sent, "node node-1's part is not a valid manifest .*parts cover")
     sent[1] = {"folder": "x"}
     _refused(store, sent, "a part names no node")
+
+
+def test_parts_that_do_not_cover_the_metadata_are_refused_unless_allowed(spread, moved):
+    store, parts, names = moved
+    # node-2 left out of the job's list as well: only the .metadata knows its shard is missing
+    _refused(store, _as_sent(parts[:2]), r"ckpt/.metadata names 1 storage file\(s\) no node reported \(ckpt/__0_2.distcp \(rank 0\)\); run snapshot_part")
+    _refused(store, parts[:1], r"names 2 storage file\(s\) .*ckpt/__0_1.distcp \(rank 0\), ckpt/__0_2.distcp .*--allow-incomplete", nodes=names[:1])
+    r = assemble(store, parts[:2], nodes=names[:2], ref=REF, allow_incomplete=True)
+    assert store.read_ref(REF).root == r.root
+    assert sorted(f.path for f in r.manifest.files if f.path.endswith(".distcp")) == ["ckpt/__0_0.distcp", "ckpt/__0_1.distcp"]
