@@ -1,6 +1,7 @@
-"""``concord snapshot|diff|sync|restore|verify|rollback|refs|log``: snapshots in stores.
+"""``concord snapshot|snapshot-part|snapshot-assemble|diff|sync|restore|verify|rollback|refs|log``: snapshots in stores.
 
-``snapshot`` takes a checkpoint folder into a store, ``sync`` replicates a snapshot (only the
+``snapshot`` takes a checkpoint folder into a store (``snapshot-part`` on each node, then
+``snapshot-assemble`` once, for a checkpoint spread over several nodes' disks), ``sync`` replicates a snapshot (only the
 missing chunks move), ``restore`` writes its files back out, ``verify`` re-hashes chunks and can
 repair them from a healthy replica, ``rollback`` moves a ref back through its history. ``diff``,
 ``verify``, ``refs``, ``log`` and ``restore`` only read: a path holding no store is an error.
@@ -8,6 +9,7 @@ repair them from a healthy replica, ``rollback`` moves a ref back through its hi
 
 from __future__ import annotations
 
+import os
 import sys
 
 from concord.cli._common import (
@@ -54,22 +56,95 @@ def cmd_snapshot(args, out) -> int:
     else:
         store = writable_store(args.store)
         r = snapshot(args.source, store, **options)
-    d = r.to_dict()
-    d["store"] = store.uri
-    # a compressed or encrypted store keeps other bytes than the raw ones: both are shown
-    stored = f" ({human(r.new_stored_bytes)} stored)" if r.new_chunks and store.encoding().framed else ""
-    lines = [
-        f"snapshot {r.root}",
-        f"  {r.files} files, {r.tensors} tensors, {r.chunks} chunks, {human(r.bytes)}",
-        f"  new in {store.uri}: {r.new_chunks} chunks, {human(r.new_bytes)}{stored}",
-    ]
-    if r.ref:
-        lines.append(f"  ref {r.ref} → version {r.ref_version}" + (f" (was {r.previous[:12]})" if r.previous else " (a new ref)"))
+    d, lines = _snapshot_answer(r, store)
     if signed is not None:
         d["signed_by"] = [signed.key_id]
         lines.append(f"  signature from {args.signature} kept: key {signed.key_id[:16]}")
     out.emit(d, lines)
     return 0
+
+
+def _snapshot_answer(r, store) -> tuple[dict, list[str]]:
+    """A snapshot's answer (payload and lines), from ``snapshot`` or ``snapshot-assemble``."""
+    d = r.to_dict()
+    d["store"] = store.uri
+    lines = [
+        f"snapshot {r.root}",
+        f"  {r.files} files, {r.tensors} tensors, {r.chunks} chunks, {human(r.bytes)}",
+        f"  new in {store.uri}: {r.new_chunks} chunks, {human(r.new_bytes)}{_stored(r, store)}",
+    ]
+    if r.ref:
+        lines.append(f"  ref {r.ref} → version {r.ref_version}" + (f" (was {r.previous[:12]})" if r.previous else " (a new ref)"))
+    return d, lines
+
+
+def _stored(r, store) -> str:
+    """A compressed or encrypted store keeps other bytes than the raw ones: both are shown."""
+    return f" ({human(r.new_stored_bytes)} stored)" if r.new_chunks and store.encoding().framed else ""
+
+
+#: the largest part file ``snapshot-assemble`` reads (a part of 100,000 files is about 40 MB)
+MAX_PART_BYTES = 1 << 30
+
+
+def cmd_snapshot_part(args, out) -> int:
+    import json
+
+    from concord.files import atomic_write
+    from concord.snapshots.manifest import DEFAULT_CHUNK_SIZE
+    from concord.snapshots.spread import snapshot_part
+
+    store = writable_store(args.store)
+    part = snapshot_part(
+        args.source, store, node=args.node, paths=args.path, chunk_size=args.chunk_size or DEFAULT_CHUNK_SIZE, progress=out.progress
+    )
+    doc = part.to_dict()
+    atomic_write(args.out, json.dumps(doc, sort_keys=True).encode())
+    d = {k: v for k, v in doc.items() if k != "manifest"} | {"store": store.uri, "part_file": os.path.abspath(args.out)}
+    lines = [
+        f"part of node {part.node}: {d['files']} files, {d['chunks']} chunks, {human(d['bytes'])} of {part.folder}",
+        f"  new in {store.uri}: {part.new_chunks} chunks, {human(part.new_bytes)}{_stored(part, store)}",
+        f"  written to {d['part_file']}: give it, with every other node's part, to concord snapshot-assemble",
+    ]
+    out.emit(d, lines)
+    return 0
+
+
+def cmd_snapshot_assemble(args, out) -> int:
+    from concord.snapshots.spread import assemble
+
+    parts = [_read_part(path) for path in args.parts]
+    nodes = [n.strip() for n in args.nodes.split(",") if n.strip()] if args.nodes is not None else None
+    store = writable_store(args.store)
+    r = assemble(store, parts, nodes=nodes, ref=args.ref, message=args.message or "", allow_incomplete=args.allow_incomplete)
+    d, lines = _snapshot_answer(r, store)
+    d["nodes"] = [p["node"] for p in parts]
+    lines.insert(1, f"  assembled from {len(parts)} part(s): {', '.join(d['nodes'])}")
+    out.emit(d, lines)
+    return 0
+
+
+def _read_part(path: str) -> dict:
+    """A part file ``snapshot-part`` wrote, as a dict (its manifest is checked by ``assemble``)."""
+    import json
+
+    from concord.errors import SpreadSnapshotError
+
+    with open(path, "rb") as fh:
+        data = fh.read(MAX_PART_BYTES + 1)
+    problem = None
+    if len(data) > MAX_PART_BYTES:
+        problem = f"is over {MAX_PART_BYTES} bytes"
+    else:
+        try:
+            doc = json.loads(data)
+        except ValueError as exc:
+            problem = f"is not JSON ({exc})"
+        else:
+            if isinstance(doc, dict):
+                return doc
+            problem = "is not a JSON object"
+    raise SpreadSnapshotError(f"part file {path} {problem}; write it again with concord snapshot-part")
 
 
 def cmd_diff(args, out) -> int:
@@ -275,6 +350,33 @@ def register(sub, common: list) -> None:
     s.add_argument("--signature", metavar="FILE", help="an OpenSSF Model Signing bundle of the folder (model_signing sign key): kept once it verifies with a --trust key")
     s.add_argument("--trust", metavar="PUB.pem|block:NAME[,...]", help=TRUST_HELP)
     s.set_defaults(func=cmd_snapshot)
+
+    s = sub.add_parser(
+        "snapshot-part", parents=common,
+        help="on one node of a spread checkpoint: store its files' chunks and write its part for snapshot-assemble",
+    )
+    s.add_argument("source", metavar="DIR", help="the checkpoint folder on this node's own disk")
+    s.add_argument("--store", required=True, help=STORE_HELP + "; the one store every node writes into")
+    s.add_argument("--node", required=True, help="this node's name, a different one on every node")
+    s.add_argument("--out", required=True, metavar="PART.json", help="where to write this node's part (a manifest of its files)")
+    s.add_argument("--path", action="append", metavar="REL", help="take only this file of DIR ('/'-separated; repeat for more)")
+    s.add_argument("--chunk-size", type=chunk_size, help="chunk size (default 4M; 64K to 64M), the same on every node")
+    s.set_defaults(func=cmd_snapshot_part)
+
+    s = sub.add_parser(
+        "snapshot-assemble", parents=common,
+        help="make one snapshot of every node's part (snapshot-part): the root a snapshot of the whole folder has",
+    )
+    s.add_argument("parts", metavar="PART.json", nargs="+", help="every node's part file")
+    s.add_argument("--store", required=True, help=STORE_HELP + "; the store the parts were taken into")
+    s.add_argument("--nodes", metavar="NAME[,NAME...]", help="the nodes whose parts are expected (default: those given)")
+    s.add_argument("--ref", type=ref_arg, help="point this ref ([namespace/]name) at the new snapshot")
+    s.add_argument("--message", help="note kept in the ref's history")
+    s.add_argument(
+        "--allow-incomplete", action="store_true",
+        help="assemble even if a DCP .metadata names .distcp files no part holds (refused by default)",
+    )
+    s.set_defaults(func=cmd_snapshot_assemble)
 
     s = sub.add_parser("diff", parents=common, help="which files, tensors and chunks differ between two snapshots")
     s.add_argument("store", metavar="STORE", help=STORE_HELP)
