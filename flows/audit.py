@@ -72,8 +72,17 @@ class Thresholds(BaseModel):
     escalate_after_nights: int = Field(
         2, ge=1, le=60, description="A warning on this many consecutive nights, tonight included, becomes critical."
     )
-    ks_pvalue: float = Field(
-        0.01, gt=0, lt=1, description="Numeric columns: PSI's verdict stands only if the KS test rejects at this p-value."
+    alpha: float = Field(
+        0.005, gt=0, lt=1, description="A column drifts only if its p-value, adjusted over the columns (Benjamini–Hochberg), is below this."
+    )
+    floor: float = Field(
+        0.05, ge=0, description="Numeric columns: the smallest change that matters, as Wasserstein distance in reference standard deviations."
+    )
+    share_floor: float = Field(
+        0.005, ge=0, le=1, description="Categorical columns: the smallest share of the mass moved between categories that matters."
+    )
+    floors: dict[str, float] = Field(
+        default_factory=dict, description="Per-column floors (column name → floor in that column's unit), overriding the two above."
     )
     null_share_change: float = Field(0.10, gt=0, le=1, description="A change of null share above this is at least a warning.")
 
@@ -151,8 +160,8 @@ def nightly_drift_audit(
             for those lineage records (with a model).
         max_ulps: A replica stored in another dtype passes within this many ULPs of the lower precision.
         card_fields: Model-card fields every cluster must have; empty for the default list.
-        thresholds: PSI thresholds, the KS second opinion, null-share change, and the nights
-            before a warning escalates.
+        thresholds: The significance level and effect floors that decide drift, the PSI tiers,
+            null-share change, and the nights before a warning escalates.
         bins: Reference quantile bins per numeric column.
         columns: Only these columns; empty for all.
         name: The audit's name (history, event resource, MLflow run); empty: from the inputs' names.

@@ -139,12 +139,19 @@ class DriftThresholds:
     psi_warning: float = 0.25
     #: PSI above this: severity "critical" (P0). Must be above ``psi_warning``.
     psi_critical: float = 0.55
-    #: numeric columns only, a second opinion: PSI above ``psi_warning`` counts as drift only if
-    #: the two-sample KS test also rejects "same distribution" at this p-value. With large samples
-    #: KS rejects for any real shift and PSI decides alone; with small ones PSI on quantile bins is
-    #: noisy (about ``(bins - 1) * (1/n_reference + 1/n_current)`` with no drift at all), and KS
-    #: keeps that noise from paging anyone. The finding says when KS overruled PSI.
-    ks_pvalue: float = 0.01
+    #: significance: a column drifts only if its p-value, adjusted over the audit's columns
+    #: (Benjamini–Hochberg), is below this; each column's tests share it (Bonferroni), so with
+    #: no drift a column alarms at most this often.
+    alpha: float = 0.005
+    #: materiality, numeric columns: a column drifts only if the Wasserstein-1 distance between
+    #: the two sides, in reference standard deviations, is at least this (or PSI is above
+    #: ``psi_warning``). A mean shift of d σ moves it by d, a scale ×(1 + s) by about 0.8·s.
+    floor: float = 0.05
+    #: materiality, categorical columns: the share of the mass moved between categories (total
+    #: variation distance over the pooled categories) must be at least this (or PSI above ``psi_warning``)
+    share_floor: float = 0.005
+    #: per-column floors, overriding ``floor`` / ``share_floor`` (in the column's own unit)
+    floors: Mapping[str, float] = field(default_factory=dict)
     #: a change of null share (absolute, 0..1) larger than this makes the column at least "warning".
     null_share_change: float = 0.10
     #: consecutive nights at "warning" or worse, tonight included, after which a warning is
@@ -153,10 +160,18 @@ class DriftThresholds:
 
     def __post_init__(self) -> None:
         problems = []
-        for name in ("psi_warning", "psi_critical", "ks_pvalue", "null_share_change"):
+        def bad(value: Any) -> bool:
+            return isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)
+
+        for name in ("psi_warning", "psi_critical", "alpha", "null_share_change", "floor", "share_floor"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            if bad(value):
                 problems.append(f"{name} must be a finite number, got {value!r}")
+        if not isinstance(self.floors, Mapping):
+            problems.append(f"floors must map column names to floors, got {self.floors!r}")
+        else:
+            object.__setattr__(self, "floors", {str(k): v for k, v in self.floors.items()})
+            problems += [f"the floor of column {k!r} must be a number >= 0, got {v!r}" for k, v in self.floors.items() if bad(v) or v < 0]
         if not problems:
             if self.psi_warning <= 0:
                 problems.append(f"psi_warning must be above 0, got {self.psi_warning}")
@@ -164,8 +179,10 @@ class DriftThresholds:
                 problems.append(
                     f"psi_warning ({self.psi_warning}) must be below psi_critical ({self.psi_critical})"
                 )
-            if not 0 < self.ks_pvalue < 1:
-                problems.append(f"ks_pvalue must be between 0 and 1, got {self.ks_pvalue}")
+            if not 0 < self.alpha < 1:
+                problems.append(f"alpha must be between 0 and 1, got {self.alpha}")
+            if self.floor < 0 or not 0 <= self.share_floor <= 1:
+                problems.append(f"floor must be >= 0 and share_floor in [0, 1], got {self.floor} and {self.share_floor}")
             if not 0 < self.null_share_change <= 1:
                 problems.append(f"null_share_change must be in (0, 1], got {self.null_share_change}")
         nights = self.escalate_after_nights
@@ -175,8 +192,8 @@ class DriftThresholds:
             raise DriftConfigError(
                 "DriftThresholds",
                 "; ".join(problems),
-                "Pass values like the defaults (psi_warning=0.25 < psi_critical=0.55, ks_pvalue=0.01, "
-                "null_share_change=0.1, escalate_after_nights=2).",
+                "Pass values like the defaults (psi_warning=0.25 < psi_critical=0.55, alpha=0.005, floor=0.05, "
+                "share_floor=0.005, null_share_change=0.1, escalate_after_nights=2).",
             )
 
     def severity(self, psi: float) -> str:
@@ -187,8 +204,16 @@ class DriftThresholds:
             return "warning"
         return "ok"
 
+    def floor_for(self, column: str, kind: str) -> float:
+        """The column's floor: its own in ``floors``, else ``floor`` (numeric) or ``share_floor``."""
+        if column in self.floors:
+            return float(self.floors[column])
+        return self.floor if kind == "numeric" else self.share_floor
+
     def to_dict(self) -> dict:
-        return {k: getattr(self, k) for k in self.__dataclass_fields__}
+        d = {k: getattr(self, k) for k in self.__dataclass_fields__}
+        d["floors"] = dict(self.floors)
+        return d
 
 
 # --------------------------------------------------------------------------- results
@@ -251,7 +276,25 @@ class ColumnDrift(Prioritised):
     n_current: int | None = None
     escalated: bool = False  # a warning reported as critical because it lasted
     compared: bool = True  # False for a column only the current table has
+    #: the column's tests (see NUMERIC_TESTS, CATEGORICAL_TESTS) and their combined p-value
+    test: str | None = None
+    pvalue: float | None = None
+    #: ``pvalue`` adjusted over the audit's tested columns (Benjamini–Hochberg): what ``alpha`` judges
+    pvalue_adjusted: float | None = None
+    #: the effect the floor judges: numeric, Wasserstein-1 in reference σ; categorical, share of mass moved
+    effect_size: float | None = None
+    floor: float | None = None
+    #: numeric: (mean_current - mean_reference) / σ_reference, and σ_current / σ_reference (exact moments)
+    mean_shift: float | None = None
+    scale_ratio: float | None = None
+    #: categorical: the reference's singleton share (Good–Turing: the new share expected with no
+    #: drift) and the one-sided p-value of the new share's excess over it
+    new_share_expected: float | None = None
+    new_share_pvalue: float | None = None
+    #: the effect in readable terms, e.g. "mean +0.31σ, scale ×1.02, W 0.3σ, p < 1e-9"
+    effect: str | None = None
     histogram: ColumnHistogram | None = field(default=None, repr=False, compare=False)
+    measured: Any = field(default=None, repr=False, compare=False)  # what re-judging it needs
 
     @property
     def drifted(self) -> bool:
@@ -261,7 +304,7 @@ class ColumnDrift(Prioritised):
     def to_dict(self) -> dict:
         d: dict[str, Any] = {}
         for k in self.__dataclass_fields__:
-            if k == "histogram":
+            if k in ("histogram", "measured"):
                 continue
             v = getattr(self, k)
             d[k] = list(v) if isinstance(v, tuple) else v
@@ -932,24 +975,24 @@ def _compare(name: str, ref: _Side | None, cur: _Side | None, bins: int, t: Drif
         hist, rc, cc = _numeric_histogram(name, ref, cur, bins)
         ks, ks_p, wasserstein = _ks_wasserstein(ref.values, cur.values)
         stats.update(ks=ks, ks_pvalue=ks_p, wasserstein=wasserstein)
+        stats.update(_numeric_tests(ref, cur, ks_p, wasserstein))
         for label, side in (("reference", ref), ("current", cur)):
             if side.low == side.high:
                 notes.append(f"constant in {label} ({_fmt(side.low)})")
         if ref.sampled or cur.sampled:
             sizes = " and ".join(f"{side.values.size:,} of the {side.size:,} {label} values" for label, side in (("reference", ref), ("current", cur)) if side.sampled)
-            notes.append(f"KS and Wasserstein from uniform samples ({sizes})")
+            notes.append(f"KS, Brown–Forsythe and Wasserstein from uniform samples ({sizes})")
             stats.update(sampled=True)
     else:
         cats = _categorical_histogram(name, ref, cur)
         hist, rc, cc, new, vanished = cats.hist, cats.rc, cats.cc, cats.new, cats.vanished
         res = chi2_contingency(np.vstack((rc, cc)), correction=False)
         stats.update(
-            chi2=float(res.statistic),
-            chi2_pvalue=float(res.pvalue),
             new_categories=tuple(new[:MAX_LISTED_CATEGORIES]),
             new_share=cats.new_share,
             vanished_categories=tuple(vanished[:MAX_LISTED_CATEGORIES]),
         )
+        stats.update(_categorical_tests(ref, cur, cats.new_share))
         for label, side in (("reference", ref), ("current", cur)):
             if len(side.counts) == 1:
                 notes.append(f"constant in {label} ({side.counts.index[0]!r})")
@@ -960,52 +1003,239 @@ def _compare(name: str, ref: _Side | None, cur: _Side | None, bins: int, t: Drif
             )
         if vanished:
             notes.append(f"{len(vanished)} vanished: {_listed(vanished)}")
+        del res
     psi, kl, js = _divergences(smoothed_proportions(rc), smoothed_proportions(cc))
     stats.update(psi=psi, kl=kl, js=js)
-
-    severity = t.severity(psi)
-    ks_p = stats.get("ks_pvalue")
-    if severity == "ok":
-        head = f"no drift: PSI {_fmt(psi)} <= {t.psi_warning}"
-        if ks_p is not None and ks_p < t.ks_pvalue:
-            notes.append(
-                f"KS p-value {_fmt(ks_p)} < {t.ks_pvalue}: the samples differ, by less than PSI counts as drift"
-            )
-    elif ks_p is not None and ks_p >= t.ks_pvalue:
-        severity = "ok"
-        head = (
-            f"no drift: PSI {_fmt(psi)} > {t.psi_warning} but the KS test does not confirm it "
-            f"(p-value {_fmt(ks_p)} >= {t.ks_pvalue}): within sampling noise at this size"
-        )
-    else:
-        limit = t.psi_critical if severity == "critical" else t.psi_warning
-        head = f"drift ({PRIORITIES[severity]}): PSI {_fmt(psi)} > {limit}"
-        if ks_p is not None:
-            notes.append(f"KS p-value {_fmt(ks_p)} < {t.ks_pvalue} confirms it")
-    new_share = stats.get("new_share")
-    if new_share is not None and new_share > NEW_SHARE_CRITICAL and severity != "critical":
-        severity = "critical"
-        head = (
-            f"drift (P0): {_percent(new_share)} of current values are in categories the reference never had "
-            f"(more than {_percent(NEW_SHARE_CRITICAL)}); PSI {_fmt(psi)}"
-        )
     change = abs(cur.null_share - ref.null_share)
     if change > t.null_share_change:
         notes.append(
             f"null share {_fmt(ref.null_share)} -> {_fmt(cur.null_share)} "
             f"(change {_fmt(change)} > {t.null_share_change})"
         )
-        if severity == "ok":
-            severity = "warning"
-            head = f"drift (P1) in null share; PSI {_fmt(psi)} <= {t.psi_warning}"
+    measured = _Measured(kind=kind, stats=stats, notes=tuple(notes), null_change=change > t.null_share_change, hist=hist, common=common)
+    return _judge(measured, stats["pvalue"], t, tested=1)
+
+
+#: the numeric tests, each at a third of the level (Bonferroni): mean (Welch's t), scale
+#: (Brown–Forsythe) and shape (Kolmogorov–Smirnov)
+NUMERIC_TESTS = ("Welch t", "Brown–Forsythe", "KS")
+#: the categorical tests, each at half the level: chi-squared on the pooled categories, and the
+#: share of new categories against the reference's singleton share (Good–Turing)
+CATEGORICAL_TESTS = ("chi-squared", "new share vs Good–Turing")
+#: categorical columns: a category whose expected count on either side is below this is pooled
+#: with the other rare ones, on both sides, before the chi-squared test
+MIN_EXPECTED = 5.0
+
+
+def _numeric_tests(ref: _Side, cur: _Side, ks_p: float, wasserstein: float) -> dict[str, Any]:
+    """The numeric column's effect in reference standard deviations and its combined p-value.
+
+    Welch's t-test runs on the exact means and variances of all values (so its n is each side's
+    ``size``), Brown–Forsythe (Levene's test about the median) and KS on the values compared (the
+    samples, when sampled). The column's p-value is the smallest of the three times three.
+    """
+    import numpy as np
+    from scipy import stats
+
+    sd_r, sd_c = _std(ref), _std(cur)
+    mean_r, mean_c = _mean(ref), _mean(cur)
+    with np.errstate(all="ignore"):
+        p_t = float(stats.ttest_ind_from_stats(mean_r, sd_r, ref.size, mean_c, sd_c, cur.size, equal_var=False).pvalue) if ref.size > 1 and cur.size > 1 else math.nan
+        p_bf = float(stats.levene(ref.values, cur.values, center="median").pvalue) if ref.values.size > 1 and cur.values.size > 1 else math.nan
+    ps = [p for p in (p_t, p_bf, ks_p) if p is not None and math.isfinite(p)]
+    pvalue = min(1.0, len(NUMERIC_TESTS) * min(ps)) if ps else 1.0
+    if sd_r > 0:
+        mean_shift, w_sigma = (mean_c - mean_r) / sd_r, wasserstein / sd_r
+        scale_ratio = sd_c / sd_r
+    else:  # a constant reference: any change is infinitely many of its (zero) deviations
+        mean_shift = 0.0 if mean_c == mean_r else math.copysign(math.inf, mean_c - mean_r)
+        w_sigma = 0.0 if wasserstein == 0 else math.inf
+        scale_ratio = 1.0 if sd_c == 0 else math.inf
+    return dict(
+        pvalue=pvalue,
+        test=", ".join(NUMERIC_TESTS),
+        effect_size=w_sigma,
+        mean_shift=mean_shift,
+        scale_ratio=scale_ratio,
+    )
+
+
+def _mean(side: _Side) -> float:
+    """All values' mean: from the (sorted) values when every one is kept, so that any batching
+    gives the same bits, else the streamed exact moment."""
+    if side.mean is None or (not side.sampled and side.values is not None):
+        return float(side.values.mean())
+    return float(side.mean)
+
+
+def _std(side: _Side) -> float:
+    if side.std is None or (not side.sampled and side.values is not None):
+        return float(side.values.std(ddof=1)) if side.values.size > 1 else 0.0
+    return float(side.std)
+
+
+def _pooled_counts(ref: _Side, cur: _Side) -> tuple["np.ndarray", "np.ndarray"]:
+    """Both sides' counts on every label either side has, the rare ones pooled.
+
+    A label whose expected count on either side (its total split by the sides' sizes) is below
+    :data:`MIN_EXPECTED` joins one "(rare)" bucket, on both sides; if that bucket is itself too
+    small it joins the smallest other bucket.
+    """
+    import numpy as np
+    import pandas as pd
+
+    both = pd.concat([ref.counts.rename("r"), cur.counts.rename("c")], axis=1).fillna(0)
+    r = both["r"].to_numpy(dtype=np.float64)
+    c = both["c"].to_numpy(dtype=np.float64)
+    share_r = ref.size / (ref.size + cur.size)
+    total = r + c
+    rare = np.minimum(total * share_r, total * (1 - share_r)) < MIN_EXPECTED
+    rr, cc = r[~rare], c[~rare]
+    if rare.any():
+        pooled_r, pooled_c = r[rare].sum(), c[rare].sum()
+        pt = pooled_r + pooled_c
+        if min(pt * share_r, pt * (1 - share_r)) >= MIN_EXPECTED or not rr.size:
+            rr, cc = np.append(rr, pooled_r), np.append(cc, pooled_c)
+        else:
+            smallest = int(np.argmin(rr + cc))
+            rr[smallest] += pooled_r
+            cc[smallest] += pooled_c
+    return rr, cc
+
+
+def _categorical_tests(ref: _Side, cur: _Side, new_share: float) -> dict[str, Any]:
+    """The categorical column's chi-squared test on pooled categories, its new-share test against
+    Good–Turing, the share of mass moved and the combined p-value (the smaller p times two).
+
+    New share: under no drift, the share of current values in labels the reference never had is
+    about the reference's singleton share (Good–Turing's estimate of its unseen mass), with
+    variance ``(N1 + 2·N2) / n_ref²`` for the estimate (N1, N2: labels seen once, twice) plus the
+    current side's binomial one; the one-sided p-value is the normal tail of the excess.
+    """
+    import numpy as np
+    from scipy import stats
+
+    r, c = _pooled_counts(ref, cur)
+    if r.size >= 2 and (r > 0).any() and (c > 0).any():
+        res = stats.chi2_contingency(np.vstack((r, c)), correction=False)
+        chi2, p_chi2 = float(res.statistic), float(res.pvalue)
+    else:
+        chi2, p_chi2 = 0.0, 1.0
+    moved = float(0.5 * np.abs(c / cur.size - r / ref.size).sum())
+    counts = ref.counts.to_numpy()
+    n1, n2 = int((counts == 1).sum()), int((counts == 2).sum())
+    expected = n1 / ref.size
+    excess = new_share - expected
+    var = new_share * (1 - new_share) / cur.size + (n1 + 2 * n2) / ref.size**2
+    if var > 0:
+        p_new = float(stats.norm.sf(excess / math.sqrt(var)))
+    else:
+        p_new = 0.0 if excess > 0 else 1.0
+    pvalue = min(1.0, len(CATEGORICAL_TESTS) * min(p_chi2, p_new))
+    return dict(
+        chi2=chi2,
+        chi2_pvalue=p_chi2,
+        pvalue=pvalue,
+        test=", ".join(CATEGORICAL_TESTS),
+        effect_size=moved,
+        new_share_expected=expected,
+        new_share_pvalue=p_new,
+    )
+
+
+@dataclass(frozen=True)
+class _Measured:
+    """A compared column before its verdict: what :func:`_judge` needs to give it one."""
+
+    kind: str
+    stats: dict
+    notes: tuple[str, ...]
+    null_change: bool
+    hist: ColumnHistogram
+    common: dict
+
+
+def _fmt_p(p: float) -> str:
+    return "p < 1e-9" if p < 1e-9 else f"p = {p:.2g}"
+
+
+def _effect_text(kind: str, s: Mapping[str, Any], p: float) -> str:
+    """The effect in readable units, e.g. "mean +0.31σ, scale ×1.02, W 0.30σ, p < 1e-9"."""
+    if kind == "numeric":
+        parts = [f"mean {s['mean_shift']:+.2f}σ", f"scale ×{s['scale_ratio']:.2f}", f"W {s['effect_size']:.3g}σ"]
+    else:
+        parts = [f"{_percent(s['effect_size'])} of mass moved"]
+        if s.get("new_share"):
+            parts.append(f"new {_percent(s['new_share'])} (expected {_percent(s['new_share_expected'])})")
+    return ", ".join([*parts, _fmt_p(p)])
+
+
+def _judge(m: _Measured, p_adjusted: float, t: DriftThresholds, tested: int) -> ColumnDrift:
+    """The verdict: drift when the change is significant (``p_adjusted`` below ``alpha``) and
+    material (the effect at least the column's floor, or PSI above ``psi_warning``); then
+    critical when PSI is above ``psi_critical`` or more than half of current is in new
+    categories, else warning. A change of null share is at least a warning on its own."""
+    s = m.stats
+    name = m.common["column"]
+    floor = t.floor_for(name, m.kind)
+    psi, effect = s["psi"], s["effect_size"]
+    effect_text = _effect_text(m.kind, s, p_adjusted)
+    unit = "σ" if m.kind == "numeric" else ""
+    floor_text = f"{_fmt(floor)}{unit}" if m.kind == "numeric" else _percent(floor)
+    effect_fmt = f"{_fmt(effect)}{unit}" if m.kind == "numeric" else _percent(effect)
+    significant = p_adjusted < t.alpha
+    material = effect >= floor or psi > t.psi_warning
+    over = f" over {tested} columns (Benjamini–Hochberg)" if tested > 1 else ""
+    notes = list(m.notes)
+    if significant and material:
+        new_share = s.get("new_share") or 0.0
+        if psi > t.psi_critical:
+            severity, why = "critical", f"PSI {_fmt(psi)} > {t.psi_critical}"
+        elif new_share > NEW_SHARE_CRITICAL:
+            severity, why = "critical", f"{_percent(new_share)} of current values in new categories (more than {_percent(NEW_SHARE_CRITICAL)})"
+        else:
+            severity, why = "warning", f"PSI {_fmt(psi)}"
+        size = f"effect {effect_fmt} >= floor {floor_text}" if effect >= floor else f"PSI {_fmt(psi)} > {t.psi_warning}"
+        head = f"drift ({PRIORITIES[severity]}): {effect_text}; {size}, significant at {t.alpha}{over}; {why}"
+    elif significant:
+        severity = "ok"
+        head = (
+            f"no drift: {effect_text}; real but small: effect {effect_fmt} < floor {floor_text} "
+            f"and PSI {_fmt(psi)} <= {t.psi_warning}"
+        )
+    else:
+        severity = "ok"
+        head = f"no drift: {effect_text}; not significant at {t.alpha}{over}: within sampling noise at this size; PSI {_fmt(psi)}"
+    if m.null_change and severity == "ok":
+        severity = "warning"
+        head = f"drift (P1) in null share; {head}"
     return ColumnDrift(
-        kind=kind,
+        kind=m.kind,
         severity=severity,
         finding="; ".join([head, *notes]),
-        histogram=hist,
-        **common,
-        **stats,
+        histogram=m.hist,
+        effect=effect_text,
+        pvalue_adjusted=p_adjusted,
+        floor=floor,
+        measured=m,
+        **m.common,
+        **s,
     )
+
+
+def _adjusted(results: Sequence[ColumnDrift], t: DriftThresholds) -> list[ColumnDrift]:
+    """Each compared column judged again on its p-value adjusted over all tested columns
+    (Benjamini–Hochberg, ``scipy.stats.false_discovery_control``)."""
+    from scipy.stats import false_discovery_control
+
+    tested = [i for i, r in enumerate(results) if r.measured is not None]
+    if len(tested) < 2:
+        return list(results)
+    adjusted = false_discovery_control([results[i].pvalue for i in tested], method="bh")
+    out = list(results)
+    for i, p in zip(tested, adjusted):
+        out[i] = _judge(results[i].measured, float(min(1.0, p)), t, len(tested))
+    return out
 
 
 def _kind(family: str | None, s: "pd.Series") -> str:
@@ -1117,9 +1347,9 @@ def _report(
     rows_reference: int,
     rows_current: int,
 ) -> DriftReport:
-    """The report of the compared columns, lasting warnings escalated."""
+    """The report of the compared columns, judged on p-values adjusted over them, lasting warnings escalated."""
     results = []
-    for name, result in zip(names, compared_columns):
+    for name, result in zip(names, _adjusted(compared_columns, thresholds)):
         if _escalated(result.severity, past.get(name, ()), thresholds.escalate_after_nights):
             nights = thresholds.escalate_after_nights
             lasted = f"{nights} consecutive night{'s' if nights > 1 else ''}"

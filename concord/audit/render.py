@@ -67,6 +67,7 @@ def column_rows(report: "AuditReport | dict") -> list[dict]:
                 "column": c["column"],
                 "kind": c["kind"],
                 "severity": c["severity"] + (f" ({c['priority']})" if c.get("priority") else ""),
+                "effect": c.get("effect") or "",
                 "psi": _num(c.get("psi")),
                 "kl": _num(c.get("kl")),
                 "js": _num(c.get("js")),
@@ -217,10 +218,13 @@ def render_markdown(
             f"{d.get('columns_drifted', 0)} of {d.get('columns_compared', 0)} column(s) drifted"
             + (f" (drift share {share:.3g})" if share is not None else "")
             + f"; {d.get('rows_reference')} reference rows, {d.get('rows_current')} current rows; "
-            + f"{d.get('bins')} quantile bins, epsilon {d.get('epsilon')}; PSI warning > {t.get('psi_warning')}, "
-            + f"critical > {t.get('psi_critical')}; a warning on {t.get('escalate_after_nights')} consecutive nights escalates.",
+            + f"{d.get('bins')} quantile bins, epsilon {d.get('epsilon')}; drift: significant at {t.get('alpha')} "
+            + f"(Benjamini–Hochberg over the columns) and at least the floor ({t.get('floor')}σ Wasserstein, "
+            + f"{t.get('share_floor')} of categorical mass{', per column: ' + ', '.join(f'{k} {v}' for k, v in t['floors'].items()) if t.get('floors') else ''}) "
+            + f"or PSI > {t.get('psi_warning')}; critical when PSI > {t.get('psi_critical')}; "
+            + f"a warning on {t.get('escalate_after_nights')} consecutive nights escalates.",
             "",
-            _md_table(column_rows(d), ["column", "kind", "severity", "psi", "js", "ks", "wasserstein", "chi2", "nulls", "finding"]),
+            _md_table(column_rows(d), ["column", "kind", "severity", "effect", "psi", "js", "ks", "wasserstein", "chi2", "nulls", "finding"]),
         ]
         listed = dict(plots) if isinstance(plots, Mapping) else {os.path.basename(p): p for p in plots or []}
         if listed:
@@ -384,7 +388,8 @@ def _draw(hist: ColumnHistogram, column: dict, path: str) -> None:
     for key, label in (("js", "JS"), ("ks", "KS"), ("wasserstein", "W1"), ("chi2", "χ²")):
         if column.get(key) is not None:
             stats.append(f"{label} {_num(column.get(key))}")
-    ax.set_title(f"{hist.column}: {sev}\n" + ", ".join(stats), fontsize=10)
+    effect = f"\n{column['effect']}" if column.get("effect") else ""
+    ax.set_title(f"{hist.column}: {sev}{effect}\n" + ", ".join(stats), fontsize=10)
     ax.legend(loc="best", fontsize=8, framealpha=0.8)
     fig.tight_layout()
     png = io.BytesIO()

@@ -53,6 +53,31 @@ def _float(text: str) -> float:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
 
 
+def _floor(text: str) -> tuple[str | None, float]:
+    """``--floor X`` (every numeric column) or ``--floor COLUMN=X`` (that column, in its own unit)."""
+    column, _, value = text.rpartition("=")
+    number = _float(value)
+    if number < 0:
+        raise argparse.ArgumentTypeError(f"the floor {value!r} must be a number >= 0")
+    return (column or None), number
+
+
+def _thresholds(args):
+    """The drift thresholds of ``concord audit data``'s options, the defaults where not given."""
+    from concord.audit.drift import DriftThresholds
+
+    defaults = DriftThresholds()
+    floors = dict(args.floor or ())
+    return DriftThresholds(
+        psi_warning=defaults.psi_warning if args.psi_warning is None else args.psi_warning,
+        psi_critical=defaults.psi_critical if args.psi_critical is None else args.psi_critical,
+        alpha=defaults.alpha if args.alpha is None else args.alpha,
+        floor=floors.pop(None, defaults.floor),
+        share_floor=defaults.share_floor if args.share_floor is None else args.share_floor,
+        floors=floors,
+    )
+
+
 def _names(example: str):
     def parse(text: str) -> list[str]:
         names = list(dict.fromkeys(c.strip() for c in text.split(",") if c.strip()))
@@ -81,7 +106,7 @@ def report_lines(report) -> list[str]:
         d = report.data
         ref, cur = (d.get("reference") or {}).get("label"), (d.get("current") or {}).get("label")
         lines += ["", f"data drift {ref} → {cur}: {d.get('rows_reference')} → {d.get('rows_current')} rows, drift share {d.get('drift_share')}"]
-        lines += _text_table(column_rows(d), ["column", "kind", "severity", "psi", "js", "ks", "wasserstein", "chi2", "finding"])
+        lines += _text_table(column_rows(d), ["column", "kind", "severity", "effect", "psi", "js", "ks", "wasserstein", "chi2", "finding"])
     if report.contract is not None:
         c = report.contract
         lines += ["", f"contract {c['ref']}: {'met' if c['ok'] else 'VIOLATED'} ({c['evaluated']} expectations, {len(c['failed'])} failed)"]
@@ -141,15 +166,10 @@ def _track(lineage, report, *, name: str, params: dict, plots: dict[str, str] | 
 def cmd_audit_data(args, out) -> int:
     from concord.audit.inputs import names_snapshot
     from concord.audit.render import plot_histograms_by_column
-    from concord.audit.drift import DriftThresholds
     from concord.audit.report import audit_data
 
     lineage = _tracker(args)
-    defaults = DriftThresholds()
-    thresholds = DriftThresholds(
-        psi_warning=defaults.psi_warning if args.psi_warning is None else args.psi_warning,
-        psi_critical=defaults.psi_critical if args.psi_critical is None else args.psi_critical,
-    )
+    thresholds = _thresholds(args)
     named = [s for s in (args.reference, args.current) if names_snapshot(s)]
     registry = peek_store(args.registry or default_registry()) if named or (args.contract and not _is_file(args.contract)) else None
     data_store = (peek_store(args.data_store) if args.data_store else registry) if named else None
@@ -323,6 +343,13 @@ def register(sub, common: list) -> None:
     s.add_argument("--bins", type=positive_int, default=10, metavar="N", help="reference quantile bins per numeric column (default 10)")
     s.add_argument("--psi-warning", type=_float, metavar="X", help="PSI above this is a warning, P1 (default 0.25)")
     s.add_argument("--psi-critical", type=_float, metavar="Y", help="PSI above this is critical, P0 (default 0.55)")
+    s.add_argument(
+        "--floor", type=_floor, action="append", metavar="[COLUMN=]X",
+        help="the smallest change that matters: numeric columns' Wasserstein distance in reference σ (default 0.05); "
+        "COLUMN=X sets one column's, in its unit (categorical: share of mass moved); repeatable",
+    )
+    s.add_argument("--share-floor", type=_float, metavar="X", help="categorical columns: the smallest share of mass moved that matters (default 0.005)")
+    s.add_argument("--alpha", type=_float, metavar="P", help="significance level, adjusted over the columns (default 0.005)")
     s.add_argument("--plots", metavar="DIR", help="write a PNG histogram overlay per drifted column into DIR")
     s.add_argument("--data-store", metavar="STORE", help="store holding data snapshots named by id or data/NAME (default: the registry)")
     s.set_defaults(func=cmd_audit_data)

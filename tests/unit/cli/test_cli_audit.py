@@ -73,8 +73,17 @@ def test_a_warning_exits_0_and_critical_exits_3(capsys, files):
 
 
 def test_thresholds_columns_and_bins(capsys, files):
+    # PSI no longer decides alone: a 0.7σ shift of 1,500 rows is real and above the 0.05σ floor
     code, d, _ = run(capsys, "audit", "data", files["ref"], files["warm"], "--psi-warning", "5", "--psi-critical", "9")
-    assert code == 0 and d["severity"] == "ok" and d["thresholds"]["psi_warning"] == 5.0
+    assert code == 0 and d["severity"] == "warning" and d["thresholds"]["psi_warning"] == 5.0
+    mass = {c["column"]: c for c in d["columns"]}["mass"]
+    assert mass["effect"].startswith("mean +0.") and "p < 1e-9" in mass["effect"] and mass["floor"] == 0.05
+    # a floor above the shift (W ≈ 0.7σ) for that column alone makes it ok; the others keep the default
+    code, d, _ = run(capsys, "audit", "data", files["ref"], files["warm"], "--psi-warning", "5", "--psi-critical", "9", "--floor", "mass=1")
+    assert code == 0 and d["severity"] == "ok" and d["thresholds"]["floors"] == {"mass": 1.0}
+    assert "real but small: effect 0.66" in {c["column"]: c for c in d["columns"]}["mass"]["finding"]
+    code, d, _ = run(capsys, "audit", "data", files["ref"], files["warm"], "--floor", "2", "--psi-warning", "5", "--psi-critical", "9")
+    assert d["severity"] == "ok" and d["thresholds"]["floor"] == 2.0 and d["thresholds"]["floors"] == {}
     code, d, _ = run(capsys, "audit", "data", files["ref"], files["hot"], "--columns", "kind,length", "--bins", "4")
     assert code == 0 and [c["column"] for c in d["columns"]] == ["kind", "length"] and d["bins"] == 4
     code, d, err = run(capsys, "audit", "data", files["ref"], files["hot"], "--psi-warning", "0.6", "--psi-critical", "0.5")
@@ -143,9 +152,9 @@ def test_human_output_is_a_table(capsys, files):
     lines = out.splitlines()
     assert lines[0].startswith("CRITICAL (P0): data drift: 1 of 3 columns drifted")
     header = next(line for line in lines if "COLUMN" in line)
-    assert header.split()[:6] == ["COLUMN", "KIND", "SEVERITY", "PSI", "JS", "KS"]
+    assert header.split()[:7] == ["COLUMN", "KIND", "SEVERITY", "EFFECT", "PSI", "JS", "KS"]
     mass = next(line for line in lines if line.strip().startswith("mass"))
-    assert "critical (P0)" in mass and "drift (P0)" in mass
+    assert "critical (P0)" in mass and "drift (P0)" in mass and "mean +1.8" in mass
 
 
 # ----------------------------------------------------------------------------- replicas, cards, model
