@@ -2,7 +2,9 @@
 
 An input is a ``.parquet`` or ``.csv`` file, a data snapshot id (64 hex) or a ``data/<name>`` ref
 in a data store (:func:`load_table` reads it whole, :func:`open_table` opens it for reading in
-batches, :func:`stream_drift` computes the drift of two open tables). :func:`check_contract` makes
+batches, :func:`stream_drift` computes the drift of two open tables). A reference may also be a
+profile (:mod:`concord.audit.profile`): a ``.profile`` file, or the profile stored beside a data
+snapshot, which :func:`open_reference` uses in the table's place (and can make and store). :func:`check_contract` makes
 the contract section of a table, :func:`model_holders` and :func:`store_labels` find and name the
 replicas of a model version. :func:`spec_name` and :func:`audit_name` name an audit after its inputs.
 
@@ -27,10 +29,13 @@ if TYPE_CHECKING:  # pragma: no cover
 
     from concord.lineage.contracts import Contract
     from concord.audit.drift import TableBatches
+    from concord.audit.profile import TableProfile
     from concord.stores.base import Store
 
 __all__ = [
     "INPUT_HELP",
+    "PROFILE_MODES",
+    "OpenProfile",
     "OpenTable",
     "TableSource",
     "audit_name",
@@ -38,6 +43,7 @@ __all__ = [
     "load_table",
     "model_holders",
     "names_snapshot",
+    "open_reference",
     "open_table",
     "slug",
     "spec_name",
@@ -46,6 +52,9 @@ __all__ = [
 ]
 
 INPUT_HELP = "Give a .parquet or .csv file, a data snapshot id (64 hex) or a data/<name> ref in the data store."
+#: how an audit takes a data snapshot's stored profile: use it when there is one, also make and
+#: store it when there is none (the reference is then read once, as without a profile), or never
+PROFILE_MODES = ("use", "create", "off")
 
 
 @dataclass(frozen=True)
@@ -53,16 +62,21 @@ class TableSource:
     """Where a table of an audit came from."""
 
     spec: str  # as given
-    kind: str  # "file" | "snapshot"
+    kind: str  # "file" | "snapshot" | "profile" (a profile file)
     name: str  # file name without extension, or the data snapshot's name
     path: str | None = None  # the file, for a file
     id: str | None = None  # the snapshot id, for a snapshot
     store: str | None = None  # the store's URI, for a snapshot
+    #: the reference profile the audit took the table's place: its stored snapshot's root, or the
+    #: BLAKE3 of a profile file's bytes; None when the table itself was read
+    profile: str | None = None
+    #: a local copy of that profile to log with the audit (a profile file, or one made tonight)
+    profile_file: str | None = None
 
     @property
     def label(self) -> str:
         """How reports name it: the file's name, or ``name@<id prefix>``."""
-        if self.kind == "file":
+        if self.kind in ("file", "profile"):
             return os.path.basename(self.path or self.spec)
         return f"{self.name}@{(self.id or '')[:12]}"
 
@@ -181,7 +195,7 @@ def open_table(spec: "str | os.PathLike", store: "Store | None" = None, *, which
 
 
 def stream_drift(
-    reference: OpenTable,
+    reference: "OpenTable | OpenProfile",
     current: OpenTable,
     *,
     which: tuple[str, str] = ("reference", "current"),
@@ -190,11 +204,15 @@ def stream_drift(
 ) -> DriftReport:
     """:func:`~concord.audit.drift.data_drift_batches` of two open tables, read about ``batch_bytes`` at a
     time (options: columns, thresholds, bins, history, sample_size); a file that turns out
-    unreadable is a :class:`DriftConfigError` naming the input."""
+    unreadable is a :class:`DriftConfigError` naming the input. A reference :class:`OpenProfile`
+    stands for its table: only the current table is read."""
     from concord.audit.drift import data_drift_batches
 
     tables = []
     for label, table in zip(which, (reference, current)):
+        if isinstance(table, OpenProfile):
+            tables.append(table.profile)
+            continue
         try:
             tables.append(table.batches(batch_bytes))
         except DataFormatError as exc:
@@ -202,9 +220,96 @@ def stream_drift(
     try:
         return data_drift_batches(tables[0], tables[1], **options)
     except DataFormatError as exc:
-        label = which[0] if exc.source == reference.path else which[1]
+        label = which[0] if exc.source == getattr(reference, "path", None) else which[1]
         raise DriftConfigError(label, f"{exc.source}: {exc.problem}", "Give a .parquet or .csv file (the format comes from the extension).") from exc
 
+
+
+@dataclass(frozen=True)
+class OpenProfile:
+    """A reference audited through its profile (:func:`open_reference`): where the table came from
+    (``source.profile`` names the profile) and the profile itself."""
+
+    source: TableSource
+    profile: "TableProfile"
+    created: bool = False  # made from the table tonight (and stored, when ``source.profile`` is set)
+
+
+@contextmanager
+def open_reference(
+    spec: "str | os.PathLike",
+    store: "Store | None" = None,
+    *,
+    profile: str = "use",
+    sample_size: int | None = None,
+    batch_bytes: int | None = None,
+) -> "Iterator[OpenTable | OpenProfile]":
+    """The reference ``spec`` names, opened the cheapest way: a ``.profile`` file as the profile
+    it holds; a data snapshot through the profile stored beside it (``profiles/<id>``, without
+    reading the table) unless ``profile`` is "off"; else as :func:`open_table` opens it. With
+    ``profile="create"``, a data snapshot without a stored profile is profiled as it is read (one
+    pass, as the audit reads it anyway) and the profile stored beside it; a store that refuses
+    the write leaves the audit as it is, with the profile used from memory. ``sample_size``: the
+    numeric values a new profile keeps per column (default the audit's).
+    """
+    from concord.audit.profile import is_profile_file
+
+    if profile not in PROFILE_MODES:
+        raise DriftConfigError("profile", f"is {profile!r}", f"Choose one of {', '.join(PROFILE_MODES)}.")
+    text = os.fspath(spec).strip()
+    if is_profile_file(text):
+        yield _profile_file(text)
+        return
+    if profile != "off" and names_snapshot(text) and store is not None:
+        from concord.audit.profile import stored_profile
+
+        _, (snapshot_id, info), _ = _resolve(spec, "reference", store)
+        found = stored_profile(store, snapshot_id)
+        if found is not None:
+            root, prof = found
+            yield OpenProfile(TableSource(spec=text, kind="snapshot", name=info.name, id=snapshot_id, store=store.uri, profile=root), prof)
+            return
+    with open_table(spec, store, which="reference") as ref:
+        if profile != "create" or ref.source.kind != "snapshot":
+            yield ref
+            return
+        yield _create_profile(ref, store, sample_size, batch_bytes)
+
+
+def _profile_file(path: str) -> OpenProfile:
+    from blake3 import blake3
+
+    from concord.audit.profile import TableProfile
+
+    path = os.path.abspath(path)
+    prof = TableProfile.load(path)
+    with open(path, "rb") as f:
+        digest = blake3(f.read()).hexdigest()
+    name = str(prof.source.get("name") or os.path.splitext(os.path.basename(path))[0])
+    return OpenProfile(TableSource(spec=path, kind="profile", name=name, path=path, id=prof.source.get("id"), profile=digest, profile_file=path), prof)
+
+
+def _create_profile(ref: OpenTable, store: "Store", sample_size: int | None, batch_bytes: int | None) -> OpenProfile:
+    import logging
+
+    from concord.audit.drift import SAMPLE_SIZE
+    from concord.audit.profile import profile_table, store_profile
+    from concord.errors import ConcordError
+
+    src = ref.source
+    try:
+        batches = ref.batches(batch_bytes)
+        prof = profile_table(batches, sample_size=SAMPLE_SIZE if sample_size is None else sample_size, source={"kind": "snapshot", "id": src.id, "name": src.name, "label": src.label})
+    except DataFormatError as exc:
+        raise DriftConfigError("reference", f"{ref.path}: {exc.problem}", "Give a .parquet or .csv file (the format comes from the extension).") from exc
+    root = None
+    try:
+        root = store_profile(store, src.id, prof)
+    except (ConcordError, OSError) as exc:
+        logging.getLogger(__name__).warning("profile of %s not stored in %s: %s", src.label, store.uri, " ".join(str(exc).split())[:300])
+    from dataclasses import replace
+
+    return OpenProfile(replace(src, profile=root), prof, created=True)
 
 
 def check_contract(contract: "Contract", df: "pd.DataFrame") -> dict:

@@ -44,6 +44,7 @@ def nightly_drift(
     columns: Sequence[str] | None = None,
     plots_dir: str | None = None,
     draw_plots: bool = True,
+    profile: str = "create",
 ) -> dict:
     """Tonight's data drift of ``current`` against ``reference`` (files, data snapshot ids or
     ``data/<name>`` refs in ``data_store``).
@@ -54,22 +55,36 @@ def nightly_drift(
     overlay per drifted column is written into ``plots_dir`` (default :func:`plots_folder`).
     ``thresholds`` are :class:`~concord.audit.drift.DriftThresholds` or their keywords.
 
+    ``profile`` ("create", "use" or "off"; :func:`~concord.audit.inputs.open_reference`): a
+    reference data snapshot with a stored profile is audited against the profile alone, without
+    reading the table (memory flat in its size); with "create", one without is profiled tonight,
+    as it is read, and the profile stored beside it (and written, as ``reference.profile``, beside
+    the PNGs, for the audit's MLflow run), so that the next nights read only the current table.
+
     Returns ``{name, night, drift: DriftReport.to_dict(), reference, current: TableSource dicts,
     history, history_key, plots: {column: path}}``.
     """
     from concord.audit.drift import DriftThresholds
     from concord.audit.history import night_of, previous_nights, record_night
-    from concord.audit.inputs import audit_name, open_table, stream_drift
+    from concord.audit.inputs import OpenProfile, audit_name, open_reference, open_table, stream_drift
     from concord.audit.render import plot_histograms_by_column
 
     limits = thresholds if isinstance(thresholds, DriftThresholds) else DriftThresholds(**(thresholds or {}))
-    with open_table(reference, data_store, which="reference") as ref, open_table(current, data_store, which="current") as cur:
+    with open_reference(reference, data_store, profile=profile) as ref, open_table(current, data_store, which="current") as cur:
         ref_src, cur_src = ref.source, cur.source
         name = name or audit_name(ref_src.name, cur_src.name)
         history = previous_nights(history_store, name, night) if history_store is not None else {}
         report = stream_drift(ref, cur, columns=list(columns) if columns else None, thresholds=limits, bins=bins, history=history)
     key = record_night(history_store, name, report.severities(), night, severity=report.severity) if history_store is not None else None
     tonight = night_of(night).isoformat()
+    if isinstance(ref, OpenProfile) and ref.created:  # made tonight: kept beside the PNGs for the run
+        from dataclasses import replace
+
+        from concord.audit.profile import PROFILE_FILE
+
+        kept = os.path.join(plots_dir or plots_folder(name, tonight), PROFILE_FILE)
+        ref.profile.save(kept)
+        ref_src = replace(ref_src, profile_file=kept)
     plots = plot_histograms_by_column(report, out_dir=plots_dir or plots_folder(name, tonight)) if draw_plots else {}
     return {
         "name": name,

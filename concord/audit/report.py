@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Mapping
 
 from concord.audit.drift import PRIORITIES, DriftReport, Prioritised
-from concord.audit.inputs import INPUT_HELP, TableSource, check_contract, open_table, stream_drift
+from concord.audit.inputs import INPUT_HELP, TableSource, check_contract, open_reference, open_table, stream_drift
 from concord.audit.severity import SECTION_TITLES, SECTIONS, column_order, section_severity, worst
 from concord.errors import DataFormatError, DriftConfigError
 
@@ -233,14 +233,18 @@ def audit_data(
     store: "Store | None" = None,
     *,
     contract: "Contract | None" = None,
+    profile: str = "use",
     **options: Any,
 ) -> "AuditReport":
     """The data audit ``concord audit data`` runs: the drift of ``current`` from ``reference`` (each a
     file, a data snapshot id or a ``data/<name>`` ref in ``store``), read batch by batch
     (:func:`stream_drift`, ``options`` are its keywords), and, with a
     ``contract``, the current table validated against it (read whole: great-expectations validates
-    one DataFrame). The report's ``drift`` keeps the :class:`DriftReport` (its histograms draw the PNGs)."""
-    with open_table(reference, store, which="reference") as ref, open_table(current, store, which="current") as cur:
+    one DataFrame). The report's ``drift`` keeps the :class:`DriftReport` (its histograms draw the PNGs).
+    ``reference`` may be a ``.profile`` file; a data snapshot's stored profile takes its place
+    unless ``profile`` is "off" ("create" also profiles and stores one that has none:
+    :func:`~concord.audit.inputs.open_reference`)."""
+    with open_reference(reference, store, profile=profile) as ref, open_table(current, store, which="current") as cur:
         drift = stream_drift(ref, cur, **options)
         checked = None
         if contract is not None:

@@ -4,8 +4,9 @@ The nightly flow and ``concord audit … --track`` log an audit through :func:`l
 report as :func:`run_markdown` renders it and the parameters :func:`audit_params` lists, so its
 run is the same whichever wrote it: per column ``psi/<column>``, ``ks/<column>``,
 ``js/<column>`` (where they apply), ``drift_share``, ``severity_rank`` and the counts as metrics;
-the inputs, thresholds and bins as parameters; the PNGs under ``histograms/``, ``report.json`` and
-``report.md`` as artifacts; the markdown also as the run's description. The run itself is written
+the inputs, thresholds and bins as parameters (and ``reference_profile`` when the reference was a
+profile); the PNGs under ``histograms/``, ``report.json`` and ``report.md`` as artifacts (and the
+profile file under ``profile/`` when it is at hand: a profile file, or one made by this audit); the markdown also as the run's description. The run itself is written
 by :meth:`concord.lineage.Lineage.log_run`.
 """
 
@@ -74,6 +75,12 @@ def audit_run(
         logged_params.setdefault(k, str(v))
     if report.get("bins") is not None:
         logged_params.setdefault("bins", str(report["bins"]))
+    files = {"histograms": list(plots)}
+    reference = report.get("reference") or {}
+    if reference.get("profile"):  # audited against a reference profile: which one, and the file when at hand
+        logged_params.setdefault("reference_profile", str(reference["profile"]))
+    if reference.get("profile_file") and os.path.isfile(reference["profile_file"]):
+        files["profile"] = [reference["profile_file"]]
     return {
         "experiment": AUDIT_EXPERIMENT,
         "run_name": audit_run_name(name, night, report["severity"], report.get("priority")),
@@ -87,7 +94,7 @@ def audit_run(
         },
         "params": logged_params,
         "metrics": metrics,
-        "files": {"histograms": list(plots)},
+        "files": files,
         "texts": {
             "report.json": json.dumps(report, indent=1, sort_keys=True, default=str),
             "report.md": markdown,

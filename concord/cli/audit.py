@@ -35,6 +35,7 @@ from concord.cli._common import (
     positive_int,
     readable_store,
     ref_arg,
+    writable_store,
     registry_parent,
     track_parent,
     tracking_parent,
@@ -180,7 +181,8 @@ def cmd_audit_data(args, out) -> int:
         contract = load_contract(registry, args.contract) if registry is not None else load_contract(peek_store("."), args.contract)
     # both tables are read in batches (memory does not grow with them); a contract reads current whole
     report = audit_data(
-        args.reference, args.current, data_store, contract=contract, columns=args.columns, thresholds=thresholds, bins=args.bins
+        args.reference, args.current, data_store, contract=contract, columns=args.columns, thresholds=thresholds, bins=args.bins,
+        profile=args.profile,
     )
     extra, plots = {}, {}
     if args.plots:
@@ -199,6 +201,42 @@ def cmd_audit_data(args, out) -> int:
                 plots=plots if args.plots else plot_histograms_by_column(report, out_dir=drawn),
             )
     return _finish(report, out, extra)
+
+
+def cmd_audit_profile(args, out) -> int:
+    """Profile a reference table (or a table's parts, merged) once: into a file, and beside its data snapshot."""
+    from concord.audit.inputs import names_snapshot, open_table
+    from concord.audit.profile import TableProfile, is_profile_file, merge, profile_ref, profile_table, store_profile
+
+    named = [t for t in args.tables if names_snapshot(t)]
+    beside = len(args.tables) == 1 and bool(named) and not args.no_store
+    if not args.out and not beside:
+        raise ValueError("--out FILE: say where to write the profile (only a single data snapshot's is stored beside it)")
+    store = (writable_store(args.data_store) if args.data_store else writable_store(args.registry or default_registry())) if named else None
+    parts = []
+    for spec in args.tables:
+        if is_profile_file(spec):
+            parts.append(TableProfile.load(spec))
+            continue
+        with open_table(spec, store, which="table") as table:
+            src = table.source
+            source = {"kind": src.kind, "name": src.name, "label": src.label, **({"id": src.id} if src.id else {})}
+            parts.append(profile_table(table.batches(), sample_size=args.sample_size, max_labels=args.max_labels, source=source))
+    profile = parts[0] if len(parts) == 1 else merge(*parts)
+    summary = profile.summary()
+    result: dict = {"profile": summary, "parts": len(parts)}
+    lines = [f"profile of {summary['source'].get('label') or ', '.join(args.tables)}: {profile.rows} rows, {len(profile.columns)} columns"]
+    lines += _text_table(summary["columns"], ["column", "kind", "values", "nulls", "kept", "sampled", "other_labels"])
+    if args.out:
+        result["out"] = os.path.abspath(args.out)
+        result["bytes"] = profile.save(args.out)
+        lines.append(f"written to {result['out']} ({result['bytes']:,} bytes)")
+    if beside:
+        data_id = profile.source["id"]
+        result["stored"] = {"ref": profile_ref(data_id), "root": store_profile(store, data_id, profile), "store": store.uri}
+        lines.append(f"stored beside data snapshot {data_id[:12]} as {result['stored']['ref']} in {store.uri}")
+    out.emit(result, lines)
+    return 0
 
 
 def _is_file(contract: str) -> bool:
@@ -352,7 +390,27 @@ def register(sub, common: list) -> None:
     s.add_argument("--alpha", type=_float, metavar="P", help="significance level, adjusted over the columns (default 0.005)")
     s.add_argument("--plots", metavar="DIR", help="write a PNG histogram overlay per drifted column into DIR")
     s.add_argument("--data-store", metavar="STORE", help="store holding data snapshots named by id or data/NAME (default: the registry)")
+    s.add_argument(
+        "--profile", choices=("use", "create", "off"), default="use",
+        help="a REFERENCE data snapshot's stored profile: use it when there is one (default), also create and store it, or read the table (off); "
+        "REFERENCE may also be a .profile file",
+    )
     s.set_defaults(func=cmd_audit_data)
+
+    s = audit.add_parser(
+        "profile", parents=[*common, reg],
+        help="profile a reference table once (bounded samples and counts per column) to audit against many times",
+    )
+    s.add_argument(
+        "tables", metavar="TABLE", nargs="+",
+        help="a .parquet or .csv file, a data snapshot id or data/NAME in the data store; several (or .profile files): the parts of one table, merged",
+    )
+    s.add_argument("--out", metavar="FILE", help="write the profile here (conventionally NAME.profile); needed unless one data snapshot is profiled")
+    s.add_argument("--data-store", metavar="STORE", help="store holding data snapshots named by id or data/NAME, where their profile is stored (default: the registry)")
+    s.add_argument("--no-store", action="store_true", help="do not store a data snapshot's profile beside it (write --out only)")
+    s.add_argument("--sample-size", type=positive_int, default=500_000, metavar="N", help="numeric values kept per column, a uniform sample above (default 500000, as the audit keeps)")
+    s.add_argument("--max-labels", type=positive_int, default=100_000, metavar="K", help="labels kept per categorical column, the most frequent; the rest pooled (default 100000)")
+    s.set_defaults(func=cmd_audit_profile)
 
     s = audit.add_parser(
         "replicas", parents=[*common, weights, keys, refp, lin, trk],
