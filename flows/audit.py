@@ -136,6 +136,7 @@ def nightly_drift_audit(
     night: date | None = None,
     registry: str | None = None,
     plots_dir: str | None = None,
+    reference_profile: Literal["create", "use", "off"] = "create",
     fail_on: Literal["critical", "warning", "never"] = "critical",
     tracking_uri: str | None = None,
     trust_block: str | None = None,
@@ -170,6 +171,10 @@ def nightly_drift_audit(
         registry: The store of contracts and of the audits' nightly history; empty for
             $CONCORD_REGISTRY, else $CONCORD_HOME/registry.
         plots_dir: Folder for the PNG histograms; empty for $CONCORD_HOME/audits/NAME/NIGHT.
+        reference_profile: A reference data snapshot's stored profile: use it when there is one,
+            without reading the table, and create and store it the first night (create); only
+            use one (use); or read the whole reference every night (off). A .profile file as
+            reference is always its profile.
         fail_on: Fail the run (after writing every report) when the verdict is critical (P0), at
             least a warning, or never.
         tracking_uri: MLflow tracking URI; empty for the worker's MLFLOW_TRACKING_URI (else the
@@ -198,7 +203,7 @@ def nightly_drift_audit(
         data, why = _outcome(
             data_drift_task,
             reference, current, data_store or registry, registry, name, tonight,
-            thresholds.model_dump(), bins, columns or None, plots_dir or None,
+            thresholds.model_dump(), bins, columns or None, plots_dir or None, profile=reference_profile,
         )
         if why:
             errors["data"] = why

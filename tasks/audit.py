@@ -72,6 +72,7 @@ def data_drift_task(
     columns: Sequence[str] | None = None,
     plots_dir: str | None = None,
     draw_plots: bool = True,
+    profile: str = "create",
 ) -> dict:
     """Compare the current table with its reference column by column, with the previous nights.
 
@@ -80,7 +81,8 @@ def data_drift_task(
     nights before ``night`` (YYYY-MM-DD, UTC; default today) under the audit ``name`` (default:
     from the two tables' names) escalate lasting warnings, and tonight's are recorded there. With
     ``draw_plots``, a PNG overlay per drifted column is written into ``plots_dir`` (default
-    ``$CONCORD_HOME/audits/<name>/<night>``).
+    ``$CONCORD_HOME/audits/<name>/<night>``). ``profile``: how a reference data snapshot's stored
+    profile is taken ("create", "use", "off"; :func:`concord.audit.nightly.nightly_drift`).
 
     Returns ``{name, night, drift: DriftReport.to_dict(), reference, current: TableSource dicts,
     history, history_key, plots: {column: path}}``.
@@ -92,7 +94,7 @@ def data_drift_task(
     with open_stores(data_store, history_store) as (ds, hs):
         r = nightly_drift(
             reference, current, ds, hs, name=name, night=night, thresholds=limits, bins=bins, columns=columns,
-            plots_dir=plots_dir, draw_plots=draw_plots,
+            plots_dir=plots_dir, draw_plots=draw_plots, profile=profile,
         )
     log, drift = run_logger(), r["drift"]
     for c in drift["columns"]:
