@@ -174,7 +174,7 @@ def assemble(
     ref = check_writable_ref(ref) if ref is not None else None  # "" is a mistake, not "no ref"
     got = [p if isinstance(p, NodePart) else NodePart.from_dict(p) for p in parts]
     if not got:
-        raise SpreadSnapshotError("no node reported a part; run snapshot_part on every node first")
+        raise SpreadSnapshotError("no node reported a part; run snapshot_part (concord snapshot-part) on every node first")
     files = _merge(got, list(nodes) if nodes is not None else None)
     manifest = Manifest.build(got[0].chunk_size, files)
     what = f"spread snapshot of {len(got)} node(s)" + (f" to ref {ref}" if ref else "")
@@ -207,7 +207,7 @@ def _merge(parts: list[NodePart], nodes: list[str] | None) -> list[FileEntry]:
         missing = [n for n in dict.fromkeys(nodes) if n not in seen]
         if missing:
             raise SpreadSnapshotError(
-                f"node(s) {', '.join(missing)} never reported a part; run snapshot_part there, then assemble again"
+                f"node(s) {', '.join(missing)} never reported a part; run snapshot_part (concord snapshot-part) there, then assemble again"
             )
         extra = [n for n in seen if n not in nodes]
         if extra:
@@ -281,7 +281,7 @@ def _check_complete(store: Store, manifest: Manifest) -> None:
             raise SpreadSnapshotError(
                 f"{f.path} names {len(missing)} storage file(s) no node reported ({shown}"
                 + (" …" if len(missing) > NAMED else "")
-                + "); run snapshot_part on the node(s) holding them and assemble every part, "
+                + "); run snapshot_part (concord snapshot-part) on the node(s) holding them and assemble every part, "
                 "or accept a checkpoint that cannot be loaded whole (allow_incomplete=True, --allow-incomplete)"
             )
 
