@@ -1,4 +1,4 @@
-"""Run the benchmarks and print one table per benchmark: ``python -m bench [snapshot|sync|diff|lora|tier|drift|verify|audit-memory|trust|checkout|lineage|formats|s3-scale|fanout|scale] ...``."""
+"""Run the benchmarks and print one table per benchmark: ``python -m bench [snapshot|sync|diff|lora|tier|drift|drift-power|verify|audit-memory|drift-profile|trust|checkout|lineage|formats|s3-scale|fanout|scale] ...``."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 
 from bench.common import DEFAULT_OUT, Options, Table, machine_summary, parse_size
 
-BENCHMARKS = ("snapshot", "sync", "diff", "lora", "tier", "drift", "verify", "audit-memory", "oci", "compress", "trust", "checkout", "lineage", "formats", "s3-scale", "fanout", "scale")
+BENCHMARKS = ("snapshot", "sync", "diff", "lora", "tier", "drift", "drift-power", "verify", "audit-memory", "drift-profile", "oci", "compress", "trust", "checkout", "lineage", "formats", "s3-scale", "fanout", "scale")
 DEFAULT_SIZE_GB = 2.1
 QUICK_SIZE_GB = 0.1
 #: benchmarks whose checkpoint defaults to another size (when neither --size-gb nor --quick is given)
@@ -22,7 +22,7 @@ SIZE_GB_OF = {"tier": 1.1, "audit-memory": 0.5, "formats": 0.25}
 def parse_args(argv: list[str] | None) -> tuple[list[str], Options, dict[str, Options]]:
     """The benchmarks to run, the options, and the options of those whose default size differs."""
     p = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
-    p.add_argument("which", nargs="*", metavar="{snapshot,sync,diff,lora,tier,drift,verify,audit-memory,oci,compress,trust,checkout,lineage,formats,s3-scale,fanout,scale}", help="benchmarks to run (default: all)")
+    p.add_argument("which", nargs="*", metavar="{snapshot,sync,diff,lora,tier,drift,drift-power,verify,audit-memory,drift-profile,oci,compress,trust,checkout,lineage,formats,s3-scale,fanout,scale}", help="benchmarks to run (default: all)")
     p.add_argument(
         "--size-gb",
         type=float,
