@@ -37,9 +37,9 @@ def _state(changed=()) -> dict[str, torch.Tensor]:
     return sd
 
 
-def _legacy_save(obj, path: Path) -> Path:
+def _legacy_save(obj, path: Path, protocol: int = 2) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
-    torch.save(obj, path, _use_new_zipfile_serialization=False)
+    torch.save(obj, path, _use_new_zipfile_serialization=False, pickle_protocol=protocol)
     return path
 
 
@@ -88,10 +88,13 @@ def test_a_legacy_torch_save_next_step_adds_only_the_changed_tensors(tmp_path, s
     _next_step_is_cut_at_its_tensors(tmp_path, stores[0], a, b, "model.pt", CHANGED, len(CHANGED) * 128 * 512 * 4, capsys)
 
 
-def test_a_legacy_torch_save_names_a_bare_storage_by_its_key(tmp_path):
-    """A storage saved on its own (no tensor names it); nested and shared tensors are named as in
-    a zip archive (test_checkpoint_formats.py runs that test on both)."""
-    path = _legacy_save({"bare": torch.ones(6, dtype=torch.int16).untyped_storage(), "w": torch.ones(3)}, tmp_path / "ckpt.pth")
+@pytest.mark.parametrize("protocol", [2, 4, 5])
+def test_a_legacy_torch_save_names_a_bare_storage_by_its_key(tmp_path, protocol):
+    """A storage saved on its own (no tensor names it), in pickles of any protocol torch writes;
+    nested and shared tensors are named as in a zip archive (test_checkpoint_formats.py runs that
+    test on both)."""
+    obj = {"bare": torch.ones(6, dtype=torch.int16).untyped_storage(), "w": torch.ones(3)}
+    path = _legacy_save(obj, tmp_path / "ckpt.pth", protocol)
     kind, layout = _layout(path)
     assert kind == "torch"
     assert [(name, dtype, shape) for k, name, _, _, dtype, shape in layout if k == "tensor"] == [("w", "F32", (3,))]
