@@ -80,6 +80,8 @@ _EMPTY = {"EMPTY_DICT": dict, "EMPTY_LIST": list, "EMPTY_SET": set}
 #: how deep tuples may nest (a checkpoint's go a few levels; hashing a deeper one could overflow the C stack)
 MAX_NESTING = 64
 _TUPLES = {"TUPLE1": 1, "TUPLE2": 2, "TUPLE3": 3}
+_PUTS = frozenset(["PUT", "BINPUT", "LONG_BINPUT"])
+_GETS = frozenset(["GET", "BINGET", "LONG_BINGET"])
 
 
 def read(data: bytes) -> Any:
@@ -108,15 +110,24 @@ def _walk(data: io.BytesIO) -> Any:
     stack: list = []
     marks: list[int] = []
     memo: dict = {}
-    nesting: dict[int, int] = {}  # id of each tuple and frozenset built → how deep it nests
+    nesting: dict[int, int] = {}  # id of each tuple and frozenset built holding another → how deep it nests
 
     def frozen(kind: type, items) -> Any:
         """A tuple or frozenset, refused when it nests too deep to hash (hashing recurses in C)."""
-        depth = 1 + max((nesting.get(id(x), 1) for x in items if type(x) in (tuple, frozenset)), default=0)
+        depth = 1
+        for x in items:
+            t = type(x)
+            if t is tuple or t is frozenset:
+                d = nesting.get(id(x), 1) + 1
+                if d > depth:
+                    depth = d
         if depth > MAX_NESTING:
             raise Unreadable(f"tuples nested over {MAX_NESTING} deep")
         value = kind(items)
-        nesting[id(value)] = depth
+        if depth > 1:
+            nesting[id(value)] = depth
+        elif nesting:
+            nesting.pop(id(value), None)  # an id a freed deeper tuple had
         return value
 
     def pop_mark() -> list:
@@ -127,8 +138,22 @@ def _walk(data: io.BytesIO) -> Any:
 
     for op, arg, _pos in pickletools.genops(data):
         name = op.name
-        if name in _SCALARS:
+        # the opcodes a state dict is made of most come first
+        if name in _PUTS:
+            memo[arg] = stack[-1]
+        elif name in _GETS:
+            stack.append(memo[arg])
+        elif name in _SCALARS:
             stack.append(arg)
+        elif name == "MARK":
+            marks.append(len(stack))
+        elif name in _TUPLES:
+            n = _TUPLES[name]
+            if len(stack) < n:
+                raise Unreadable(f"{name} on a stack of {len(stack)}")
+            items = frozen(tuple, stack[len(stack) - n :])
+            del stack[len(stack) - n :]
+            stack.append(items)
         elif name in _CONSTANTS:
             stack.append(_CONSTANTS[name])
         elif name == "EMPTY_TUPLE":
@@ -141,21 +166,12 @@ def _walk(data: io.BytesIO) -> Any:
             if len(stack) != 1 or marks:
                 raise Unreadable("pickle stack does not end with one value")
             return stack[0]
-        elif name == "MARK":
-            marks.append(len(stack))
         elif name == "POP":
             stack.pop()
         elif name == "POP_MARK":
             pop_mark()
         elif name == "DUP":
             stack.append(stack[-1])
-        elif name in _TUPLES:
-            n = _TUPLES[name]
-            if len(stack) < n:
-                raise Unreadable(f"{name} on a stack of {len(stack)}")
-            items = frozen(tuple, stack[len(stack) - n :])
-            del stack[len(stack) - n :]
-            stack.append(items)
         elif name == "TUPLE":
             stack.append(frozen(tuple, pop_mark()))
         elif name == "LIST":
@@ -220,12 +236,8 @@ def _walk(data: io.BytesIO) -> Any:
             stack.append(PersId(arg))
         elif name == "BINPERSID":
             stack.append(PersId(stack.pop()))
-        elif name in ("PUT", "BINPUT", "LONG_BINPUT"):
-            memo[arg] = stack[-1]
         elif name == "MEMOIZE":
             memo[len(memo)] = stack[-1]
-        elif name in ("GET", "BINGET", "LONG_BINGET"):
-            stack.append(memo[arg])
         else:  # EXT1/2/4, NEXT_BUFFER, READONLY_BUFFER, and any opcode of a later protocol
             raise Unreadable(f"pickle opcode {name} is not followed")
     raise Unreadable("pickle ends without STOP")

@@ -31,8 +31,8 @@ from concord.snapshots.safetensors_header import DTYPE_BITS
 MAGIC_NUMBER = 0x1950A86A20F9469CFC6C
 PROTOCOL_VERSION = 1001
 
-#: the first window of the file the pickles are looked for in; grown (×4) while they run past it
-_WINDOW = 1 << 20
+#: the first window of the file the pickles are looked for in; grown (×8) while they run past it
+_WINDOW = 4 << 20
 #: how deep the walk for persistent ids goes (a checkpoint's objects nest a few levels)
 _MAX_DEPTH = 64
 _COUNT = struct.Struct("<Q")
@@ -76,7 +76,7 @@ def _pickles(fd: int, size: int) -> tuple[Any, list[str], int]:
         except Unreadable:
             if buf.tell() < window or window >= cap:  # it failed inside what it had: not for want of bytes
                 raise
-        window = min(cap, window * 4)
+        window = min(cap, window * 8)
 
 
 def _read_pickles(buf: io.BytesIO) -> tuple[Any, list[str], int]:
