@@ -250,9 +250,13 @@ def test_damaged_lying_or_hostile_files_are_one_opaque_part_and_nothing_runs(tmp
 
 
 @pytest.mark.parametrize("tail", [b"", os.urandom(40)], ids=["exact", "trailing-bytes"])
-def test_a_legacy_file_with_a_large_pickle_is_read_past_the_first_window(tmp_path, tail):
-    """Names long enough that the object's pickle is larger than the first window read."""
+def test_a_legacy_file_with_a_large_pickle_is_read_past_the_first_window(tmp_path, tail, monkeypatch):
+    """An object's pickle larger than the first window read (made small here: 64 KiB)."""
+    from concord.snapshots.formats import torchlegacy
+
+    monkeypatch.setattr(torchlegacy, "_WINDOW", 64 * 1024)
     sd = {f"module.{'x' * 200}.{i}": torch.full((4,), float(i)) for i in range(6000)}
+    assert len(_legacy_bytes(sd)) > 8 * 64 * 1024  # two windows too short: 64 KiB, then 512 KiB
     path = tmp_path / "big.pt"
     path.write_bytes(_legacy_bytes(sd) + tail)
     kind, layout = _layout(path)
