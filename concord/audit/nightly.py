@@ -1,7 +1,8 @@
 """The nightly audit's own steps, beyond the report: tonight's data drift, and what is said about it.
 
 :func:`nightly_drift` compares the current table with its reference (both read in batches, so
-memory does not grow with them), escalates lasting warnings with the nights before (a history
+memory does not grow with them; a reference data snapshot through its stored profile, made the
+first night, so that the nights after read only the current table), escalates lasting warnings with the nights before (a history
 store), records tonight for the next night, and draws a PNG overlay per drifted column.
 :func:`audit_summary` is what a notification about a finished audit carries: its verdict and
 severities, the worst columns, the contract's failures, the replicas and the model cards, each

@@ -1,8 +1,10 @@
-"""``concord audit data|replicas|cards|model``: drift audits from the terminal.
+"""``concord audit data|profile|replicas|cards|model``: drift audits from the terminal.
 
 ``data`` compares a current table with its reference (parquet or CSV files, or data snapshots
 from the registry) column by column, optionally validates it against its schema contract, and
-can draw the drifted columns' histograms. ``replicas`` compares one snapshot's weights across
+can draw the drifted columns' histograms; its reference may be a profile (a ``.profile`` file, or
+the one stored beside a data snapshot), which ``profile`` makes once, of a table or of its parts
+merged. ``replicas`` compares one snapshot's weights across
 cluster stores (by Merkle root, then tensor by tensor in ULPs), ``cards`` its model cards, and
 ``model`` does both for a registered model version, finding its stores through lineage.
 
