@@ -32,7 +32,7 @@ import sys
 import time
 from pathlib import Path
 
-from bench.common import DATA_FORMAT, MB, Options, Row, Table, Target, log, probe_memory, read_json, remove, write_json_atomic
+from bench.common import DATA_FORMAT, MB, Options, Row, Table, Target, log, probe_memory, read_json, remove, wait_for_idle, write_json_atomic
 
 SEED = 20_261_202
 SIZES = (2_500_000, 5_000_000)
@@ -156,9 +156,12 @@ def run(opts: Options) -> list[Table]:
     plots.mkdir(parents=True, exist_ok=True)
     audited = nights(sizes)
     results: dict[tuple[tuple[int, int], str], list[dict]] = {}
+    loads: list[float] = []  # other processes' share of the CPUs before each night's pair
     for i in range(opts.runs):
         for night in audited:
             # interleaved, so a busy machine slows both alike, and each first every other run
+            busy = wait_for_idle(opts.wait_idle)
+            loads.append(busy)
             for mode in ("off", "use") if i % 2 == 0 else ("use", "off"):
                 results.setdefault((night, mode), []).append(measure(store, night, mode, plots))
     best = {k: min(v, key=lambda r: r["seconds"]) for k, v in results.items()}
@@ -180,6 +183,7 @@ def run(opts: Options) -> list[Table]:
     t.add(Row(f"making the profile once, {large:,} rows", profile_seconds[str(large)], best[(l_night, "off")]["seconds"], "s", None, "one raw audit"))
     t.notes += [
         f"best of {opts.runs} run(s) (the two audits interleaved, each first every other run), peaks the highest; peak RSS of the child above nothing (imports included: {best[(s_night, 'off')]['baseline_mb']:.0f} MB before the audit)",
+        f"other processes' share of the CPUs before each pair: {', '.join(f'{x:.0%}' for x in loads)}",
         "raw = `nightly_drift(..., profile='off')`: both snapshots restored and read in one pass each; "
         "profile = `profile='use'`: the stored profile restored and read, then the current table",
         "each run's own ratio (the two audits of a night side by side): " + "; ".join(
