@@ -47,7 +47,9 @@ def cmd_checkout(args, out) -> int:
     if args.status:
         return _status(args, out)
     if args.rollback:
-        r = versions.rollback(args.dest, wait=args.wait)
+        from concord.api import rollback_checkout
+
+        r = rollback_checkout(args.dest, wait=args.wait)
         out.emit(r.to_dict(), [f"{r.path} → {r.root[:12]} (rolled back from {r.previous[:12]}) in {r.seconds:.3f} s"])
         return 0
     if args.prune:
@@ -62,8 +64,7 @@ def cmd_checkout(args, out) -> int:
         return 0
     if not args.store or not (args.ref or args.root):
         raise ValueError("give STORE and --ref REF (or --root ROOT) to check out, or --rollback / --status / --prune")
-    from concord.serving.checkout import checkout
-    from concord.snapshots.refs import load_manifest, resolve_root
+    from concord.api import checkout
 
     health = _health(args)
     store = readable_store(args.store)
@@ -72,13 +73,9 @@ def cmd_checkout(args, out) -> int:
         from concord.stores import open_store
 
         cache = keyed_store(open_store(args.cache), args.cache_key_file, "--cache-key-file")
-    root = resolve_root(store, args.ref or args.root)
-    from concord.trust import check_root, load_policy
-
-    policy = load_policy(args.trust)  # --trust, else $CONCORD_TRUSTED_KEYS, else none
-    check_root(store, root, policy)  # an untrusted root: refused before its manifest is even read
+    # --trust, else $CONCORD_TRUSTED_KEYS, else none; an untrusted root is refused before its manifest is read
     r = checkout(
-        store, load_manifest(store, root), args.dest, cache=cache, keep=args.keep, health=health, trust=policy,
+        store, args.dest, ref=args.ref, root=args.root, trust=args.trust, cache=cache, keep=args.keep, health=health,
         wait=args.wait, fsync=not args.no_fsync, rehash=args.rehash, progress=out.progress,
     )
     if r.switched:

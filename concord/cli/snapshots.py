@@ -38,7 +38,6 @@ def _policy(args):
 
 def cmd_snapshot(args, out) -> int:
     from concord.snapshots.manifest import DEFAULT_CHUNK_SIZE
-    from concord.snapshots.snapshot import snapshot
 
     options = dict(ref=args.ref, chunk_size=args.chunk_size or DEFAULT_CHUNK_SIZE, message=args.message or "", progress=out.progress)
     signed = None
@@ -54,8 +53,10 @@ def cmd_snapshot(args, out) -> int:
         store = writable_store(args.store)
         r, signed = snapshot_signed(args.source, store, data, policy.keys, where=args.signature, **options)
     else:
+        from concord.api import snapshot as take
+
         store = writable_store(args.store)
-        r = snapshot(args.source, store, **options)
+        r = take(args.source, store, **options)
     d, lines = _snapshot_answer(r, store)
     if signed is not None:
         d["signed_by"] = [signed.key_id]
@@ -148,13 +149,12 @@ def _read_part(path: str) -> dict:
 
 
 def cmd_diff(args, out) -> int:
-    from concord.snapshots.diff import diff_manifests
-    from concord.snapshots.refs import load_manifest, resolve_root
+    from concord.api import diff
 
     sa = readable_store(args.store)
-    sb = keyed_store(readable_store(args.against), args.against_key_file, "--against-key-file") if args.against else sa
-    ra, rb = resolve_root(sa, args.a), resolve_root(sb, args.b)
-    d = diff_manifests(load_manifest(sa, ra), load_manifest(sb, rb))
+    sb = keyed_store(readable_store(args.against), args.against_key_file, "--against-key-file") if args.against else None
+    d = diff(sa, args.a, args.b, against=sb)
+    ra, rb = d.a, d.b
     payload = d.to_dict()
     if d.same:
         lines = [f"same snapshot {ra}"]
@@ -169,16 +169,12 @@ def cmd_diff(args, out) -> int:
 
 
 def cmd_sync(args, out) -> int:
-    from concord.snapshots.sync import replicate
-    from concord.trust.copying import signature_problem
+    from concord.api import sync
 
     policy = _policy(args)  # an empty list fails before any store is opened (or made)
     src = keyed_store(writable_store(args.source), args.source_key_file, "--source-key-file")
     targets = [keyed_store(writable_store(t), args.target_key_file, "--target-key-file") for t in args.targets]
-    check = policy.require if policy is not None else None
-    results = replicate(
-        src, targets, ref=args.ref, root=args.root, progress=out.progress, check_root=check, check_signature=signature_problem
-    )
+    results = sync(src, targets, ref=args.ref, root=args.root, trust=policy, progress=out.progress)
     lines = []
     for r in results:
         raw = f" ({human(r.raw_bytes_sent)} raw)" if r.raw_bytes_sent != r.bytes_sent else ""
@@ -192,21 +188,16 @@ def cmd_sync(args, out) -> int:
 
 
 def cmd_restore(args, out) -> int:
-    from concord.snapshots.refs import load_manifest, resolve_root
-    from concord.snapshots.restore import restore
+    from concord.api import restore
 
-    policy = _policy(args)
-    store = readable_store(args.store)
-    root = resolve_root(store, args.ref or args.root)
-    check = policy.restore_check if policy is not None else None
-    r = restore(store, load_manifest(store, root), args.out_dir, progress=out.progress, check_root=check)
+    r = restore(args.store, args.out_dir, ref=args.ref, root=args.root, trust=args.trust, progress=out.progress)
     out.emit(r.to_dict(), [f"restored {r.root[:12]}: {r.files} files, {human(r.bytes)} into {r.path}"])
     return 0
 
 
 def cmd_verify(args, out) -> int:
+    from concord.api import verify
     from concord.errors import IntegrityError
-    from concord.snapshots.verify import verify
 
     policy = _policy(args)  # an empty list fails before any chunk is read
     store = readable_store(args.store)
@@ -283,10 +274,9 @@ def _trust_lines(store, args, payload: dict, lines: list[str], policy) -> list[s
 
 
 def cmd_rollback(args, out) -> int:
-    from concord.snapshots.refs import rollback
+    from concord.api import rollback
 
-    store = writable_store(args.store)
-    r = rollback(store, args.ref, args.to)
+    r = rollback(args.store, args.ref, to=args.to)
     out.emit(r.to_dict(), [f"{r.ref}: {r.previous[:12]} → {r.root[:12]} (version {r.version})"])
     return 0
 

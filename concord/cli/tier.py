@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import argparse
 
-from concord.cli._common import TRUST_HELP, fail, human, open_lineage, peek_store, positive_int, track_parent, tracking_parent, whole_number
+from concord.cli._common import TRUST_HELP, fail, human, open_lineage, positive_int, track_parent, tracking_parent, whole_number
 
 TIERS = ("hot", "warm", "cold")
 
@@ -178,10 +178,10 @@ def _sweep_failure(r: dict) -> str:
 
 
 def cmd_add(args, out) -> int:
-    from concord.tiering.engine import add_checkpoint
+    from concord.api import tier_add
 
     policy = _policy(args)
-    r = add_checkpoint(policy, args.checkpoint_dir, args.name, step=args.step, progress=out.progress).to_dict()
+    r = tier_add(policy, args.checkpoint_dir, args.name, step=args.step, progress=out.progress).to_dict()
     sent = ", ".join(f"{t} {_human(n)}" for t, n in r["new_bytes"].items())
     step = "" if r["step"] is None else f", step {r['step']}"
     lines = [f"added {r['name']} ({r['root'][:12]}{step}, {_human(r['bytes'])}) to {policy.namespace}; new bytes as stored: {sent}"]
@@ -196,9 +196,9 @@ def cmd_add(args, out) -> int:
 
 
 def cmd_sweep(args, out) -> int:
-    from concord.tiering.engine import sweep
+    from concord.api import tier_sweep
 
-    r = sweep(_policy(args), dry_run=args.dry_run, progress=out.progress).to_dict()
+    r = tier_sweep(_policy(args), dry_run=args.dry_run, progress=out.progress).to_dict()
     out.emit(r, sweep_lines(r))
     if r["errors"] or r["violations"]:
         return fail(_sweep_failure(r))
@@ -206,38 +206,20 @@ def cmd_sweep(args, out) -> int:
 
 
 def cmd_status(args, out) -> int:
-    from concord.errors import StoreAccessError, StoreUnreachableError
-    from concord.tiering.engine import tier_status
-    from concord.tiering.policy import unavailable_store
+    from concord.api import tier_status
 
-    policy = _policy(args)
-    # status only reads: a tier's folder that is not there yet holds nothing, and is not created
-    stores = {t: peek_store(policy.tier(t).store) for t in TIERS}
-    try:
-        status = tier_status(policy, stores=stores)
-    except (StoreUnreachableError, StoreAccessError) as exc:  # named with the policy file, tier and endpoint
-        named = unavailable_store(policy, stores, exc)
-        if named is exc:
-            raise
-        raise named from exc
+    # status only reads: a tier's folder that is not there yet holds nothing, and is not created;
+    # an unreachable one is named with the policy file, tier and endpoint
+    status = tier_status(_policy(args))
     out.emit(status, status_lines(status, wide=args.wide))
     return 0
 
 
 def cmd_restore(args, out) -> int:
-    from concord.tiering.restore import restore_checkpoint
+    from concord.api import tier_restore
 
-    from concord.trust import load_policy
-
-    trust = load_policy(args.trust)
-    r = restore_checkpoint(
-        _policy(args),
-        args.name,
-        args.out_dir,
-        tier=args.tier,
-        timeout=args.timeout,
-        progress=out.progress,
-        check_root=trust.restore_check if trust is not None else None,
+    r = tier_restore(
+        _policy(args), args.name, args.out_dir, tier=args.tier, timeout=args.timeout, trust=args.trust, progress=out.progress
     ).to_dict()
     waited = f", {_seconds(r['wait_seconds'])} of it waiting on the archive" if r.get("wait_seconds") else ""
     lines = [
@@ -264,14 +246,14 @@ def drill_lines(r: dict) -> list[str]:
 
 
 def cmd_drill(args, out) -> int:
-    from concord.tiering.drill import run_drill
+    from concord.api import tier_drill
 
     policy = _policy(args)
     lineage = None
     if args.track:  # an unreachable tracking server fails before the drill starts
         lineage = open_lineage(args.tracking_uri)
         lineage.ensure_ready()
-    r = run_drill(policy, sample=args.sample, progress=out.progress).to_dict()
+    r = tier_drill(policy, sample=args.sample, progress=out.progress).to_dict()
     lines = drill_lines(r)
     if lineage is not None:
         from concord.tiering.tracking import log_drill

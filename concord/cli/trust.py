@@ -20,20 +20,16 @@ def key_password(args) -> str | None:
 
 
 def cmd_sign(args, out) -> int:
-    from concord.files import atomic_write
-    from concord.snapshots.refs import resolve_root
-    from concord.stores import canonical_ref
-    from concord.trust import load_signing_key_spec, sign_root
+    from concord.api import sign
+    from concord.trust import load_signing_key_spec
 
     key = load_signing_key_spec(args.key, key_password(args))  # a bad key fails before the store is read
     store = writable_store(args.store)
-    root = resolve_root(store, args.ref or args.root)
-    ref = canonical_ref(args.ref.partition("~")[0]) if args.ref else None
-    r, data = sign_root(store, root, key, ref=ref, model_name=args.name, progress=out.progress)
+    r = sign(store, key, ref=args.ref, root=args.root, name=args.name, out=args.out, progress=out.progress)
+    root = r.root
     d = r.to_dict()
     d["store"] = store.uri
     if args.out:
-        atomic_write(os.path.abspath(args.out), data)
         d["out"] = os.path.abspath(args.out)
     lines = [
         f"signed {root}",

@@ -5,12 +5,13 @@ input, ``FileNotFoundError`` / ``KeyError`` for things that are not there, ``Con
 for an endpoint that does not answer), carries its context as attributes, and says in its
 message what to do next.
 
-One module per area (``base``, ``stores``, ``snapshots``, ``lineage``, ``federation``,
+One module per area (``api``, ``base``, ``stores``, ``snapshots``, ``lineage``, ``federation``,
 ``tiering``, ``audit``, ``serving``, ``trust``, ``prefect``); every error is imported from here: ``from concord.errors import X``.
 """
 
 from __future__ import annotations
 
+from concord.errors.api import ApiArgumentError
 from concord.errors.base import ConcordError
 from concord.errors.stores import (
     ChunkArchivedError,
@@ -125,6 +126,7 @@ from concord.errors.trust import (
 )
 
 __all__ = [
+    "ApiArgumentError",
     "ConcordError",
     "InvalidNameError",
     "ManifestError",

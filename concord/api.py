@@ -1,0 +1,765 @@
+"""The verbs of Concord for a Python caller, with the defaults of the ``concord`` CLI.
+
+``import concord`` gives every name here lazily (``concord.snapshot``, ``concord.checkout``, …);
+the CLI's commands call these same functions. Each verb:
+
+- takes stores as a :class:`~concord.stores.Store`, a :class:`~concord.stores.StoreAddress` or the
+  text a person types (a folder, ``file:///path``, ``s3://bucket/prefix?connections=N``,
+  ``block:NAME`` when the ``blocks`` package is installed);
+- names what to act on with ``ref=`` (``models/x``, or ``models/x~1`` for the version before) or
+  ``root=`` (64 hex);
+- reads the trust policy as the CLI does: ``trust=`` (a :class:`~concord.trust.TrustPolicy`, or
+  comma-separated PEM paths and ``block:NAME`` entries), else ``$CONCORD_TRUSTED_KEYS``; with
+  neither, nothing is checked;
+- reads an encrypted store's key from ``key_file=``, else ``$CONCORD_KEY_FILE``;
+- shows progress bars on a terminal's stderr (``progress=False``: none; or a
+  :class:`~concord.progress.Progress` of the caller's);
+- returns the typed result whose ``to_dict()`` is what the CLI's ``--json`` prints.
+
+Errors are :class:`~concord.errors.ConcordError` subclasses, each one line naming the fix.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING, Any, Sequence, Union
+
+if TYPE_CHECKING:  # pragma: no cover
+    from concord.audit.report import AuditReport
+    from concord.federation.seen import RememberedReport
+    from concord.lineage import Lineage
+    from concord.lineage.data import DataSnapshot
+    from concord.progress import Progress
+    from concord.serving.checkout import CheckoutResult
+    from concord.serving.health import HealthCheck
+    from concord.serving.versions import RollbackResult as CheckoutRollbackResult
+    from concord.snapshots.diff import DiffResult
+    from concord.snapshots.refs import RollbackResult
+    from concord.snapshots.restore import RestoreResult
+    from concord.snapshots.snapshot import SnapshotResult
+    from concord.snapshots.sync import TargetResult
+    from concord.snapshots.verify import VerifyResult
+    from concord.stores import Store, StoreAddress
+    from concord.tiering import AddResult, DrillResult, SweepResult, TierPolicy, TierRestoreResult
+    from concord.trust import SigningKey, TrustPolicy, Verdict
+    from concord.trust.signing import SignResult
+
+#: what a verb takes as a store: the store itself, its parsed address, or the text a person types
+StoreLike = Union["Store", "StoreAddress", str, "os.PathLike[str]"]
+#: a trust policy, or the text ``--trust`` takes; None: ``$CONCORD_TRUSTED_KEYS``, else no check
+TrustLike = Union["TrustPolicy", str, None]
+#: None or True: bars on a terminal's stderr (as the CLI); False: none; or a Progress of one's own
+ProgressLike = Union["Progress", bool, None]
+#: a tier policy: the object, a YAML file, or ``block:NAME``
+PolicyLike = Union["TierPolicy", str, "os.PathLike[str]"]
+
+# ----------------------------------------------------------------------------- shared defaults
+
+
+def open_store(
+    store: StoreLike, *, key_file: str | os.PathLike | None = None, create: bool = True, must_exist: bool = False
+) -> Store:
+    """The store ``store`` names, as the CLI opens it (a :class:`~concord.stores.Store` is returned
+    as it is).
+
+    Args:
+        store: a Store, a StoreAddress, or the text a person types (folder, ``file:///path``,
+            ``s3://bucket/prefix?connections=N``, ``block:NAME``).
+        key_file: the key of an encrypted store (default: ``$CONCORD_KEY_FILE`` when needed).
+        create: make a folder store that is not there yet (False: it reads as empty).
+        must_exist: refuse a folder that is not there.
+
+    Raises:
+        InvalidStoreURIError: the text names no store. StoreKeyFileError: the key file does not read.
+    """
+    from concord.stores import open_store as open_spec
+
+    return _unlocked(open_spec(store, create=create, must_exist=must_exist), key_file)
+
+
+def _unlocked(store: Store, key_file: str | os.PathLike | None) -> Store:
+    """``store`` given the key in ``key_file`` (None: it reads ``$CONCORD_KEY_FILE`` when needed)."""
+    if key_file is not None:
+        from concord.stores.cipher import read_key_file
+
+        store.unlock(read_key_file(os.fspath(key_file)))
+    return store
+
+
+def _to_read(store: StoreLike, key_file: str | os.PathLike | None) -> Store:
+    """The store for a verb that only reads: never created; a path holding no store is an error."""
+    from concord.stores import open_store_to_read
+
+    return _unlocked(open_store_to_read(store), key_file)
+
+
+def _policy(trust: TrustLike) -> TrustPolicy | None:
+    """``trust`` as a policy; None reads ``$CONCORD_TRUSTED_KEYS`` (an empty list is an error)."""
+    from concord.trust import TrustPolicy, load_policy
+
+    return trust if isinstance(trust, TrustPolicy) else load_policy(trust)
+
+
+def _progress(progress: ProgressLike) -> Progress:
+    """The progress reporter a verb hands the core (bars only on a terminal, as the CLI)."""
+    from concord.progress import NullProgress, TqdmProgress
+
+    if progress is None or progress is True:
+        return TqdmProgress()
+    if progress is False:
+        return NullProgress()
+    return progress
+
+
+def _root(function: str, store: Store, ref: str | None, root: str | None) -> str:
+    """The 64-hex root ``ref`` (``NAME`` or ``NAME~N``) or ``root`` names in ``store``."""
+    from concord.errors import ApiArgumentError
+    from concord.snapshots.refs import resolve_root
+
+    if (ref is None) == (root is None):
+        raise ApiArgumentError(function, "give exactly one of ref= (e.g. 'models/x' or 'models/x~1') and root= (64 hex)")
+    return resolve_root(store, ref if ref is not None else root)
+
+
+# ----------------------------------------------------------------------------- snapshots
+
+
+def snapshot(
+    source: str | os.PathLike,
+    store: StoreLike,
+    *,
+    ref: str | None = None,
+    chunk_size: int | None = None,
+    message: str = "",
+    key_file: str | os.PathLike | None = None,
+    progress: ProgressLike = None,
+) -> SnapshotResult:
+    """Snapshot the checkpoint folder (or file) ``source`` into ``store``: ``concord snapshot``.
+
+    Args:
+        source: the folder or file to take; safetensors, DCP, torch.save and GGUF files are cut at
+            their tensors.
+        store: where the chunks and the manifest go (a folder that is not there is created).
+        ref: point this ref (``[namespace/]name``) at the new root, by compare-and-swap.
+        chunk_size: bytes per chunk (default 4 MiB; 64 KiB to 64 MiB).
+        message: a note kept in the ref's history.
+
+    Returns the :class:`SnapshotResult` (``root``, counts, what was new in the store).
+
+    Raises:
+        SourceNotFoundError, SourceChangedError, RefConflictError, StoreKeyError, StoreAccessError.
+    """
+    from concord.snapshots.manifest import DEFAULT_CHUNK_SIZE
+    from concord.snapshots.snapshot import snapshot as take
+
+    target = open_store(store, key_file=key_file)
+    return take(source, target, ref=ref, chunk_size=chunk_size or DEFAULT_CHUNK_SIZE, message=message, progress=_progress(progress))
+
+
+def sync(
+    source: StoreLike,
+    targets: StoreLike | Sequence[StoreLike],
+    *,
+    ref: str | None = None,
+    root: str | None = None,
+    trust: TrustLike = None,
+    key_file: str | os.PathLike | None = None,
+    target_key_file: str | os.PathLike | None = None,
+    progress: ProgressLike = None,
+) -> list[TargetResult]:
+    """Replicate the snapshot ``ref`` (or ``root``) of ``source`` to every target: ``concord sync``.
+    Only the chunks a target lacks move; a ref moves on each target by compare-and-swap, last.
+
+    Args:
+        targets: one store or several (folders that are not there are created).
+        trust: under a policy an untrusted root is refused before anything is sent; signatures
+            travel only when they verify.
+        key_file / target_key_file: the keys of an encrypted source / of every encrypted target.
+
+    Returns one :class:`TargetResult` per target, in order.
+
+    Raises:
+        UntrustedRootError, RefNotFoundError, HistoryError, ReplicationError, StoreKeyError.
+    """
+    from concord.snapshots.sync import replicate
+    from concord.trust.copying import signature_problem
+
+    if (ref is None) == (root is None):
+        from concord.errors import ApiArgumentError
+
+        raise ApiArgumentError("sync", "give exactly one of ref= and root=")
+    policy = _policy(trust)  # an empty list fails before any store is opened (or made)
+    src = open_store(source, key_file=key_file)
+    many = [targets] if isinstance(targets, (str, os.PathLike)) or not isinstance(targets, Sequence) else list(targets)
+    dsts = [open_store(t, key_file=target_key_file) for t in many]
+    check = policy.require if policy is not None else None
+    return replicate(src, dsts, ref=ref, root=root, progress=_progress(progress), check_root=check, check_signature=signature_problem)
+
+
+def diff(
+    store: StoreLike,
+    a: str,
+    b: str,
+    *,
+    against: StoreLike | None = None,
+    key_file: str | os.PathLike | None = None,
+    against_key_file: str | os.PathLike | None = None,
+) -> DiffResult:
+    """Which files, tensors and chunks differ from snapshot ``a`` to ``b``: ``concord diff``.
+
+    Args:
+        a, b: each a ref, ``ref~N`` or a 64-hex root; ``b`` is looked up in ``against`` when given.
+
+    Returns the :class:`DiffResult` (``same``, ``changes`` by file and tensor, chunks and bytes that differ).
+
+    Raises:
+        StoreNotFoundError, RefNotFoundError, HistoryError, ManifestNotFoundError.
+    """
+    from concord.snapshots.diff import diff_manifests
+    from concord.snapshots.refs import load_manifest, resolve_root
+
+    sa = _to_read(store, key_file)
+    sb = _to_read(against, against_key_file) if against is not None else sa
+    return diff_manifests(load_manifest(sa, resolve_root(sa, a)), load_manifest(sb, resolve_root(sb, b)))
+
+
+def restore(
+    store: StoreLike,
+    out_dir: str | os.PathLike,
+    *,
+    ref: str | None = None,
+    root: str | None = None,
+    trust: TrustLike = None,
+    key_file: str | os.PathLike | None = None,
+    progress: ProgressLike = None,
+) -> RestoreResult:
+    """Write the snapshot ``ref`` (or ``root``) of ``store`` into the new folder ``out_dir``:
+    ``concord restore``. Every byte is checked against the root as it is written; under a trust
+    policy an untrusted root is refused before anything is written.
+
+    Returns the :class:`RestoreResult` (``root``, ``files``, ``bytes``, ``path``).
+
+    Raises:
+        UntrustedRootError, RestoreTargetError (``out_dir`` holds something), RefNotFoundError,
+        IntegrityError, StoreNotFoundError.
+    """
+    from concord.snapshots.refs import load_manifest
+    from concord.snapshots.restore import restore as write
+
+    policy = _policy(trust)
+    source = _to_read(store, key_file)
+    found = _root("restore", source, ref, root)
+    check = policy.restore_check if policy is not None else None
+    return write(source, load_manifest(source, found), out_dir, progress=_progress(progress), check_root=check)
+
+
+def verify(
+    store: StoreLike,
+    *,
+    ref: str | None = None,
+    root: str | None = None,
+    repair_from: StoreLike | None = None,
+    key_file: str | os.PathLike | None = None,
+    repair_key_file: str | os.PathLike | None = None,
+    progress: ProgressLike = None,
+) -> VerifyResult:
+    """Re-hash the chunks the snapshot ``ref``/``root`` needs (with neither: every ref's), and with
+    ``repair_from`` fetch good copies of bad ones from that replica: ``concord verify``.
+
+    Returns the :class:`VerifyResult`: ``ok``, ``missing``, ``corrupt``, ``repaired``, broken refs.
+    Damage is reported there, not raised; who signed a root is :func:`concord.signatures`'s answer.
+
+    Raises:
+        StoreNotFoundError, RefNotFoundError, HistoryError, StoreKeyError.
+    """
+    from concord.snapshots.verify import verify as check
+
+    if ref is not None and root is not None:
+        from concord.errors import ApiArgumentError
+
+        raise ApiArgumentError("verify", "give ref= or root= (or neither, for the whole store), not both")
+    target = _to_read(store, key_file)
+    repair = _to_read(repair_from, repair_key_file) if repair_from is not None else None
+    return check(target, ref=ref, root=root, repair_from=repair, progress=_progress(progress))
+
+
+def rollback(store: StoreLike, ref: str, *, to: str | None = None, key_file: str | os.PathLike | None = None) -> RollbackResult:
+    """Move ``ref`` back to ``to`` (a root, or 8+ hex of one, from its history; default: the
+    previous root), by compare-and-swap: ``concord rollback``.
+
+    Raises:
+        RefNotFoundError, HistoryError (no such root in the history), RefConflictError.
+    """
+    from concord.snapshots.refs import rollback as move
+
+    return move(open_store(store, key_file=key_file), ref, to)
+
+
+# ----------------------------------------------------------------------------- trust
+
+
+def sign(
+    store: StoreLike,
+    key: SigningKey | str | os.PathLike,
+    *,
+    ref: str | None = None,
+    root: str | None = None,
+    name: str | None = None,
+    out: str | os.PathLike | None = None,
+    password: str | None = None,
+    key_file: str | os.PathLike | None = None,
+    progress: ProgressLike = None,
+) -> SignResult:
+    """Sign the snapshot ``ref`` (or ``root``) with an ECDSA key, as an OpenSSF Model Signing bundle
+    kept in the store (``signatures/<root>/<key id>.sig``): ``concord sign``.
+
+    Args:
+        key: a SigningKey, a PEM file, or ``block:NAME`` (a saved Concord Trust block's key).
+        name: the model name in the signed statement (default: the ref's name).
+        out: also write the bundle to this file (``model_signing verify`` accepts it).
+        password: the PEM's password (default: ``$CONCORD_KEY_PASSWORD``).
+
+    Raises:
+        KeyFileError, KeyPasswordError, RefNotFoundError, StoreKeyError.
+    """
+    from concord.stores import canonical_ref
+    from concord.trust import SigningKey, load_signing_key_spec, sign_root
+
+    if not isinstance(key, SigningKey):  # a bad key fails before the store is read
+        key = load_signing_key_spec(key, password if password is not None else os.environ.get("CONCORD_KEY_PASSWORD") or None)
+    target = open_store(store, key_file=key_file)
+    found = _root("sign", target, ref, root)
+    result, data = sign_root(
+        target, found, key, ref=canonical_ref(ref.partition("~")[0]) if ref else None, model_name=name, progress=_progress(progress)
+    )
+    if out is not None:
+        from concord.files import atomic_write
+
+        atomic_write(os.path.abspath(os.fspath(out)), data)
+    return result
+
+
+def signatures(
+    store: StoreLike,
+    *,
+    ref: str | None = None,
+    root: str | None = None,
+    trust: TrustLike = None,
+    key_file: str | os.PathLike | None = None,
+) -> Verdict:
+    """Who signed the snapshot ``ref`` (or ``root``), checked against the trust policy:
+    ``concord signatures --trust``. Never raises for an untrusted root: read ``trusted``,
+    ``signed_by`` (verified signers only) and ``problems``.
+
+    Raises:
+        TrustPolicyError: no policy is given and ``$CONCORD_TRUSTED_KEYS`` is unset (nothing could be checked).
+    """
+    from concord.errors import TrustPolicyError
+
+    policy = _policy(trust)
+    if policy is None:
+        raise TrustPolicyError("concord.signatures", "nothing is checked without keys: pass trust='PUB.pem' or set CONCORD_TRUSTED_KEYS")
+    target = _to_read(store, key_file)
+    return policy.report(target, _root("signatures", target, ref, root))
+
+
+# ----------------------------------------------------------------------------- serving
+
+
+def checkout(
+    store: StoreLike,
+    dest: str | os.PathLike,
+    *,
+    ref: str | None = None,
+    root: str | None = None,
+    trust: TrustLike = None,
+    cache: StoreLike | None = None,
+    keep: int | None = None,
+    health: HealthCheck | None = None,
+    wait: float = 600.0,
+    fsync: bool = True,
+    rehash: bool = False,
+    key_file: str | os.PathLike | None = None,
+    cache_key_file: str | os.PathLike | None = None,
+    progress: ProgressLike = None,
+) -> CheckoutResult:
+    """Write the snapshot ``ref`` (or ``root``) beside the link ``dest``, verify every byte, and flip
+    the link atomically: ``concord checkout``. Bytes of the version served now are reused.
+
+    Args:
+        trust: under a policy (default ``$CONCORD_TRUSTED_KEYS``) a root no trusted key signed is
+            refused before its manifest is read, and nothing is written to the node.
+        cache: a local store several nodes of a host share (chunks read from it, kept in it).
+        keep: after the flip keep this many versions (never the current one or the one before).
+        health: a gate run after the flip; a failed gate flips back.
+        wait: seconds to wait for another checkout of ``dest`` to finish.
+
+    Returns the :class:`CheckoutResult` (``switched``, ``root``, ``previous``, bytes fetched and reused).
+
+    Raises:
+        UntrustedRootError, CheckoutBusyError, HealthCheckFailedError, CheckoutTargetError, RefNotFoundError.
+    """
+    from concord.serving.checkout import checkout as write
+    from concord.snapshots.refs import load_manifest
+    from concord.trust import check_root
+
+    policy = _policy(trust)
+    source = _to_read(store, key_file)
+    shared = open_store(cache, key_file=cache_key_file) if cache is not None else None
+    found = _root("checkout", source, ref, root)
+    check_root(source, found, policy)  # an untrusted root: refused before its manifest is even read
+    return write(
+        source, load_manifest(source, found), dest, cache=shared, keep=keep, health=health, trust=policy,
+        wait=wait, fsync=fsync, rehash=rehash, progress=_progress(progress),
+    )
+
+
+def rollback_checkout(dest: str | os.PathLike, *, wait: float = 600.0) -> CheckoutRollbackResult:
+    """Flip the link ``dest`` back to the version it served before, at once (no byte is fetched):
+    ``concord checkout --rollback``.
+
+    Raises:
+        NoPreviousVersionError, CheckoutBusyError, CheckoutTargetError.
+    """
+    from concord.serving.versions import rollback as flip
+
+    return flip(dest, wait=wait)
+
+
+# ----------------------------------------------------------------------------- tiering
+
+
+def _tier_policy(policy: PolicyLike) -> TierPolicy:
+    """A checked tier policy from the object, a YAML file or ``block:NAME``."""
+    from concord.tiering.policy import load_policy
+
+    return load_policy(policy)
+
+
+def tier_add(
+    policy: PolicyLike,
+    checkpoint: str | os.PathLike,
+    name: str | None = None,
+    *,
+    step: int | None = None,
+    progress: ProgressLike = None,
+) -> AddResult:
+    """Take a finished checkpoint folder into hot, copy it to warm and cold, then sweep:
+    ``concord tier add``. ``name`` defaults to the folder's name, ``step`` to the number it ends with.
+    The result's ``sweep`` lists any error or copy-rule violation left.
+
+    Raises:
+        PolicyError, CheckpointNotReadyError, CheckpointConflictError, TierStoreUnavailableError.
+    """
+    from concord.tiering.engine import add_checkpoint
+
+    return add_checkpoint(_tier_policy(policy), checkpoint, name, step=step, progress=_progress(progress))
+
+
+def tier_sweep(policy: PolicyLike, *, dry_run: bool = False, progress: ProgressLike = None) -> SweepResult:
+    """Copy what is missing from each tier and demote what the policy no longer keeps (after
+    verifying the copies that stay): ``concord tier sweep``. Problems are in the result's
+    ``errors`` and ``violations``.
+
+    Raises:
+        PolicyError, TierStoreUnavailableError.
+    """
+    from concord.tiering.engine import sweep
+
+    return sweep(_tier_policy(policy), dry_run=dry_run, progress=_progress(progress))
+
+
+def tier_status(policy: PolicyLike) -> dict:
+    """Each checkpoint × tier: present, verified when and how, bytes, plus the copy-rule
+    violations: ``concord tier status --json``. Only reads: a tier folder not there yet holds nothing.
+
+    Raises:
+        PolicyError, TierStoreUnavailableError (naming the policy, the tier and its endpoint).
+    """
+    from concord.errors import StoreAccessError, StoreUnreachableError
+    from concord.stores import open_store as open_spec
+    from concord.tiering.engine import tier_status as read
+    from concord.tiering.policy import unavailable_store
+
+    checked = _tier_policy(policy)
+    stores = {t: open_spec(checked.tier(t).store, create=False) for t in ("hot", "warm", "cold")}
+    try:
+        return read(checked, stores=stores)
+    except (StoreUnreachableError, StoreAccessError) as exc:
+        named = unavailable_store(checked, stores, exc)
+        if named is exc:
+            raise
+        raise named from exc
+
+
+def tier_restore(
+    policy: PolicyLike,
+    name: str,
+    out_dir: str | os.PathLike,
+    *,
+    tier: str | None = None,
+    timeout: float | None = None,
+    trust: TrustLike = None,
+    progress: ProgressLike = None,
+) -> TierRestoreResult:
+    """Restore checkpoint ``name`` into ``out_dir`` from the nearest tier holding it (or ``tier``),
+    waiting up to ``timeout`` seconds for an archive restore: ``concord tier restore``. Under a
+    trust policy (default ``$CONCORD_TRUSTED_KEYS``) an untrusted root is refused.
+
+    Raises:
+        TierCopyNotFoundError, RestoreTimeoutError, UntrustedRootError, RestoreTargetError.
+    """
+    from concord.tiering.restore import restore_checkpoint
+
+    checked = _policy(trust)
+    return restore_checkpoint(
+        _tier_policy(policy), name, out_dir, tier=tier, timeout=timeout, progress=_progress(progress),
+        check_root=checked.restore_check if checked is not None else None,
+    )
+
+
+def tier_drill(policy: PolicyLike, *, sample: int = 1, progress: ProgressLike = None) -> DrillResult:
+    """Restore up to ``sample`` checkpoints from each tier, verify them, and measure RTO and RPO
+    against the policy's objectives: ``concord tier drill``. A missed objective is in the
+    result's ``ok`` and ``findings``, not raised.
+
+    Raises:
+        PolicyError.
+    """
+    from concord.tiering.drill import run_drill
+
+    return run_drill(_tier_policy(policy), sample=sample, progress=_progress(progress))
+
+
+# ----------------------------------------------------------------------------- federation
+
+
+def federate_round(
+    tenant: str,
+    clusters: Sequence[StoreLike],
+    adapters: Sequence[str],
+    *,
+    method: str = "exact",
+    rank: int | None = None,
+    weights: Sequence[float] | None = None,
+    clip_norm: float | None = None,
+    robust: str = "none",
+    out_name: str = "federated",
+    ledger: StoreLike | None = None,
+    key: SigningKey | str | os.PathLike | None = None,
+    password: str | None = None,
+    tracking_uri: str | None = None,
+    track: bool = False,
+    remember: bool = True,
+    progress: ProgressLike = None,
+) -> dict:
+    """One LoRA federation round: find each adapter ref of ``tenant`` in ``clusters``, aggregate
+    (``method``: exact, stack or fedavg), snapshot the result into the first cluster as
+    ``TENANT/OUT_NAME``, replicate it to the others and append the round to the ledger (in
+    ``ledger``, default the first cluster; signed with ``key`` when given): ``concord federate run``.
+    With ``track`` the result is registered in MLflow; ``remember`` checks the ledger against, and
+    adds the round to, this machine's memory of ledgers.
+
+    Returns the round's record (what ``--json`` prints).
+
+    Raises:
+        AdapterNotFoundError, AggregationError, LedgerRollbackError, LedgerConflictError, TenantError.
+    """
+    from concord.federation.rounds import run_round
+    from concord.federation.seen import LedgerMemory
+    from concord.trust import SigningKey, load_signing_key_spec
+
+    if key is not None and not isinstance(key, SigningKey):  # a bad key fails before any store is opened
+        key = load_signing_key_spec(key, password if password is not None else os.environ.get("CONCORD_KEY_PASSWORD") or None)
+    stores = [open_store(c) for c in clusters]
+    return run_round(
+        tenant, stores, adapters, method=method, rank=rank, weights=weights, clip_norm=clip_norm, robust=robust,
+        out_name=out_name, ledger_store=open_store(ledger) if ledger is not None else None,
+        lineage=open_lineage(tracking_uri) if track else None, progress=_progress(progress), key=key,
+        memory=LedgerMemory() if remember else None,
+    )
+
+
+def federate_verify(
+    store: StoreLike,
+    tenant: str,
+    *,
+    trust: TrustLike = None,
+    min_round: int | None = None,
+    remember: bool = True,
+    forget: bool = False,
+    fix: str = "",
+) -> RememberedReport:
+    """Check ``tenant``'s ledger in ``store``: hashes, chain, head, and under a trust policy
+    (default ``$CONCORD_TRUSTED_KEYS``) every round's signature: ``concord federate verify``.
+    ``min_round`` and this machine's memory (``remember``) catch a ledger rolled back; ``forget``
+    accepts one. A tampered ledger is reported (``report.ok``), and a rollback is in ``error``.
+
+    Raises:
+        TenantError, StoreNotFoundError, TrustPolicyError.
+    """
+    from concord.federation.ledger import validate_tenant
+    from concord.federation.seen import LedgerMemory, verify_remembered
+
+    validate_tenant(tenant)
+    source = _to_read(store, None)
+    return verify_remembered(
+        source, tenant, trust=_policy(trust), min_round=min_round,
+        memory=LedgerMemory() if remember else None, forget=forget, fix=fix,
+    )
+
+
+# ----------------------------------------------------------------------------- audits
+
+
+def _labelled(stores: Sequence[StoreLike]) -> dict[str, Store]:
+    """Each store under its cluster label (its short name when unique, else its address)."""
+    from concord.audit.inputs import store_labels
+
+    opened = [_to_read(s, None) for s in stores]
+    return dict(zip(store_labels([s.uri for s in opened]), opened))
+
+
+def audit_replicas(
+    stores: Sequence[StoreLike],
+    ref: str,
+    *,
+    reference: str | None = None,
+    max_ulps: int = 1,
+    top: int = 10,
+    trust: TrustLike = None,
+    progress: ProgressLike = None,
+) -> AuditReport:
+    """Compare the snapshot ``ref`` (a ref or root) across cluster ``stores``, tensor by tensor,
+    with the one of cluster ``reference`` (default the first): ``concord audit replicas``. Under
+    a trust policy (default ``$CONCORD_TRUSTED_KEYS``) an unsigned replica is critical.
+
+    Returns the :class:`AuditReport` (``severity``, findings; ``to_dict()`` is the CLI's ``--json``).
+
+    Raises:
+        ReplicaConfigError, StoreNotFoundError.
+    """
+    from concord.audit.replicas import compare_replicas
+    from concord.audit.report import AuditReport
+
+    replicas = {label: (s, ref) for label, s in _labelled(stores).items()}
+    found = compare_replicas(replicas, reference=reference, max_ulps=max_ulps, top=top, progress=_progress(progress), trust=_policy(trust))
+    return AuditReport.assemble(replicas=found)
+
+
+def audit_cards(stores: Sequence[StoreLike], ref: str, *, reference: str | None = None, required: Sequence[str] | None = None) -> AuditReport:
+    """Compare the model cards of the snapshot ``ref`` across cluster ``stores``: ``concord audit
+    cards``; ``required`` fields must be present on every card.
+
+    Raises:
+        ReplicaConfigError, StoreNotFoundError.
+    """
+    from concord.audit.model_cards import compare_cards
+    from concord.audit.report import AuditReport
+
+    cards = {label: (s, ref) for label, s in _labelled(stores).items()}
+    kwargs = {"required": tuple(required)} if required else {}
+    return AuditReport.assemble(cards=compare_cards(cards, reference=reference, **kwargs))
+
+
+def audit_data(
+    reference: str | os.PathLike,
+    current: str | os.PathLike,
+    *,
+    registry: StoreLike | None = None,
+    profile: str = "use",
+    **options: Any,
+) -> AuditReport:
+    """The drift of table ``current`` from ``reference`` (each a file, a data snapshot id or a
+    ``data/<name>`` ref in ``registry``, default ``$CONCORD_REGISTRY``; ``reference`` may be a
+    ``.profile`` file): ``concord audit data``. ``options`` are the drift rule's keywords.
+
+    Raises:
+        DataSnapshotNotFoundError, DataFormatError, DriftConfigError, ProfileError.
+    """
+    from concord.audit.report import audit_data as audit
+    from concord.home import default_registry
+
+    store = open_store(registry if registry is not None else default_registry(), create=False)
+    return audit(reference, current, store, profile=profile, **options)
+
+
+# ----------------------------------------------------------------------------- lineage
+
+
+def open_lineage(tracking_uri: str | None = None) -> Lineage:
+    """Lineage in the MLflow tracking server ``tracking_uri`` (default ``$MLFLOW_TRACKING_URI``,
+    else sqlite in ``$CONCORD_HOME``): every lineage operation is a method of the answer."""
+    from concord.lineage import Lineage
+
+    return Lineage(tracking_uri)
+
+
+def register_data(source: Any, *, name: str, registry: StoreLike | None = None, progress: ProgressLike = None) -> DataSnapshot:
+    """Snapshot a table (a CSV or Parquet file, or a pandas DataFrame) into the registry store
+    (default ``$CONCORD_REGISTRY``, else ``$CONCORD_HOME/registry``) and point ``data/<name>`` at
+    it: ``concord data register``.
+
+    Raises:
+        DataFormatError, InvalidNameError.
+    """
+    from concord.home import default_registry
+    from concord.lineage.data import register_data as take
+
+    store = open_store(registry if registry is not None else default_registry())
+    return take(source, store, name=name, progress=_progress(progress))
+
+
+def register_model(
+    name: str,
+    store: StoreLike,
+    *,
+    ref: str | None = None,
+    root: str | None = None,
+    holders: Sequence[StoreLike] = (),
+    data: str | None = None,
+    contract: str | None = None,
+    parents: Sequence[str] = (),
+    description: str = "",
+    registry: StoreLike | None = None,
+    tracking_uri: str | None = None,
+) -> dict:
+    """Register the snapshot ``ref`` (or ``root``) of ``store`` as a new version of model ``name``
+    in MLflow, with the data snapshot and contract it was trained on and the other stores holding
+    it: ``concord model register``. Returns the version's record.
+
+    Raises:
+        LineageUnreachableError, DataSnapshotNotFoundError, ContractNotFoundError, RefNotFoundError.
+    """
+    from concord.home import default_registry
+
+    lineage = open_lineage(tracking_uri)
+    lineage.ensure_ready()  # an unreachable server fails before any store is touched
+    source = open_store(store)
+    reg = open_store(registry if registry is not None else default_registry())
+    return lineage.register_model_version(
+        name, _root("register_model", source, ref, root), [source, *(open_store(h) for h in holders)],
+        data_snapshot=data, contract=contract, parents=list(parents), description=description,
+        data_store=reg, contracts_store=reg,
+    )
+
+
+def model_lineage(name: str, version: str | int, *, tracking_uri: str | None = None) -> dict:
+    """Everything recorded about version ``version`` of model ``name``: its root, data snapshots,
+    contract, parents, replicas and aliases: ``concord lineage model``.
+
+    Raises:
+        LineageUnreachableError, LineageError (no such version).
+    """
+    return open_lineage(tracking_uri).model_lineage(name, version)
+
+
+#: the verbs, as ``concord`` exports them (the types come from their own modules)
+VERBS = (
+    "open_store", "snapshot", "sync", "diff", "restore", "verify", "rollback", "sign", "signatures",
+    "checkout", "rollback_checkout", "tier_add", "tier_sweep", "tier_status", "tier_restore", "tier_drill",
+    "federate_round", "federate_verify", "audit_replicas", "audit_cards", "audit_data",
+    "open_lineage", "register_data", "register_model", "model_lineage",
+)
+
+__all__ = [*VERBS, "PolicyLike", "ProgressLike", "StoreLike", "TrustLike"]
