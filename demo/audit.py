@@ -1,7 +1,7 @@
 """The demo's audit chapter: the nightly drift audit on the penguins and on MiniLM's replicas.
 
 The data: the Palmer penguins split at random into two halves. The halves, audited against each
-other, do not drift. Then "tonight's" data is the second half with the Gentoo penguins 15 %
+other, do not drift. Then "tonight's" data is the second half with the Gentoo penguins 20 %
 heavier: the nightly-drift-audit flow flags body_mass_g as a P1 warning (and draws its histogram
 overlay); the same data on the next night is a warning two nights running, escalated to P0, and
 the data now breaks the contract penguins@1 (Gentoo heavier than its 6300 g maximum): the run
@@ -27,7 +27,7 @@ SERVING = "models/minilm-serving"
 #: the tensor a bad write negates on ap-south
 NEGATED = "encoder.layer.0.attention.self.query.weight"
 #: the species whose body mass drifts, and by how much
-HEAVIER, FACTOR = "Gentoo", 1.15
+HEAVIER, FACTOR = "Gentoo", 1.2
 #: model-card fields every cluster's card must have (MiniLM's README has these three)
 CARD_FIELDS = ["license", "datasets", "intended_use"]
 EDITED_LICENSE = "cc-by-nc-4.0"

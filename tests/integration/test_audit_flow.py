@@ -152,7 +152,7 @@ def test_a_lasting_warning_escalates_on_the_second_night(tmp_path, name, penguin
 
     half_b = pd.read_parquet(penguins["half-b"])
     gentoo = half_b.species == "Gentoo"
-    half_b.loc[gentoo, "body_mass_g"] *= 1.15  # one species put on weight
+    half_b.loc[gentoo, "body_mass_g"] *= 1.2  # one species put on weight (15 % is within the noise of 171 rows: p 0.03 adjusted over 8 columns)
     current = tmp_path / "tonight.parquet"
     half_b.to_parquet(current, index=False)
     registry = tmp_path / "registry"
