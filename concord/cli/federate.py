@@ -142,20 +142,15 @@ def cmd_run(args, out) -> int:
 def cmd_verify(args, out) -> int:
     import shlex
 
-    from concord.federation.ledger import validate_tenant
-    from concord.federation.seen import LedgerMemory, verify_remembered
-
-    validate_tenant(args.tenant)
-    store = readable_store(args.store)
-    from concord.trust import load_policy
+    from concord.api import federate_verify
 
     again = ["concord", "federate", "verify", args.tenant, "--store", args.store, *(["--trust", args.trust] if args.trust else []), "--forget"]
-    result = verify_remembered(
-        store,
+    result = federate_verify(
+        args.store,
         args.tenant,
-        trust=load_policy(args.trust),
+        trust=args.trust,
         min_round=args.min_round,
-        memory=None if args.no_remember else LedgerMemory(),
+        remember=not args.no_remember,
         forget=args.forget,
         fix=f"Restore the ledger from a good copy of the store; if the rollback was intended, accept it with `{shlex.join(again)}`",
     )
