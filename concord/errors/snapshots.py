@@ -127,6 +127,9 @@ class HistoryError(ConcordError, ValueError):
 
 
 class RestoreTargetError(ConcordError, FileExistsError):
+    """A restore's target folder already holds something: Concord restores only into a new or empty
+    folder."""
+
     def __init__(self, path: str) -> None:
         self.path = path
         super().__init__(

@@ -160,6 +160,8 @@ class ManifestNotFoundError(StoreError, KeyError):
 
 
 class RefNotFoundError(StoreError, KeyError):
+    """The store has no ref of that name."""
+
     exit_code = 10
 
     def __init__(self, store: str, ref: str) -> None:

@@ -70,6 +70,9 @@ RUN_CHUNKS = 16
 
 @dataclass(frozen=True)
 class CheckoutResult:
+    """What :func:`checkout` did: the root now served at ``path``, the one before, and the bytes
+    fetched, reused and read from the cache."""
+
     root: str
     path: str
     bytes: int

@@ -30,6 +30,9 @@ _TAIL = 300
 
 @dataclass(frozen=True)
 class HealthCheck:
+    """The gate a checkout runs after its flip: a shell command (``cmd``) or a GET of ``url``, each
+    attempt within ``timeout`` seconds; a failed gate flips back."""
+
     cmd: str | None = None
     url: str | None = None
     timeout: float = 60.0

@@ -305,6 +305,9 @@ def remove_tree(path: str) -> None:
 
 @dataclass(frozen=True)
 class RollbackResult:
+    """What :func:`rollback` did: the link ``path`` now names ``root`` again, instead of
+    ``previous``."""
+
     root: str
     previous: str
     path: str

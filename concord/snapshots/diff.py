@@ -23,6 +23,9 @@ class Change:
 
 @dataclass(frozen=True)
 class DiffResult:
+    """What differs from snapshot ``a`` to ``b``: each file and tensor changed, and the chunks and
+    bytes of ``b`` that ``a`` lacks."""
+
     a: str
     b: str
     same: bool

@@ -38,6 +38,9 @@ def load_manifest(store: Store, root: str, *, verify: bool = True) -> Manifest:
 
 @dataclass(frozen=True)
 class RollbackResult:
+    """What :func:`rollback` did: ``ref`` moved from ``previous`` to ``root``, as its version
+    ``version``."""
+
     ref: str
     root: str
     previous: str

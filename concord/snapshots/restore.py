@@ -36,6 +36,8 @@ from concord.text import control_char
 
 @dataclass(frozen=True)
 class RestoreResult:
+    """What :func:`restore` wrote: the snapshot ``root``, its files and bytes, into ``path``."""
+
     root: str
     files: int
     bytes: int

@@ -58,6 +58,9 @@ BATCH_BYTES = 4 * 1024 * 1024
 
 @dataclass(frozen=True)
 class SnapshotResult:
+    """What :func:`snapshot` did: the snapshot's ``root``, its files, tensors, chunks and bytes,
+    what was new in the store, and the ref moved."""
+
     root: str
     files: int
     tensors: int

@@ -53,6 +53,9 @@ SignatureCheck = Callable[[Store, str, str, bytes, Manifest, bool], Optional[str
 
 @dataclass(frozen=True)
 class TargetResult:
+    """What a sync did to one target: the root it now holds, the chunks and bytes sent and already
+    there, the ref moved, signatures left behind."""
+
     store: str
     root: str
     chunks_sent: int

@@ -42,6 +42,9 @@ def _plain(obj) -> dict:
 
 @dataclass(frozen=True)
 class VerifyResult:
+    """What :func:`verify` found in ``store``: the chunks checked, missing, corrupt and repaired,
+    damaged manifests and broken refs; ``ok`` when nothing is wrong."""
+
     store: str
     roots: tuple[str, ...]
     chunks_checked: int

@@ -49,6 +49,9 @@ DAMAGE = (IntegrityError, ChunkNotFoundError, ManifestError, ManifestNotFoundErr
 
 @dataclass
 class DrillResult:
+    """What :func:`run_drill` found: per tier the checkpoints restored, RTO and RPO against their
+    objectives; ``ok`` when every tier met them."""
+
     namespace: str
     started: str
     ok: bool = True

@@ -210,6 +210,9 @@ def _verify_or_repair(store: Store, root: str, repair_from: Store | None) -> tup
 
 @dataclass
 class SweepResult:
+    """What :func:`sweep` did: copies made, demotions, repairs and garbage collection, and the
+    errors and copy-rule violations left."""
+
     namespace: str
     copied: list[dict] = field(default_factory=list)
     demoted: list[dict] = field(default_factory=list)
@@ -232,6 +235,9 @@ class SweepResult:
 
 @dataclass
 class AddResult:
+    """What :func:`add_checkpoint` did: the checkpoint's root and step, the new bytes each tier
+    took, and the sweep after."""
+
     name: str
     root: str
     step: int | None

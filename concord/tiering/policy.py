@@ -195,6 +195,9 @@ class TierSpec:
 
 @dataclass(frozen=True)
 class TierPolicy:
+    """A checked tier policy: the hot, warm and cold stores and what each keeps, the objectives,
+    pins, garbage collection and archive restores (docs/tiering.md)."""
+
     hot: TierSpec
     warm: TierSpec
     cold: TierSpec

@@ -49,6 +49,9 @@ _READ_BLOCK = 8 * 1024 * 1024
 
 @dataclass(frozen=True)
 class TierRestoreResult:
+    """What :func:`restore_checkpoint` did: checkpoint ``name`` restored from ``tier`` into
+    ``path``, and how long it took, archive waits included."""
+
     name: str
     root: str
     tier: str

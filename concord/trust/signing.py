@@ -160,6 +160,9 @@ def _in_order(pool: ThreadPoolExecutor, fn, items: list, window: int) -> Iterato
 
 @dataclass(frozen=True)
 class SignResult:
+    """What :func:`sign_root` kept: the signature of ``root`` by key ``key_id``, as the store
+    document ``document``, over its files and bytes."""
+
     root: str
     key_id: str
     document: str
