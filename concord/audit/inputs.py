@@ -243,6 +243,7 @@ def open_reference(
     profile: str = "use",
     sample_size: int | None = None,
     batch_bytes: int | None = None,
+    profile_store: "Store | None" = None,
 ) -> "Iterator[OpenTable | OpenProfile]":
     """The reference ``spec`` names, opened the cheapest way: a ``.profile`` file as the profile
     it holds; a data snapshot through the profile stored beside it (``profiles/<id>``, without
@@ -250,7 +251,10 @@ def open_reference(
     ``profile="create"``, a data snapshot without a stored profile is profiled as it is read (one
     pass, as the audit reads it anyway) and the profile stored beside it; a store that refuses
     the write leaves the audit as it is, with the profile used from memory. ``sample_size``: the
-    numeric values a new profile keeps per column (default the audit's).
+    numeric values a new profile keeps per column (default the audit's). With ``profile_store``
+    (the nightly audit's registry), a table file's profile is kept there too, keyed by the BLAKE3
+    of the file's bytes (``profiles/<digest>``): the file is hashed each time, never parsed, and a
+    file whose bytes changed is profiled anew.
     """
     from concord.audit.profile import is_profile_file
 
@@ -269,11 +273,34 @@ def open_reference(
             root, prof = found
             yield OpenProfile(TableSource(spec=text, kind="snapshot", name=info.name, id=snapshot_id, store=store.uri, profile=root), prof)
             return
+    if profile != "off" and profile_store is not None and not names_snapshot(text):
+        yield from _file_profile(spec, profile_store, profile, sample_size, batch_bytes)
+        return
     with open_table(spec, store, which="reference") as ref:
         if profile != "create" or ref.source.kind != "snapshot":
             yield ref
             return
         yield _create_profile(ref, store, sample_size, batch_bytes)
+
+
+def _file_profile(spec, store: "Store", profile: str, sample_size: int | None, batch_bytes: int | None) -> "Iterator[OpenTable | OpenProfile]":
+    """A table file as :func:`open_reference` opens it with a ``profile_store``: its stored profile,
+    else the file (profiled and stored with "create")."""
+    from concord.audit.profile import stored_profile
+    from concord.lineage.data import file_digest
+
+    with open_table(spec, None, which="reference") as ref:
+        digest = file_digest(ref.path)
+        found = stored_profile(store, digest)
+        if found is not None:
+            from dataclasses import replace
+
+            root, prof = found
+            yield OpenProfile(replace(ref.source, profile=root), prof)
+        elif profile == "create":
+            yield _create_profile(ref, store, sample_size, batch_bytes, key=digest)
+        else:
+            yield ref
 
 
 def _profile_file(path: str) -> OpenProfile:
@@ -289,7 +316,7 @@ def _profile_file(path: str) -> OpenProfile:
     return OpenProfile(TableSource(spec=path, kind="profile", name=name, path=path, id=prof.source.get("id"), profile=digest, profile_file=path), prof)
 
 
-def _create_profile(ref: OpenTable, store: "Store", sample_size: int | None, batch_bytes: int | None) -> OpenProfile:
+def _create_profile(ref: OpenTable, store: "Store", sample_size: int | None, batch_bytes: int | None, key: str | None = None) -> OpenProfile:
     import logging
 
     from concord.audit.drift import SAMPLE_SIZE
@@ -297,14 +324,20 @@ def _create_profile(ref: OpenTable, store: "Store", sample_size: int | None, bat
     from concord.errors import ConcordError
 
     src = ref.source
+    key = key or src.id  # a data snapshot's id, or a table file's BLAKE3
     try:
         batches = ref.batches(batch_bytes)
-        prof = profile_table(batches, sample_size=SAMPLE_SIZE if sample_size is None else sample_size, source={"kind": "snapshot", "id": src.id, "name": src.name, "label": src.label})
+        prof = profile_table(batches, sample_size=SAMPLE_SIZE if sample_size is None else sample_size, source={"kind": src.kind, "id": key, "name": src.name, "label": src.label})
     except DataFormatError as exc:
         raise DriftConfigError("reference", f"{ref.path}: {exc.problem}", "Give a .parquet or .csv file (the format comes from the extension).") from exc
     root = None
     try:
-        root = store_profile(store, src.id, prof)
+        if src.kind == "file":
+            from concord.lineage.data import file_digest
+
+            if file_digest(ref.path) != key:  # the file changed while it was read: nothing to key it by
+                raise OSError(f"{ref.path} changed while it was profiled")
+        root = store_profile(store, key, prof)
     except (ConcordError, OSError) as exc:
         logging.getLogger(__name__).warning("profile of %s not stored in %s: %s", src.label, store.uri, " ".join(str(exc).split())[:300])
     from dataclasses import replace

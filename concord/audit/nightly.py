@@ -60,7 +60,7 @@ def nightly_drift(
     reference data snapshot with a stored profile is audited against the profile alone, without
     reading the table (memory flat in its size); with "create", one without is profiled tonight,
     as it is read, and the profile stored beside it (and written, as ``reference.profile``, beside
-    the PNGs, for the audit's MLflow run), so that the next nights read only the current table.
+    the PNGs, for the audit's MLflow run), so that the next nights read only the current table. A table file's profile is kept in ``history_store``, keyed by the BLAKE3 of its bytes.
 
     Returns ``{name, night, drift: DriftReport.to_dict(), reference, current: TableSource dicts,
     history, history_key, plots: {column: path}}``.
@@ -71,7 +71,7 @@ def nightly_drift(
     from concord.audit.render import plot_histograms_by_column
 
     limits = thresholds if isinstance(thresholds, DriftThresholds) else DriftThresholds(**(thresholds or {}))
-    with open_reference(reference, data_store, profile=profile) as ref, open_table(current, data_store, which="current") as cur:
+    with open_reference(reference, data_store, profile=profile, profile_store=history_store) as ref, open_table(current, data_store, which="current") as cur:
         ref_src, cur_src = ref.source, cur.source
         name = name or audit_name(ref_src.name, cur_src.name)
         history = previous_nights(history_store, name, night) if history_store is not None else {}

@@ -107,7 +107,7 @@ def test_drift_between_species_is_detected_logged_and_fails_the_night(
     assert rows[0]["severity"] == "critical (P0)"
     drifted = {row["column"] for row in rows if row["severity"] != "ok"}
     assert {"species", "island", "bill_length_mm", "flipper_length_mm", "body_mass_g"} <= drifted
-    pngs = sorted((tmp_path / "plots").iterdir())
+    pngs = sorted((tmp_path / "plots").glob("*.png"))  # beside them, the reference's profile made tonight
     assert {p.name for p in pngs} >= {"drift-body_mass_g.png", "drift-species.png"}
     assert all(p.read_bytes().startswith(PNG) for p in pngs)
 
@@ -136,7 +136,12 @@ def test_drift_between_species_is_detected_logged_and_fails_the_night(
     assert "ks/species" not in metrics
     assert run.data.params["psi_warning"] == "0.25" and run.data.params["escalate_after_nights"] == "2"
     top = {a.path for a in client.list_artifacts(run_id)}
-    assert top == {"histograms", "report.json", "report.md"}
+    assert top == {"histograms", "profile", "report.json", "report.md"}  # the reference's profile, made tonight
+    from concord.audit.profile import stored_profile
+    from concord.lineage.data import file_digest
+
+    root, _ = stored_profile(LocalDirStore(tmp_path / "registry"), file_digest(penguins["adelie"]))
+    assert run.data.params["reference_profile"] == root
     logged = {Path(a.path).name for a in client.list_artifacts(run_id, "histograms")}
     assert logged == {p.name for p in pngs}
     png = Path(client.download_artifacts(run_id, "histograms/drift-body_mass_g.png", str(tmp_path / "dl")))

@@ -12,7 +12,7 @@ import pytest
 from palmerpenguins import load_penguins
 
 from concord.audit.inputs import open_reference
-from concord.audit.nightly import nightly_drift
+from concord.audit.nightly import nightly_drift, plots_folder
 from concord.audit.profile import PROFILE_FILE, TableProfile, profile_table, stored_profile
 from concord.audit.report import audit_data
 from concord.audit.tracking import audit_run
@@ -76,6 +76,31 @@ def test_the_first_night_profiles_the_reference_and_the_next_nights_use_the_prof
     quiet = nightly_drift("data/half", files["other-half"], store, None, profile="use", **kw)
     assert quiet["drift"]["severity"] == "ok" and quiet["reference"]["profile"] is None
     assert stored_profile(store, snaps["half"].id) is None
+    # without a folder for the PNGs, the profile made tonight goes where they would
+    made = nightly_drift("data/half", files["other-half"], store, None, name="q", night="2025-05-01")
+    assert made["reference"]["profile_file"] == os.path.join(plots_folder("q", "2025-05-01"), PROFILE_FILE)
+
+
+def test_a_table_files_profile_is_kept_in_the_history_store_by_its_bytes(tmp_path, penguins):
+    from concord.lineage.data import file_digest
+
+    store, snaps, files = penguins
+    history = LocalDirStore(tmp_path / "history")
+    kw = dict(name="f", plots_dir=str(tmp_path / "plots"))
+    raw = nightly_drift(files["other-half"], files["gentoo"], None, history, profile="off", **kw)
+    first = nightly_drift(files["other-half"], files["gentoo"], None, history, night="2025-05-01", **kw)
+    digest = file_digest(files["other-half"])
+    root, prof = stored_profile(history, digest)
+    assert first["reference"]["profile"] == root and prof.source["id"] == digest and first["reference"]["kind"] == "file"
+    second = nightly_drift(files["other-half"], files["gentoo"], None, history, night="2025-05-02", **kw)
+    assert second["reference"]["profile"] == root and second["reference"]["profile_file"] is None
+    assert first["drift"]["columns"] == raw["drift"]["columns"]
+    assert [c["psi"] for c in second["drift"]["columns"]] == [c["psi"] for c in raw["drift"]["columns"]]
+    # other bytes, another profile; without a history store, the file is read as it is
+    pd.read_parquet(files["other-half"]).iloc[:100].to_parquet(files["other-half"], index=False)
+    third = nightly_drift(files["other-half"], files["gentoo"], None, history, night="2025-05-03", **kw)
+    assert third["reference"]["profile"] not in (None, root) and third["drift"]["rows_reference"] == 100
+    assert nightly_drift(files["other-half"], files["gentoo"], **kw)["reference"]["profile"] is None
 
 
 def test_audit_data_takes_a_profile_file_as_its_reference(tmp_path, penguins):
