@@ -93,6 +93,7 @@ def _run(opts: Options, n: int, src: Path, work: Path, proxy) -> list[Table]:
         first, fresh_requests, secs = _measure(proxy, lambda: snapshot(src, target, ref="bench/files"))
         fresh_s = min(fresh_s, secs)
         if rclone:
+            log("rclone copy of the same folder into an empty bucket")
             rclone_requests, secs = _rclone(rclone, src, store().bucket, proxy)
             rclone_s = min(rclone_s, secs)
     chunks = first.chunks
@@ -132,7 +133,6 @@ def _rclone(rclone: str, src: Path, bucket: str, proxy) -> tuple[int, float]:
         RCLONE_CONFIG_MOTO_SECRET_ACCESS_KEY=os.environ.get("AWS_SECRET_ACCESS_KEY", "x"), RCLONE_CONFIG="/dev/null",
     )
     cmd = [rclone, "copy", str(src), f"moto:{bucket}/files", "--transfers", "16"]
-    log("rclone copy of the same folder into an empty bucket")
     done, requests, seconds = _measure(proxy, lambda: subprocess.run(cmd, env=env, capture_output=True, text=True))
     if done.returncode != 0:
         raise RuntimeError(f"rclone copy exited with {done.returncode}: {done.stderr.strip()[-2000:]}")

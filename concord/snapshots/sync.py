@@ -25,6 +25,7 @@ Either way each document left behind is reported (:attr:`TargetResult.signatures
 from __future__ import annotations
 
 import threading
+from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from dataclasses import dataclass
@@ -194,8 +195,15 @@ def fan_out(
     # as many as the busiest side likes: a folder reads fast, an object store waits on each request
     workers = max(1, min(MAX_COPY_WORKERS, len(wanted), max(source.parallelism, *(t.parallelism for t, _ in wants))))
     with ThreadPoolExecutor(workers, thread_name_prefix="concord-copy") as pool:
-        for _ in pool.map(one, wanted):
-            pass
+        # a few chunks queued per thread, never one future per chunk of the snapshot at once
+        # (100,000 of them hold more memory than the manifest)
+        pending: deque = deque()
+        for cid in wanted:
+            if len(pending) >= 4 * workers:
+                pending.popleft().result()
+            pending.append(pool.submit(one, cid))
+        for f in pending:
+            f.result()
     return [tuple(t) for t in tallies], failures
 
 

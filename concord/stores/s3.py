@@ -229,6 +229,45 @@ def check_connections(connections: object, where: str = "the store") -> int | No
     return connections
 
 
+#: clients kept for sharing, at most (each endpoint, set of credentials and settings has one)
+MAX_SHARED_CLIENTS = 16
+_CLIENTS: dict[tuple, Any] = {}  # (process, endpoint, region, credentials, settings, AWS_* environment) -> client
+_CLIENTS_LOCK = threading.Lock()
+
+
+def _shared_client(store: "S3ObjectStore") -> Any:
+    """The boto3 client for ``store``'s endpoint, region, credentials and client settings, built
+    once per process (a forked child builds its own: a client's connections are not shared across
+    processes). The ``AWS_*`` environment is part of the key, since a client reads credentials and
+    settings from it when it is built."""
+    pool = max(MAX_POOL_CONNECTIONS, store.parallelism)
+    key = (
+        os.getpid(), store.endpoint_url, store.region_name, tuple(sorted(store._credentials.items())),
+        store.max_attempts, store.connect_timeout, pool,
+        tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith("AWS_"))),
+    )
+    with _CLIENTS_LOCK:
+        client = _CLIENTS.get(key)
+        if client is None:
+            import boto3
+            from botocore.config import Config
+
+            config = Config(
+                retries={"max_attempts": store.max_attempts, "mode": "standard"},
+                connect_timeout=store.connect_timeout,
+                read_timeout=READ_TIMEOUT,
+                max_pool_connections=pool,
+                # S3-compatible servers reached by address rarely resolve bucket subdomains
+                s3={"addressing_style": "path" if store.endpoint_url else "auto"},
+            )
+            session = boto3.session.Session(region_name=store.region_name, **store._credentials)
+            client = session.client("s3", endpoint_url=store.endpoint_url, config=config)
+            if len(_CLIENTS) >= MAX_SHARED_CLIENTS:  # forget the oldest (the stores holding it keep it)
+                del _CLIENTS[next(iter(_CLIENTS))]
+            _CLIENTS[key] = client
+        return client
+
+
 class S3ObjectStore(Store):
     """A :class:`Store` at ``s3://bucket/prefix``.
 
@@ -325,30 +364,17 @@ class S3ObjectStore(Store):
     # ------------------------------------------------------------------ client and errors
 
     def _client(self) -> Any:
-        """The boto3 S3 client, built once (and the bucket checked or created) on first use."""
+        """The boto3 S3 client (the bucket checked or created on first use). Stores of one
+        endpoint, region, credentials and client settings share one client in a process, with
+        its connection pool: a sync to a hundred buckets holds one client, not a hundred (each
+        holds some 15 MB of service model and its own pool)."""
         client = self._cached_client
         if client is not None:
             return client
         with self._lock:
             if self._cached_client is None:
-                import boto3
-                from botocore.config import Config
-
-                config = Config(
-                    retries={"max_attempts": self.max_attempts, "mode": "standard"},
-                    connect_timeout=self.connect_timeout,
-                    read_timeout=READ_TIMEOUT,
-                    max_pool_connections=max(MAX_POOL_CONNECTIONS, self.parallelism),
-                    # S3-compatible servers reached by address rarely resolve bucket subdomains
-                    s3={"addressing_style": "path" if self.endpoint_url else "auto"},
-                )
-                session = boto3.session.Session(region_name=self.region_name, **self._credentials)
-                client = session.client("s3", endpoint_url=self.endpoint_url, config=config)
-                try:
-                    self._ensure_bucket(client)
-                except BaseException:
-                    client.close()
-                    raise
+                client = _shared_client(self)
+                self._ensure_bucket(client)
                 self._cached_client = client
             return self._cached_client
 
@@ -426,10 +452,10 @@ class S3ObjectStore(Store):
         return f"{self.prefix}/{key}" if self.prefix else key
 
     def close(self) -> None:
+        """Let go of the client (it stays open for the other stores sharing it, and is reused by
+        this one's next request)."""
         with self._lock:
-            client, self._cached_client = self._cached_client, None
-        if client is not None:
-            client.close()
+            self._cached_client = None
 
     # ------------------------------------------------------------------ raw primitives
 

@@ -5,9 +5,9 @@ thread), so threads stay flat as targets grow; a target that fails does not stop
 from __future__ import annotations
 
 import threading
-from collections import Counter
 
 import pytest
+from counting import CountingStore, ThreadPeak
 from toy_checkpoints import SMALL_CHUNK, fine_tune
 
 from concord.errors import ReplicationError
@@ -20,28 +20,6 @@ from concord.stores import LocalDirStore
 TARGETS = 16
 
 
-class CountingStore(LocalDirStore):
-    """A real folder store that counts how often each chunk object is read."""
-
-    def __init__(self, *args, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
-        self.reads: Counter = Counter()
-        self._count = threading.Lock()
-
-    def _counted(self, key: str) -> None:
-        if key.startswith("chunks/"):
-            with self._count:
-                self.reads[key] += 1
-
-    def _get_object(self, key: str):
-        self._counted(key)
-        return super()._get_object(key)
-
-    def _read_object_transient(self, key: str):
-        self._counted(key)
-        return super()._read_object_transient(key)
-
-
 class BrokenStore(LocalDirStore):
     """A folder store whose disk refuses every chunk written to it."""
 
@@ -52,27 +30,6 @@ class BrokenStore(LocalDirStore):
 
     def put_chunk_from_file(self, cid, fd, offset, length, data, *, dtype=None):
         return self.put_chunk_sized(cid, data, verify=False, dtype=dtype)
-
-
-class ThreadPeak:
-    """The most threads alive at once while the ``with`` block runs, sampled every millisecond."""
-
-    def __init__(self) -> None:
-        self.peak = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        while not self._stop.wait(0.001):
-            self.peak = max(self.peak, threading.active_count())
-
-    def __enter__(self) -> ThreadPeak:  # noqa: PYI034
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        self._thread.join(timeout=10)
 
 
 @pytest.fixture
