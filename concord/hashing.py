@@ -107,7 +107,12 @@ _length = struct.Struct("<I").pack
 def node_digest(tag: bytes, meta_json: bytes, children: bytes) -> str:
     """:func:`node_hash` of metadata already in canonical JSON and children already raw digests
     (the quick path of a reader checking 200,000 nodes)."""
-    return _blake3()(tag + _length(len(meta_json)) + meta_json + children).hexdigest()
+    return _blake3()(tag + _length(len(meta_json)) + meta_json + children).digest().hex()  # quicker than hexdigest()
+
+
+def node_digest_raw(tag: bytes, meta_json: bytes, children: bytes) -> bytes:
+    """:func:`node_digest` as its 32 raw bytes (what a parent node hashes)."""
+    return _blake3()(tag + _length(len(meta_json)) + meta_json + children).digest()
 
 
 def is_digest(s: str) -> bool:

@@ -27,7 +27,7 @@ from functools import cached_property
 from typing import Iterator
 
 from concord.errors import ManifestError, UnsafePathError
-from concord.hashing import DIGEST_HEX, FILE, PART, SNAPSHOT, flat_canonical_json, is_digest, node_digest, node_hash
+from concord.hashing import DIGEST_HEX, FILE, PART, SNAPSHOT, flat_canonical_json, is_digest, node_digest_raw, node_hash
 from concord.snapshots.safetensors_header import DTYPE_BITS
 
 #: the largest integer a manifest may hold (every size, offset and length is below it)
@@ -290,8 +290,10 @@ def _shallow(node: dict, known: int, where: str, depth: int) -> None:
 def _parse_manifest(doc, where: str, expected_root: str | None, verify: bool) -> Manifest:
     """Check and build a manifest from its JSON. It runs once per file and part of manifests of
     100,000 files, so each check is one cheap test on the way (a message is built only for a
-    failure), nothing is walked twice, and the order of paths is checked pairwise (files sorted by
-    path repeat one only side by side)."""
+    failure), nothing is walked twice, the order of paths is checked pairwise (files sorted by
+    path repeat one only side by side), each node is hashed by one call, and the frozen entries
+    are made without their generated ``__init__`` (which sets each field through
+    ``object.__setattr__``: twice the time of the rest of a part's parse)."""
     _need(isinstance(doc, dict), where, "top level is not an object")
     _shallow(doc, 4, where, 0)
     _need(doc.get("format") == FORMAT, where, f"unknown format {doc.get('format')!r} (expected {FORMAT})")
@@ -311,15 +313,22 @@ def _parse_manifest(doc, where: str, expected_root: str | None, verify: bool) ->
     prev = ""
     seen: set[str] | None = None  # the paths so far, kept only once the order is broken
     hexdigest = _is_hex_digest
-    for fd in files_doc:
+    # part names seen, each kept once with its JSON (most files' one part is "data"): one string
+    # object for all its uses, as for the kinds, instead of one per part from the parse
+    names: dict[str, tuple[str, bytes]] = {}
+    new, put = object.__new__, object.__setattr__
+    for i, fd in enumerate(files_doc):
+        files_doc[i] = None  # the entry's dicts go as soon as it is read (the peak is the manifest, not it and its JSON)
         if type(fd) is not dict:
             raise ManifestError(where, "a file entry is not an object")
         if len(fd) > 5:
             _shallow(fd, 5, where, 2)
-        try:
-            path = safe_relpath(fd.get("path"))
-        except UnsafePathError as exc:  # name the manifest the path came from
-            raise UnsafePathError(exc.path, f"{exc.reason}, in manifest {where}") from None
+        path = fd.get("path")
+        if not _plain_relpath(path):
+            try:
+                safe_relpath(path)  # says what is wrong with it
+            except UnsafePathError as exc:  # name the manifest the path came from
+                raise UnsafePathError(exc.path, f"{exc.reason}, in manifest {where}") from None
         if path <= prev or seen is not None:
             if seen is None:
                 seen = {f.path for f in files}
@@ -329,14 +338,17 @@ def _parse_manifest(doc, where: str, expected_root: str | None, verify: bool) ->
         size, kind, parts_doc = fd.get("size"), fd.get("kind"), fd.get("parts")
         if type(size) is not int or not 0 <= size <= MAX_INT:
             _int(size, where, f"{path}: size")
-        if kind not in FILE_KINDS:
+        kind = _FILE_KIND.get(kind) if type(kind) is str else None
+        if kind is None:
+            kind = fd.get("kind")
             raise ManifestError(where, f"{path}: unknown file kind {kind!r}")
         if type(parts_doc) is not list:
             raise ManifestError(where, f"{path}: parts is not a list")
-        parts = []
+        parts: list[Part] = []
+        digests: list[bytes] = []  # the parts' raw digests, when verified
         offset = 0
         for pd in parts_doc:
-            part = _parse_part(pd, path, where, chunk_size, verify)
+            part = _parse_part(pd, path, where, chunk_size, verify, names, digests)
             if part.offset != offset:
                 raise ManifestError(where, f"{path}:{part.name}: offset {part.offset} leaves a gap or overlap (expected {offset})")
             offset += part.length
@@ -347,11 +359,16 @@ def _parse_manifest(doc, where: str, expected_root: str | None, verify: bool) ->
         if offset != size:
             raise ManifestError(where, f"{path}: parts cover {offset} bytes, file size is {size}")
         fh = fd.get("hash")
-        # verified: equal to the hash computed, so a digest (which one is said only on a mismatch)
-        if (node_digest(FILE, file_meta_json(path, size, kind), bytes.fromhex("".join([p.hash for p in parts]))) != fh) if verify else not hexdigest(fh):
+        if not verify:
             _need(hexdigest(fh), where, f"{path}: hash is not a 64-hex digest")
-            raise ManifestError(where, f"{path}: file hash does not match its parts")
-        files.append(FileEntry(path, size, kind, tuple(parts), fh))
+        else:  # equal to the hash computed, so a digest (which one is said only on a mismatch)
+            meta = b'{"kind":"%s","path":%s,"size":%d}' % (kind.encode(), _escape(path).encode(), size)
+            if node_digest_raw(FILE, meta, digests[0] if len(digests) == 1 else b"".join(digests)).hex() != fh:
+                _need(hexdigest(fh), where, f"{path}: hash is not a 64-hex digest")
+                raise ManifestError(where, f"{path}: file hash does not match its parts")
+        entry = new(FileEntry)
+        put(entry, "__dict__", {"path": path, "size": size, "kind": kind, "parts": tuple(parts), "hash": fh})
+        files.append(entry)
         file_hashes.append(fh)
     _need(seen is None, where, "files are not sorted by path")
     if verify:
@@ -360,12 +377,29 @@ def _parse_manifest(doc, where: str, expected_root: str | None, verify: bool) ->
     return Manifest(root, chunk_size, tuple(files))
 
 
-def _parse_part(pd, path: str, where: str, chunk_size: int, verify: bool) -> Part:
-    """One part of file ``path``, checked on its own (its offset is checked by the caller)."""
+_FILE_KIND = {k: k for k in FILE_KINDS}  # each kind's one string object
+_PART_KIND = {k: k for k in PART_KINDS}
+
+
+def _plain_relpath(path) -> bool:
+    """Whether :func:`safe_relpath` accepts ``path``, decided by a few substring tests."""
+    if type(path) is not str or not path or "\x00" in path or "\\" in path or path[0] == "/":
+        return False
+    if len(path) > 1 and path[1] == ":":
+        return False
+    s = "/" + path + "/"
+    return "//" not in s and "/./" not in s and "/../" not in s
+
+
+def _parse_part(pd, path: str, where: str, chunk_size: int, verify: bool, names: dict[str, tuple[str, bytes]], digests: list[bytes]) -> Part:
+    """One part of file ``path``, checked on its own (its offset is checked by the caller); with
+    ``verify`` its hash is recomputed and its raw digest appended to ``digests``. ``names``
+    keeps each part name (not a tensor's) once, with its JSON."""
     if type(pd) is not dict:
         raise ManifestError(where, f"{path}: a part is not an object")
     pkind, name = pd.get("kind"), pd.get("name")
-    if pkind not in PART_KINDS or type(name) is not str:
+    pkind = _PART_KIND.get(pkind) if type(pkind) is str else None
+    if pkind is None or type(name) is not str:
         raise ManifestError(where, f"{path}: bad part kind or name")
     if len(pd) > (8 if pkind == "tensor" else 6):
         _shallow(pd, 8 if pkind == "tensor" else 6, where, 4)
@@ -398,12 +432,26 @@ def _parse_part(pd, path: str, where: str, chunk_size: int, verify: bool) -> Par
             raw = bytes.fromhex(chunks)  # decoded once: checked, then hashed
         except ValueError:
             raw = None
-        if raw is None or raw.hex() != chunks or node_digest(PART, part_meta_json(pkind, name, plen, dtype, shape), raw) != h:
+        if pkind == "tensor":
+            meta = part_meta_json(pkind, name, plen, dtype, shape)
+        else:
+            known = names.get(name)
+            if known is None:
+                known = names[name] = (name, _escape(name).encode())
+            name = known[0]
+            meta = b'{"kind":"%s","length":%d,"name":%s}' % (pkind.encode(), plen, known[1])
+        d = node_digest_raw(PART, meta, raw) if raw is not None else b""
+        if d.hex() != h or raw.hex() != chunks:
             _need(_is_hex_digest(h), where, f"{path}:{name}: hash is not a 64-hex digest")
             _need(raw is not None, where, f"{path}:{name}: chunk list is not hex")
             _need(raw.hex() == chunks, where, f"{path}:{name}: chunk list is not lowercase hex")
             raise ManifestError(where, f"{path}:{name}: part hash does not match its chunks")
-    return Part(pkind, name, poff, plen, chunks, h, dtype, shape)
+        digests.append(d)
+    part = object.__new__(Part)
+    object.__setattr__(part, "__dict__", {
+        "kind": pkind, "name": name, "offset": poff, "length": plen, "chunks": chunks, "hash": h, "dtype": dtype, "shape": shape,
+    })
+    return part
 
 
 _HEX = frozenset("0123456789abcdef")
