@@ -714,25 +714,26 @@ def store_profile(store: "Store", data_id: str, profile: TableProfile) -> str:
 
 def stored_profile(store: "Store", data_id: str) -> "tuple[str, TableProfile] | None":
     """``(root, profile)`` of the data snapshot ``data_id``'s stored profile, None if it has none.
-    A stored profile that cannot be read (or profiles another snapshot) is a ProfileError."""
-    import tempfile
-
+    The profile's file is read from its chunks, each verified against its id (no copy on disk). A
+    stored profile that cannot be read (or profiles another snapshot) is a ProfileError."""
     from concord.snapshots.refs import load_manifest
-    from concord.snapshots.restore import restore
 
     ref = store.read_ref(profile_ref(data_id))
     if ref is None:
         return None
     where = f"{profile_ref(data_id)} in {store.uri}"
-    manifest = load_manifest(store, ref.root)
-    with tempfile.TemporaryDirectory(prefix="concord-profile-") as tmp:
-        out = os.path.join(tmp, "profile")
-        restore(store, manifest, out)
-        path = os.path.join(out, PROFILE_FILE)
-        if not os.path.isfile(path):
-            raise ProfileError(where, f"its snapshot {ref.root[:12]} holds no {PROFILE_FILE}")
-        with open(path, "rb") as f:
-            profile = TableProfile.from_bytes(f.read(MAX_PROFILE_BYTES + 1), where)
+    entry = load_manifest(store, ref.root).by_path.get(PROFILE_FILE)
+    if entry is None:
+        raise ProfileError(where, f"its snapshot {ref.root[:12]} holds no {PROFILE_FILE}")
+    if entry.size > MAX_PROFILE_BYTES:
+        raise ProfileError(where, f"its {PROFILE_FILE} is {entry.size} bytes, more than any profile")
+    data = bytearray()
+    for part in sorted(entry.parts, key=lambda p: p.offset):
+        for cid in part.chunk_ids():
+            data += store.get_chunk(cid)
+    if len(data) != entry.size:
+        raise ProfileError(where, f"its chunks hold {len(data)} bytes, not the {entry.size} of {PROFILE_FILE}")
+    profile = TableProfile.from_bytes(bytes(data), where)
     if profile.source.get("id") not in (None, data_id):
         raise ProfileError(where, f"profiles data snapshot {profile.source.get('id')}, not {data_id}")
     return ref.root, profile

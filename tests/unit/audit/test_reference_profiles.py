@@ -370,3 +370,13 @@ def test_a_data_snapshots_profile_is_stored_beside_it_and_found_again(tmp_path):
     store_profile(store, other.id, profile)
     with pytest.raises(ProfileError, match=f"profiles data snapshot {snap.id}, not {other.id}"):
         stored_profile(store, other.id)
+    # a stored profile that is damaged, or not there, is one line naming the ref and the store
+    from concord.snapshots.snapshot import snapshot
+
+    for name, content in (("reference.profile", b"PK\x03\x04 not a profile"), ("other.txt", b"x")):
+        folder = tmp_path / f"bad-{name}"
+        folder.mkdir()
+        (folder / name).write_bytes(content)
+        snapshot(folder, store, ref=f"profiles/{other.id}")
+        with pytest.raises(ProfileError, match=f"profiles/{other.id} in {store.uri}: " + ("is not a profile" if name == "reference.profile" else "its snapshot .* holds no reference.profile")):
+            stored_profile(store, other.id)
