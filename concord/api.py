@@ -117,7 +117,9 @@ def _root(function: str, store: Store, ref: str | None, root: str | None) -> str
     from concord.snapshots.refs import resolve_root
 
     if (ref is None) == (root is None):
-        raise ApiArgumentError(function, "give exactly one of ref= (e.g. 'models/x' or 'models/x~1') and root= (64 hex)")
+        raise ApiArgumentError(
+            function, "give exactly one of ref= (e.g. 'models/x' or 'models/x~1') and root= (64 hex)"
+        )
     return resolve_root(store, ref if ref is not None else root)
 
 
@@ -153,7 +155,14 @@ def snapshot(
     from concord.snapshots.snapshot import snapshot as take
 
     target = open_store(store, key_file=key_file)
-    return take(source, target, ref=ref, chunk_size=chunk_size or DEFAULT_CHUNK_SIZE, message=message, progress=_progress(progress))
+    return take(
+        source,
+        target,
+        ref=ref,
+        chunk_size=chunk_size or DEFAULT_CHUNK_SIZE,
+        message=message,
+        progress=_progress(progress),
+    )
 
 
 def sync(
@@ -193,7 +202,9 @@ def sync(
     many = [targets] if isinstance(targets, (str, os.PathLike)) or not isinstance(targets, Sequence) else list(targets)
     dsts = [open_store(t, key_file=target_key_file) for t in many]
     check = policy.require if policy is not None else None
-    return replicate(src, dsts, ref=ref, root=root, progress=_progress(progress), check_root=check, check_signature=signature_problem)
+    return replicate(
+        src, dsts, ref=ref, root=root, progress=_progress(progress), check_root=check, check_signature=signature_problem
+    )
 
 
 def diff(
@@ -283,7 +294,9 @@ def verify(
     return check(target, ref=ref, root=root, repair_from=repair, progress=_progress(progress))
 
 
-def rollback(store: StoreLike, ref: str, *, to: str | None = None, key_file: str | os.PathLike | None = None) -> RollbackResult:
+def rollback(
+    store: StoreLike, ref: str, *, to: str | None = None, key_file: str | os.PathLike | None = None
+) -> RollbackResult:
     """Move ``ref`` back to ``to`` (a root, or 8+ hex of one, from its history; default: the
     previous root), by compare-and-swap: ``concord rollback``.
 
@@ -326,11 +339,18 @@ def sign(
     from concord.trust import SigningKey, load_signing_key_spec, sign_root
 
     if not isinstance(key, SigningKey):  # a bad key fails before the store is read
-        key = load_signing_key_spec(key, password if password is not None else os.environ.get("CONCORD_KEY_PASSWORD") or None)
+        key = load_signing_key_spec(
+            key, password if password is not None else os.environ.get("CONCORD_KEY_PASSWORD") or None
+        )
     target = open_store(store, key_file=key_file)
     found = _root("sign", target, ref, root)
     result, data = sign_root(
-        target, found, key, ref=canonical_ref(ref.partition("~")[0]) if ref else None, model_name=name, progress=_progress(progress)
+        target,
+        found,
+        key,
+        ref=canonical_ref(ref.partition("~")[0]) if ref else None,
+        model_name=name,
+        progress=_progress(progress),
     )
     if out is not None:
         from concord.files import atomic_write
@@ -358,7 +378,9 @@ def signatures(
 
     policy = _policy(trust)
     if policy is None:
-        raise TrustPolicyError("concord.signatures", "nothing is checked without keys: pass trust='PUB.pem' or set CONCORD_TRUSTED_KEYS")
+        raise TrustPolicyError(
+            "concord.signatures", "nothing is checked without keys: pass trust='PUB.pem' or set CONCORD_TRUSTED_KEYS"
+        )
     target = _to_read(store, key_file)
     return policy.report(target, _root("signatures", target, ref, root))
 
@@ -409,8 +431,17 @@ def checkout(
     found = _root("checkout", source, ref, root)
     check_root(source, found, policy)  # an untrusted root: refused before its manifest is even read
     return write(
-        source, load_manifest(source, found), dest, cache=shared, keep=keep, health=health, trust=policy,
-        wait=wait, fsync=fsync, rehash=rehash, progress=_progress(progress),
+        source,
+        load_manifest(source, found),
+        dest,
+        cache=shared,
+        keep=keep,
+        health=health,
+        trust=policy,
+        wait=wait,
+        fsync=fsync,
+        rehash=rehash,
+        progress=_progress(progress),
     )
 
 
@@ -513,7 +544,12 @@ def tier_restore(
 
     checked = _policy(trust)
     return restore_checkpoint(
-        _tier_policy(policy), name, out_dir, tier=tier, timeout=timeout, progress=_progress(progress),
+        _tier_policy(policy),
+        name,
+        out_dir,
+        tier=tier,
+        timeout=timeout,
+        progress=_progress(progress),
         check_root=checked.restore_check if checked is not None else None,
     )
 
@@ -570,12 +606,24 @@ def federate_round(
     from concord.trust import SigningKey, load_signing_key_spec
 
     if key is not None and not isinstance(key, SigningKey):  # a bad key fails before any store is opened
-        key = load_signing_key_spec(key, password if password is not None else os.environ.get("CONCORD_KEY_PASSWORD") or None)
+        key = load_signing_key_spec(
+            key, password if password is not None else os.environ.get("CONCORD_KEY_PASSWORD") or None
+        )
     stores = [open_store(c) for c in clusters]
     return run_round(
-        tenant, stores, adapters, method=method, rank=rank, weights=weights, clip_norm=clip_norm, robust=robust,
-        out_name=out_name, ledger_store=open_store(ledger) if ledger is not None else None,
-        lineage=open_lineage(tracking_uri) if track else None, progress=_progress(progress), key=key,
+        tenant,
+        stores,
+        adapters,
+        method=method,
+        rank=rank,
+        weights=weights,
+        clip_norm=clip_norm,
+        robust=robust,
+        out_name=out_name,
+        ledger_store=open_store(ledger) if ledger is not None else None,
+        lineage=open_lineage(tracking_uri) if track else None,
+        progress=_progress(progress),
+        key=key,
         memory=LedgerMemory() if remember else None,
     )
 
@@ -604,8 +652,13 @@ def federate_verify(
     validate_tenant(tenant)
     source = _to_read(store, None)
     return verify_remembered(
-        source, tenant, trust=_policy(trust), min_round=min_round,
-        memory=LedgerMemory() if remember else None, forget=forget, fix=fix,
+        source,
+        tenant,
+        trust=_policy(trust),
+        min_round=min_round,
+        memory=LedgerMemory() if remember else None,
+        forget=forget,
+        fix=fix,
     )
 
 
@@ -643,11 +696,15 @@ def audit_replicas(
     from concord.audit.report import AuditReport
 
     replicas = {label: (s, ref) for label, s in _labelled(stores).items()}
-    found = compare_replicas(replicas, reference=reference, max_ulps=max_ulps, top=top, progress=_progress(progress), trust=_policy(trust))
+    found = compare_replicas(
+        replicas, reference=reference, max_ulps=max_ulps, top=top, progress=_progress(progress), trust=_policy(trust)
+    )
     return AuditReport.assemble(replicas=found)
 
 
-def audit_cards(stores: Sequence[StoreLike], ref: str, *, reference: str | None = None, required: Sequence[str] | None = None) -> AuditReport:
+def audit_cards(
+    stores: Sequence[StoreLike], ref: str, *, reference: str | None = None, required: Sequence[str] | None = None
+) -> AuditReport:
     """Compare the model cards of the snapshot ``ref`` across cluster ``stores``: ``concord audit
     cards``; ``required`` fields must be present on every card.
 
@@ -695,7 +752,9 @@ def open_lineage(tracking_uri: str | None = None) -> Lineage:
     return Lineage(tracking_uri)
 
 
-def register_data(source: Any, *, name: str, registry: StoreLike | None = None, progress: ProgressLike = None) -> DataSnapshot:
+def register_data(
+    source: Any, *, name: str, registry: StoreLike | None = None, progress: ProgressLike = None
+) -> DataSnapshot:
     """Snapshot a table (a CSV or Parquet file, or a pandas DataFrame) into the registry store
     (default ``$CONCORD_REGISTRY``, else ``$CONCORD_HOME/registry``) and point ``data/<name>`` at
     it: ``concord data register``.
@@ -738,9 +797,15 @@ def register_model(
     source = open_store(store)
     reg = open_store(registry if registry is not None else default_registry())
     return lineage.register_model_version(
-        name, _root("register_model", source, ref, root), [source, *(open_store(h) for h in holders)],
-        data_snapshot=data, contract=contract, parents=list(parents), description=description,
-        data_store=reg, contracts_store=reg,
+        name,
+        _root("register_model", source, ref, root),
+        [source, *(open_store(h) for h in holders)],
+        data_snapshot=data,
+        contract=contract,
+        parents=list(parents),
+        description=description,
+        data_store=reg,
+        contracts_store=reg,
     )
 
 
@@ -756,10 +821,31 @@ def model_lineage(name: str, version: str | int, *, tracking_uri: str | None = N
 
 #: the verbs, as ``concord`` exports them (the types come from their own modules)
 VERBS = (
-    "open_store", "snapshot", "sync", "diff", "restore", "verify", "rollback", "sign", "signatures",
-    "checkout", "rollback_checkout", "tier_add", "tier_sweep", "tier_status", "tier_restore", "tier_drill",
-    "federate_round", "federate_verify", "audit_replicas", "audit_cards", "audit_data",
-    "open_lineage", "register_data", "register_model", "model_lineage",
+    "open_store",
+    "snapshot",
+    "sync",
+    "diff",
+    "restore",
+    "verify",
+    "rollback",
+    "sign",
+    "signatures",
+    "checkout",
+    "rollback_checkout",
+    "tier_add",
+    "tier_sweep",
+    "tier_status",
+    "tier_restore",
+    "tier_drill",
+    "federate_round",
+    "federate_verify",
+    "audit_replicas",
+    "audit_cards",
+    "audit_data",
+    "open_lineage",
+    "register_data",
+    "register_model",
+    "model_lineage",
 )
 
 __all__ = [*VERBS, "PolicyLike", "ProgressLike", "StoreLike", "TrustLike"]

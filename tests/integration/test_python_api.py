@@ -56,8 +56,15 @@ def write_adapter(path: Path, seed: int, dim: int = 16, r: int = 4) -> Path:
         tensors[f"base_model.model.{m}.lora_B.weight"] = 0.1 * torch.randn(dim, r, generator=g)
     path.mkdir(parents=True)
     save_file(tensors, str(path / "adapter_model.safetensors"), metadata={"format": "pt"})
-    config = {"peft_type": "LORA", "base_model_name_or_path": "tiny-base", "r": r, "lora_alpha": 8,
-              "target_modules": ["query", "value"], "bias": "none", "fan_in_fan_out": False}
+    config = {
+        "peft_type": "LORA",
+        "base_model_name_or_path": "tiny-base",
+        "r": r,
+        "lora_alpha": 8,
+        "target_modules": ["query", "value"],
+        "bias": "none",
+        "fan_in_fan_out": False,
+    }
     (path / "adapter_config.json").write_text(json.dumps(config))
     return path
 
@@ -79,7 +86,11 @@ def world(request, tmp_path, monkeypatch):
         base = f"s3://{s3.bucket}/{uuid.uuid4().hex[:8]}"
     else:
         base = "stores"
-    places = {PRIMARY: f"{base}/us-east", REPLICA: f"{base}/eu-west"}
+    # an S3 address as a person types it, with how many transfers run at once
+    places = {
+        PRIMARY: f"{base}/us-east" + ("?connections=4" if request.param == "s3" else ""),
+        REPLICA: f"{base}/eu-west",
+    }
     v1 = make_checkpoint(tmp_path / "ckpt" / "step-1000")
     (v1 / "COMPLETE").write_text("")
     v2 = fine_tune(v1, tmp_path / "ckpt" / "step-2000", ["layers.0.attn.q.weight"])
@@ -93,7 +104,9 @@ def world(request, tmp_path, monkeypatch):
     sign_root(primary, resolve_root(primary, "models/llama"), load_signing_key(tmp_path / "keys" / "release.pem"))
     concord.sync(primary, places[REPLICA], ref="models/llama", progress=False)
     concord.snapshot(write_adapter(tmp_path / "adapters" / "0", 0), primary, ref="acme/adapter-0", progress=False)
-    concord.snapshot(write_adapter(tmp_path / "adapters" / "1", 1), places[REPLICA], ref="acme/adapter-1", progress=False)
+    concord.snapshot(
+        write_adapter(tmp_path / "adapters" / "1", 1), places[REPLICA], ref="acme/adapter-1", progress=False
+    )
     (tmp_path / "data").mkdir()
     rows = "\n".join(f"{i},{(i * 7) % 13 / 10},{'ab'[i % 2]}" for i in range(200))
     for name in ("train", "today"):
@@ -187,7 +200,11 @@ def test_rollback(world):
 def test_sign_and_signatures(world):
     names, _ = run_example("concord.sign and concord.signatures", world)
     assert isinstance(names["s"], concord.SignResult) and names["s"].key_id == world["key_id"]
-    assert isinstance(names["v"], concord.Verdict) and names["v"].trusted and list(names["v"].signed_by) == [world["key_id"]]
+    assert (
+        isinstance(names["v"], concord.Verdict)
+        and names["v"].trusted
+        and list(names["v"].signed_by) == [world["key_id"]]
+    )
 
 
 def test_checkout(world):
@@ -237,7 +254,9 @@ def test_audits(world):
 
 
 def test_lineage(world):
-    names, printed = run_example("Lineage: concord.register_data, register_model, model_lineage and open_lineage", world)
+    names, printed = run_example(
+        "Lineage: concord.register_data, register_model, model_lineage and open_lineage", world
+    )
     assert isinstance(names["data"], concord.DataSnapshot) and names["data"].rows == 200
     assert names["data"].id in printed.splitlines()[0]
     assert "'llama'" in printed.splitlines()[1] and str(names["mv"]["version"]) in printed.splitlines()[1]

@@ -19,7 +19,7 @@ from concord.snapshots.refs import resolve_root
 from concord.stores import open_store
 from concord.trust import generate_key, read_signature, signature_key
 
-TRAIN = '''
+TRAIN = """
 import os, sys
 
 import torch
@@ -38,13 +38,14 @@ for step in range(first, last + 1):
     if step % every == 0:
         folder = os.path.join("ckpt", f"step-{step}")
         os.makedirs(folder, exist_ok=True)
-        save_file({k: v.detach().contiguous() for k, v in model.state_dict().items()}, os.path.join(folder, "model.safetensors"))
+        weights = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
+        save_file(weights, os.path.join(folder, "model.safetensors"))
         r = concord.snapshot(folder, primary, ref="models/tiny", message=f"step {step}")
         concord.sync(primary, [replica], ref="models/tiny")
         print(step, r.root, flush=True)
-'''
+"""
 
-SERVE = '''
+SERVE = """
 import sys
 
 import concord
@@ -55,7 +56,7 @@ except concord.UntrustedRootError as exc:
     print(f"not deployed: {exc}", file=sys.stderr)
     sys.exit(exc.exit_code)
 print(r.root)
-'''
+"""
 
 
 @pytest.fixture(params=["folder", "s3"])
@@ -113,7 +114,9 @@ def test_a_training_loop_snapshots_and_syncs_and_a_server_checks_out_only_signed
     served = run(site, "serve.py", site["replica"], str(dest), trusted=True)
     assert served.returncode == 0, served.stderr
     assert served.stdout.strip() == newest
-    assert (dest / "model.safetensors").read_bytes() == (site["dir"] / "ckpt" / "step-6" / "model.safetensors").read_bytes()
+    assert (dest / "model.safetensors").read_bytes() == (
+        site["dir"] / "ckpt" / "step-6" / "model.safetensors"
+    ).read_bytes()
 
     # training goes on: the next root is unsigned, and refused
     more = run(site, "train.py", site["primary"], site["replica"], "7", "8", "2")
@@ -132,9 +135,14 @@ def test_a_training_loop_snapshots_and_syncs_and_a_server_checks_out_only_signed
     forged = run(site, "serve.py", site["replica"], str(dest), trusted=True)
     assert forged.returncode == 13, forged.stderr
     assert f"not deployed: root {unsigned}" in forged.stderr and os.readlink(dest) == link
-    assert (dest / "model.safetensors").read_bytes() == (site["dir"] / "ckpt" / "step-6" / "model.safetensors").read_bytes()
+    assert (dest / "model.safetensors").read_bytes() == (
+        site["dir"] / "ckpt" / "step-6" / "model.safetensors"
+    ).read_bytes()
 
     # without a policy in the environment the same script serves it: the check came from there
     untrusted = run(site, "serve.py", site["replica"], str(dest))
     assert untrusted.returncode == 0 and untrusted.stdout.strip() == unsigned
-    assert Path(dest / "model.safetensors").read_bytes() == (site["dir"] / "ckpt" / "step-8" / "model.safetensors").read_bytes()
+    assert (
+        Path(dest / "model.safetensors").read_bytes()
+        == (site["dir"] / "ckpt" / "step-8" / "model.safetensors").read_bytes()
+    )

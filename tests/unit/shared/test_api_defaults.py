@@ -36,7 +36,10 @@ def test_restore_reads_the_trust_policy_from_the_environment(released):
     assert r.root == released["second"] and (out / "new" / "config.json").read_text() == '{"changed": true}'
     # with no policy in the environment nothing is checked, as in the CLI
     with patched_environ({}, ["CONCORD_TRUSTED_KEYS"]):
-        assert concord.restore(released["store"], out / "any", root=released["first"], progress=False).root == released["first"]
+        assert (
+            concord.restore(released["store"], out / "any", root=released["first"], progress=False).root
+            == released["first"]
+        )
 
 
 def test_an_empty_trust_list_in_the_environment_is_an_error_not_no_policy(released):
@@ -80,3 +83,12 @@ def test_an_encrypted_store_opens_with_key_file_or_the_environment(tmp_path, ckp
     with patched_environ({"CONCORD_KEY_FILE": str(key_path)}):
         assert concord.verify(str(tmp_path / "vault"), ref="models/x", progress=False).ok
         assert concord.diff(str(tmp_path / "vault"), "models/x", r.root).same
+
+
+def test_a_store_is_taken_as_a_store_an_address_or_the_text_typed(released):
+    from pathlib import Path
+
+    text = released["store"]
+    for given in (text, Path(text), concord.StoreAddress.parse(text), concord.open_store(text)):
+        r = concord.verify(given, ref="models/x~1", progress=False)
+        assert r.ok and r.roots == (released["first"],)
