@@ -9,7 +9,7 @@ STAMP  := $(VENV)/.installed
 PYTEST_ARGS ?=
 TEST_WORKERS ?= 2
 
-.PHONY: install test-prereqs demo test test-unit test-integration e2e bench clean serve stop status
+.PHONY: install test-prereqs bench-prereqs demo test test-unit test-integration e2e bench clean serve stop status
 
 install: $(STAMP)
 
@@ -65,7 +65,17 @@ stop:
 status:
 	$(PY) -m deployments.serve status
 
-bench: install
+# The baselines benchmarks time beside Concord that pip cannot install: rsync, b3sum, restic and
+# rclone. Installed with apt when root; otherwise a message, and their rows fall back or are left out.
+BENCH_TOOLS := rsync b3sum restic rclone
+bench-prereqs:
+	@missing=""; for t in $(BENCH_TOOLS); do command -v $$t >/dev/null 2>&1 || missing="$$missing $$t"; done; \
+	if [ -z "$$missing" ]; then :; \
+	elif [ "$$(id -u)" = 0 ]; then \
+	  (apt-get install -y -q $$missing || (apt-get update -q && apt-get install -y -q $$missing)) >/dev/null; \
+	else echo "bench-prereqs:$$missing missing and this is not root: run 'sudo apt-get install -y$$missing' (without them those baselines fall back or are left out)"; fi
+
+bench: install bench-prereqs
 	$(PY) -m bench
 
 clean:

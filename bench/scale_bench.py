@@ -9,16 +9,19 @@ their sidecar matches; read once so they sit in the page cache.
 Timed, each command as its own process (``python -m concord.cli``, as a user runs it), in
 interleaved rounds with its baseline:
 
-- a fresh snapshot into an empty folder store, against ``rsync -a`` into an empty folder;
+- a fresh snapshot into an empty folder store, against ``rsync -a`` into an empty folder (and,
+  when ``restic`` is installed, ``restic backup`` into a new local repository);
 - a re-hash: the same snapshot again into the same store (every chunk there already), against
   ``b3sum`` of every file (when ``b3sum`` is not installed, a Python loop hashing each file with
-  the same ``blake3`` library Concord uses, said in the notes);
+  the same ``blake3`` library Concord uses, said in the table) and ``restic backup --force`` into
+  a repository holding the folder already;
 - ``concord verify`` of the store, against the same baseline over the store's chunk files;
 - ``concord restore`` into a new folder, and ``concord checkout`` of a new link (each file
   flushed to disk as it is finished, the default; and with ``--no-fsync``), against ``cp -a``;
 - ``concord sync`` into an empty folder store, against ``rsync -a`` of the store's folder.
 
-Run it under a low open-file limit, as the goal asks: ``bash -c 'ulimit -n 256; python -m bench
+The Concord commands start as an installed package does, from compiled bytecode (kept under the
+scratch folder, whatever ``PYTHONDONTWRITEBYTECODE`` says). Run it under a low open-file limit, as the goal asks: ``bash -c 'ulimit -n 256; python -m bench
 scale --files 20000 --size 50k'``. Every process is polled every 2 ms for its open file
 descriptors (``/proc/PID/fd``); the most any Concord command held is a row of its own. The
 manifest's load (parse and check every hash, in this process) is timed too.
@@ -137,10 +140,14 @@ def run(opts: Options) -> list[Table]:
     work = fresh_dir(opts.work_dir / "scale")
     store, again, out, link, replica = (work / p for p in ("store", "store-b", "out", "serve", "replica"))
     copy = work / "copy"
-    env = dict(os.environ, CONCORD_NO_PROGRESS="1", CONCORD_HOME=str(work / "home"))
+    env = dict(os.environ, CONCORD_NO_PROGRESS="1", CONCORD_HOME=str(work / "home"), PYTHONPYCACHEPREFIX=str(work / "pycache"))
+    env.pop("PYTHONDONTWRITEBYTECODE", None)  # an installed package starts from bytecode
     concord = [sys.executable, "-m", "concord.cli"]
     rsync = shutil.which("rsync")
     b3sum = shutil.which("b3sum")
+    restic = shutil.which("restic")
+    restic_env = dict(env, RESTIC_PASSWORD="bench", RESTIC_CACHE_DIR=str(work / "restic-cache"))
+    repo, fresh_repo = work / "restic", work / "restic-fresh"
     counted = _Counted()
     nofile = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
     secs = sum(warm(p) for p in src.rglob("*.dat"))
@@ -157,6 +164,17 @@ def run(opts: Options) -> list[Table]:
 
         return before
 
+    def restic_run(*argv: str) -> None:
+        subprocess.run([restic or "restic", "--quiet", *argv], env=restic_env, check=True, stdout=subprocess.DEVNULL)
+
+    def restic_case(label: str, *argv: str):
+        return lambda: counted.run(label, [restic or "restic", "--quiet", *argv], restic_env)
+
+    def new_repo() -> None:
+        remove(fresh_repo)
+        restic_run("init", "--repo", str(fresh_repo))
+        settle()
+
     def hash_all(folder: Path) -> list[str]:
         if b3sum:
             return ["bash", "-c", f"find {folder} -type f -print0 | xargs -0 {b3sum} > /dev/null"]
@@ -164,11 +182,18 @@ def run(opts: Options) -> list[Table]:
 
     # the snapshot the other commands start from (untimed)
     counted.run("setup", [*concord, "snapshot", str(src), "--store", str(store), "--ref", REF], env)
+    if restic:
+        restic_run("init", "--repo", str(repo))
+        restic_run("backup", "--repo", str(repo), str(src))
     cases = [
         Case("concord snapshot (fresh)", cmd("snapshot", *concord, "snapshot", str(src), "--store", str(again), "--ref", REF), clear(again)),
         Case("rsync -a (fresh)", cmd("rsync", rsync or "true", "-a", f"{src}/", f"{copy}/"), clear(copy)),
         Case("concord snapshot (re-hash)", cmd("re-hash", *concord, "snapshot", str(src), "--store", str(store), "--ref", REF)),
         Case("hash every file", cmd("hash", *hash_all(src))),
+        *([
+            Case("restic backup (fresh)", restic_case("restic", "backup", "--repo", str(fresh_repo), str(src)), new_repo),
+            Case("restic backup --force", restic_case("restic-force", "backup", "--force", "--repo", str(repo), str(src))),
+        ] if restic else []),
         Case("concord verify", cmd("verify", *concord, "verify", str(store))),
         Case("hash every chunk file", cmd("hash-store", *hash_all(store / "chunks"))),
         Case("concord restore", cmd("restore", *concord, "restore", str(store), "--ref", REF, str(out)), clear(out)),
@@ -194,15 +219,20 @@ def run(opts: Options) -> list[Table]:
     def vs(metric: str, ours: str, base: str, name: str | None, limit: float | None) -> None:
         table.add(Row(metric, c[ours], c[base] if name else None, "s", Target("ratio", "<=", limit) if limit and name else None, name or ""))
 
-    hashing = "b3sum" if b3sum else "blake3 per file (Python)"
+    hashing = "b3sum" if b3sum else "blake3 per file (Python; b3sum is not installed)"
     vs("fresh snapshot into an empty store", "concord snapshot (fresh)", "rsync -a (fresh)", rs, 1.5)
+    if restic:
+        vs("fresh snapshot, beside restic", "concord snapshot (fresh)", "restic backup (fresh)", "restic backup, new repo", None)
     vs("re-hash: snapshot of the unchanged folder", "concord snapshot (re-hash)", "hash every file", hashing, 2.0)
+    if restic:
+        vs("re-hash, beside restic", "concord snapshot (re-hash)", "restic backup --force", "restic backup --force", None)
     vs("verify of the store", "concord verify", "hash every chunk file", hashing, None)
     vs("restore into a new folder", "concord restore", "cp -a", "cp -a", 2.0)
     vs("checkout (each file flushed)", "concord checkout", "cp -a", "cp -a", 2.0)
     vs("checkout --no-fsync", "concord checkout --no-fsync", "cp -a", "cp -a", 2.0)
     vs("sync to an empty local store", "concord sync", "rsync -a of the store", "rsync -a" if rsync else None, 1.0)
-    ours = {k: v for k, v in counted.peak.items() if k not in ("rsync", "hash", "hash-store", "cp", "rsync-store")}
+    baselines = ("rsync", "hash", "hash-store", "cp", "rsync-store", "restic", "restic-force")
+    ours = {k: v for k, v in counted.peak.items() if k not in baselines}
     table.add(Row("most files open in any concord command", max(ours.values()), None, "fds", Target("value", "<", 256)))
     table.add(Row(f"manifest load ({n} files, every hash checked)", load, None, "s", Target("value", "<", 1.0)))
     table.notes += [
@@ -213,13 +243,20 @@ def run(opts: Options) -> list[Table]:
         f"({n / c['concord restore']:.0f} files/s)",
         "a fresh snapshot and a sync flush every chunk file to disk before the ref moves, and a "
         "checkout every file before its flip (rsync and cp flush nothing); each Concord row includes "
-        "the process's start and the manifest's load",
+        "the process's start (from bytecode) and the manifest's load",
         *([] if b3sum else ["b3sum is not installed here: the hashing baseline is a Python loop over the files with the blake3 library (one thread per file)"]),
+        *(["restic (" + _version(restic) + ") with its defaults: a repository of compressed packs, "
+           "its cache under the scratch folder"] if restic else ["restic is not installed here: its rows are left out"]),
         *([] if rsync else ["rsync is not installed here: its rows have no baseline"]),
         *(["one run each, without the warm-up round the next note names"] if opts.runs == 1 else []),
         times_note(cases),
     ]
     return [table]
+
+
+def _version(tool: str) -> str:
+    out = subprocess.run([tool, "version"], capture_output=True, text=True, timeout=30).stdout.split()
+    return " ".join(out[:2]) if out else tool
 
 
 def _manifest_load(store: Path) -> float:

@@ -39,10 +39,10 @@ from concord.snapshots.manifest import (
     make_part,
 )
 from concord.progress import Progress, ensure
-from concord.snapshots.formats import file_layout
+from concord.snapshots.formats import claims, file_layout
 from concord.stores.base import Store, check_writable_ref
 from concord.text import control_char
-from concord.snapshots.walk import walk_files
+from concord.snapshots.walk import walk_sized
 
 #: chunks in flight at once, across files: bounds memory (futures, ids) whatever the checkpoint size
 WINDOW = 64
@@ -54,6 +54,7 @@ SMALL_FILE = 256 * 1024
 #: small files one worker takes at a time: at most this many, of at most this many bytes
 BATCH_FILES = 32
 BATCH_BYTES = 4 * 1024 * 1024
+_READ_FLAGS = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)
 
 
 @dataclass(frozen=True)
@@ -107,16 +108,21 @@ def collect_files(source: str | os.PathLike) -> list[tuple[str, str]]:
     character is refused (:class:`ControlCharacterNameError`): it could not be shown on a
     terminal as it is, nor restored safely everywhere.
     """
+    return [(rel, full) for rel, full, _ in collect_sized_files(source)]
+
+
+def collect_sized_files(source: str | os.PathLike) -> list[tuple[str, str, int]]:
+    """:func:`collect_files` with each file's size as the walk found it."""
     src = os.path.abspath(os.fspath(source))
     if not os.path.exists(src):
         raise SourceNotFoundError(src)
     if os.path.isfile(src):
-        return [(os.path.basename(src), src)]
+        return [(os.path.basename(src), src, os.path.getsize(src))]
     out = []
-    for rel, full in walk_files(src):
+    for rel, full, size in walk_sized(src):
         if control_char(rel) is not None:
             raise ControlCharacterNameError(os.path.join(src, rel))
-        out.append((rel, full))
+        out.append((rel, full, size))
     if not out:
         raise ValueError(f"{src}: the folder holds no files; point at a checkpoint folder or file.")
     return sorted(out)
@@ -240,6 +246,11 @@ class _Snapshotter:
         its closing (one task for many files: a file of one chunk costs the queue little)."""
         out = []
         for rel, path in files:
+            if not claims(path):
+                entry = self._small_blob(rel, path)
+                if entry is not None:
+                    out.append(entry)
+                    continue
             src = self._open(rel, path)
             if not isinstance(src, FileEntry):
                 try:
@@ -251,6 +262,29 @@ class _Snapshotter:
                 src = self._finish(src)
             out.append(src)
         return out
+
+    def _small_blob(self, rel: str, path: str) -> FileEntry | None:
+        """The entry of the small file ``path``, which no format cuts (one ``data`` part), its
+        chunks stored: read whole, hashed and stored from the bytes read, with no more than it
+        takes (the most files of a sharded dataset go this way). None if it is no longer small."""
+        fd = os.open(path, _READ_FLAGS)
+        written: list[str] = []
+        try:
+            before = os.fstat(fd)
+            size = before.st_size
+            if size > SMALL_FILE:
+                return None
+            data = _read_all(fd, size)
+            cs = self.chunk_size
+            if size <= cs:
+                ids = [self._store(fd, 0, size, data, None, written)] if size else []
+            else:
+                with memoryview(data) as mv:
+                    ids = [self._store(fd, at, min(cs, size - at), mv[at : at + cs], None, written) for at in range(0, size, cs)]
+        finally:
+            os.close(fd)
+        self._check_unchanged(path, before, written)
+        return make_file(rel, size, "blob", [make_part("data", "", 0, size, ids)])
 
     def _open(self, rel: str, path: str) -> _Source | FileEntry:
         """``path`` opened, its layout read and its bytes mapped; a file of no bytes is done at once."""
@@ -287,33 +321,44 @@ class _Snapshotter:
         """The entry of a file whose chunks are all stored; the file is closed. A file that
         changed meanwhile is refused (:class:`SourceChangedError`) and its new chunks taken back."""
         src.close()
-        after = os.stat(src.path)
-        if (after.st_size, after.st_mtime_ns) != (src.before.st_size, src.before.st_mtime_ns):
-            for cid in src.written:  # their bytes may not match their names: take them back
-                self.store.delete_chunk(cid)
-            raise SourceChangedError(src.path)
+        self._check_unchanged(src.path, src.before, src.written)
         parts = [make_part(*_part_args(lay, src.ids[i])) for i, lay in enumerate(src.layout)]
         return make_file(src.rel, src.size, src.kind, parts)
+
+    def _check_unchanged(self, path: str, before: os.stat_result, written: list[str]) -> None:
+        """Refuse (:class:`SourceChangedError`) the file at ``path`` if its size or time changed
+        since ``before`` was taken, taking back the chunks it ``written``: their bytes may not
+        match their names."""
+        after = os.stat(path)
+        if (after.st_size, after.st_mtime_ns) != (before.st_size, before.st_mtime_ns):
+            for cid in written:
+                self.store.delete_chunk(cid)
+            raise SourceChangedError(path)
 
     def _chunk(self, src: _Source, start: int, length: int, dtype: str | None = None) -> str:
         with memoryview(src.bytes) as mv:
             view = mv[start : start + length]
             try:
-                cid = chunk_id(view)
-                with self._lock:
-                    mine = cid not in self._claimed
-                    self._claimed.add(cid)
-                # put_chunk writes nothing (and sends nothing) when the store already has the chunk
-                # dtype lets a compressed store choose its codec (byte planes for floating tensors)
-                stored = self.store.put_chunk_from_file(cid, src.f.fileno(), start, length, view, dtype=dtype) if mine else None
-                if stored:  # the bytes written, as stored (True from a store that only says whether)
-                    with self._lock:
-                        self.new_chunks += 1
-                        self.new_bytes += length
-                        self.new_stored_bytes += length if stored is True else stored
-                        src.written.append(cid)
+                return self._store(src.f.fileno(), start, length, view, dtype, src.written)
             finally:
                 view.release()
+
+    def _store(self, fd: int, start: int, length: int, view, dtype: str | None, written: list[str]) -> str:
+        """The id of the chunk ``view`` (``length`` bytes of file ``fd`` at ``start``), stored
+        unless this snapshot or the store has it already; ``written`` gets it if this stored it."""
+        cid = chunk_id(view)
+        with self._lock:
+            mine = cid not in self._claimed
+            self._claimed.add(cid)
+        # put_chunk writes nothing (and sends nothing) when the store already has the chunk
+        # dtype lets a compressed store choose its codec (byte planes for floating tensors)
+        stored = self.store.put_chunk_from_file(cid, fd, start, length, view, dtype=dtype) if mine else None
+        if stored:  # the bytes written, as stored (True from a store that only says whether)
+            with self._lock:
+                self.new_chunks += 1
+                self.new_bytes += length
+                self.new_stored_bytes += length if stored is True else stored
+                written.append(cid)
         self.progress.advance(length)
         return cid
 
@@ -351,13 +396,14 @@ def snapshot(
     keep a signature after checking it against the stored bytes); if it raises, no ref moves."""
     check_chunk_size(chunk_size)
     ref = check_writable_ref(ref) if ref is not None else None  # "" is a mistake, not "no ref"
-    files = collect_files(source)
+    sized = collect_sized_files(source)
+    files = [(rel, path) for rel, path, _ in sized]
+    sizes = [size for _, _, size in sized]
     expected = None
     if ref:
         current = store.read_ref(ref)
         expected = current.root if current else None
     prog = ensure(progress)
-    sizes = [os.path.getsize(p) for _, p in files]
     prog.start(sum(sizes), "snapshot")
     snap = _Snapshotter(store, chunk_size, prog, workers)
     name = os.path.basename(os.fspath(source))

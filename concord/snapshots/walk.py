@@ -40,6 +40,12 @@ def walk_files(root: str | os.PathLike, *, skipped: list[str] | None = None) -> 
     fail on what they then cannot open). ``skipped`` collects the relative paths of the folder
     links that were not followed because their folder is walked already.
     """
+    for rel, path, _ in walk_sized(root, skipped=skipped):
+        yield rel, path
+
+
+def walk_sized(root: str | os.PathLike, *, skipped: list[str] | None = None) -> Iterator[tuple[str, str, int]]:
+    """:func:`walk_files` with each file's size as the walk found it (no ``stat`` of its own)."""
     base = os.fspath(root)
     try:
         st = os.stat(base)
@@ -87,5 +93,5 @@ def walk_files(root: str | os.PathLike, *, skipped: list[str] | None = None) -> 
                     seen.add((st.st_dev, st.st_ino))
                     subfolders.append(child)
             elif stat.S_ISREG(st.st_mode):
-                yield child, entry.path
+                yield child, entry.path, st.st_size
         real.extend(reversed(subfolders))

@@ -7,15 +7,20 @@ object under a real name.
 Durable before visible: the chunks, manifests and documents a store writes are flushed to disk,
 with the folders they are named in, before a ref moves (:meth:`Store.flush`, which
 :meth:`~concord.stores.base.Store.cas_ref` calls), as restic flushes every object it writes. The
-flushes are batched so the write path stays fast: each file's ``fsync`` starts on a small thread
-pool as soon as it is renamed into place, overlapping the writes still to come, and each folder
-is flushed once, at the end. The ref itself is written flushed, and its folder after it. Ref updates take an ``flock`` only for the read-compare-write of the
+flushes are batched so the write path stays fast. An object of at least ``SYNCFS_BELOW`` bytes
+(a chunk of a large file) has its ``fsync`` started on a small thread pool as soon as it is
+renamed into place, overlapping the writes still to come, and each of its folders is flushed
+once, at the end. Smaller objects (the chunks of a folder of many small files) are flushed all
+at once, at the end, by one ``syncfs`` of each filesystem they were written to, which writes
+their bytes and names, and their folders', in one journal commit instead of one per file; on a
+system without ``syncfs`` they are flushed as the large ones are. The ref itself is written flushed, and its folder after it. Ref updates take an ``flock`` only for the read-compare-write of the
 compare-and-swap (and the compare-and-delete of a ref); correctness of everything else comes from
 atomic renames and content addressing.
 """
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import fcntl
 import hashlib
@@ -27,7 +32,7 @@ from contextlib import contextmanager
 from typing import Iterator
 
 from concord.errors import NotRegularFileError, StoreAccessError, StoreNotFoundError
-from concord.files import TMP_PREFIX, atomic_write, fsync_path, temp_path
+from concord.files import TMP_PREFIX, atomic_write, fsync_path, pwrite_all, temp_path
 from concord.stores import scratch
 from concord.stores.base import Store, chunk_key
 
@@ -105,6 +110,15 @@ def _read_into(fd: int, buf: memoryview) -> memoryview:
     return buf[:got]
 
 
+def _write_new(dst: str, data) -> None:
+    """Write ``data`` into the new file ``dst``."""
+    out = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o644)
+    try:
+        pwrite_all(out, data, 0)
+    finally:
+        os.close(out)
+
+
 def _copy_range(src_fd: int, offset: int, length: int, dst: str) -> None:
     """Copy ``length`` bytes of ``src_fd`` at ``offset`` into the new file ``dst`` in the kernel."""
     out = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
@@ -129,6 +143,37 @@ def _object_place(key: str) -> bool:
 #: threads flushing files, shared by every folder store of the process (a sync to a hundred
 #: folders flushes on these few, not on a pool per folder)
 FSYNC_WORKERS = 8
+#: objects smaller than this are flushed together by one ``syncfs`` of their filesystem when the
+#: store flushes, instead of by an ``fsync`` each as they land (thousands of small files: one
+#: journal commit, and no hand-off to the flushing pool per file)
+SYNCFS_BELOW = 1024 * 1024
+#: while small objects keep coming, a ``syncfs`` starts in the background after every this many
+#: of their bytes, so that the disk writes them back while the rest are written
+SYNCFS_EVERY = 128 * 1024 * 1024
+#: a chunk of at least this many bytes is copied from the checkpoint file in the kernel
+#: (``copy_file_range``); a smaller one is written from the bytes just hashed
+KERNEL_COPY = 1024 * 1024
+
+
+def _load_syncfs():
+    """``syncfs(2)`` of this system's C library, or None (not Linux: every file gets its ``fsync``)."""
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).syncfs
+    except (AttributeError, OSError):
+        return None
+    fn.argtypes, fn.restype = [ctypes.c_int], ctypes.c_int
+    return fn
+
+
+_SYNCFS = _load_syncfs()
+
+
+def syncfs(fd: int) -> None:
+    """Flush the whole filesystem ``fd`` is open on (every file's bytes and names, and the
+    folders'), raising ``OSError`` if a write-back on it failed since ``fd`` was opened."""
+    if _SYNCFS(fd) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))
 _FSYNC_POOL: tuple[int, ThreadPoolExecutor] | None = None  # (the process it belongs to, the pool)
 _FSYNC_LOCK = threading.Lock()
 
@@ -143,38 +188,105 @@ def _fsync_pool() -> ThreadPoolExecutor:
 
 
 class _Flushes:
-    """Files written but not yet flushed, and the folders they were named in: each file's
-    ``fsync`` runs on the process's flushing pool from the moment it is added; :meth:`wait` lets
-    them finish, then flushes every folder once (a chunk's ``chunks/XX``, ``chunks``, the store's root...)."""
+    """Files written but not yet flushed, and the folders they were named in.
+
+    A large file's ``fsync`` runs on the process's flushing pool from the moment it is added;
+    :meth:`wait` lets them finish, then flushes each of their folders once (a chunk's
+    ``chunks/XX``, ``chunks``, the store's root...). A small file (under ``SYNCFS_BELOW``) is only
+    noted, with the filesystem of each of its folders: :meth:`wait` runs one ``syncfs`` on each,
+    through a descriptor opened when the first small file there was added, so that a write-back
+    error on it since (or one no flush reported yet) is reported there. While they keep coming,
+    one such ``syncfs`` at a time also runs in the background after every ``SYNCFS_EVERY`` bytes
+    of them (its error too is raised by :meth:`wait`)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._files: list[Future] = []
         self._folders: set[str] = set()
+        self._dev: dict[str, int] = {}  # folder -> its filesystem (st_dev), as first seen
+        self._fs: dict[int, int] = {}  # filesystem -> a descriptor on it, while small files there wait
+        self._covered: set[str] = set()  # folders whose filesystems, and their parents', are in _fs
+        self._small = 0  # bytes of small files added since the last syncfs began
+        self._early: Future | None = None  # the syncfs running in the background, if any
 
-    def add(self, path: str, folders: Iterator[str]) -> None:
+    def add(self, path: str, folders: tuple[str, ...], size: int | None = None) -> None:
+        """``path`` (of ``size`` bytes) was named in ``folders``, its own first."""
+        if size is not None and size < SYNCFS_BELOW and _SYNCFS is not None:
+            with self._lock:
+                if folders[0] not in self._covered and not self._watch(folders):
+                    self._files.append(_fsync_pool().submit(fsync_path, path))
+                    self._folders.update(folders)
+                    return
+                self._small += size
+                if self._small >= SYNCFS_EVERY and (self._early is None or self._early.done()):
+                    self._small = 0
+                    self._early = _fsync_pool().submit(_syncfs_all, list(self._fs.values()), self._early)
+            return
         with self._lock:
             self._files.append(_fsync_pool().submit(fsync_path, path))
             self._folders.update(folders)
 
-    def wait(self) -> None:
+    def _watch(self, folders: tuple[str, ...]) -> bool:
+        """Note the filesystems of ``folders`` (under the lock), with a descriptor open on each;
+        False if one cannot be opened (its files are then flushed one by one)."""
+        for folder in folders:
+            dev = self._dev.get(folder)
+            if dev is not None and dev in self._fs:
+                continue
+            try:
+                fd = os.open(folder, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+            except OSError:
+                return False
+            dev = self._dev[folder] = os.fstat(fd).st_dev
+            if dev in self._fs:
+                os.close(fd)
+            else:
+                self._fs[dev] = fd
+        self._covered.add(folders[0])
+        return True
+
+    def _take(self) -> tuple[list[Future], set[str], dict[int, int], Future | None]:
+        """What waits to be flushed, the next round starting empty (under the lock)."""
         with self._lock:
-            files, self._files = self._files, []
-            folders, self._folders = self._folders, set()
-        if not files and not folders:
-            return
-        for f in files:
-            f.result()  # an error of any file's flush is raised here, before the ref moves
-        pool = _fsync_pool()
-        for f in [pool.submit(fsync_path, d) for d in folders]:
-            f.result()
+            out = self._files, self._folders, self._fs, self._early
+            self._files, self._folders, self._fs, self._early = [], set(), {}, None
+            self._covered, self._small = set(), 0
+        return out
+
+    def wait(self) -> None:
+        files, folders, filesystems, early = self._take()
+        try:
+            if early is not None:
+                early.result()  # a failed write-back it was told of is this flush's error
+            for f in files:
+                f.result()  # an error of any file's flush is raised here, before the ref moves
+            _syncfs_all(list(filesystems.values()))
+        finally:
+            if early is not None:
+                early.exception()  # done with the descriptors before they close
+            for fd in filesystems.values():
+                os.close(fd)
+        if folders:
+            pool = _fsync_pool()
+            for f in [pool.submit(fsync_path, d) for d in folders]:
+                f.result()
 
     def close(self) -> None:
-        """Let what was added finish (the pool is shared: it stays)."""
-        with self._lock:
-            files = list(self._files)
-        for f in files:
-            f.exception()  # waited for; an error is the next wait's to raise
+        """Let what was added finish (the pool is shared: it stays); what waits for a ``syncfs``
+        is left unflushed, as an unflushed write is."""
+        files, _, filesystems, early = self._take()
+        for f in [*files, *([early] if early is not None else [])]:
+            f.exception()  # waited for
+        for fd in filesystems.values():
+            os.close(fd)
+
+
+def _syncfs_all(fds: list[int], before: Future | None = None) -> None:
+    """:func:`syncfs` on each of ``fds``, after ``before`` (an earlier one, whose error is raised first)."""
+    if before is not None:
+        before.result()
+    for fd in fds:
+        syncfs(fd)
 
 
 class LocalDirStore(Store):
@@ -189,6 +301,8 @@ class LocalDirStore(Store):
         self.uri = self.root
         self.fsync = fsync
         self._flushes = _Flushes()
+        self._made: set[str] = set()  # chunk folders known to exist
+        self._chains: dict[str, tuple[str, ...]] = {}  # a folder -> it and its parents up to the root
         if must_exist:  # a command that only reads: a mistyped path is said, never created
             if not os.path.isdir(self.root):
                 what = "nothing is there" if not os.path.lexists(self.root) else "the path is not a folder"
@@ -212,18 +326,24 @@ class LocalDirStore(Store):
     def __getstate__(self) -> dict:
         state = super().__getstate__()
         state.pop("_flushes", None)  # what is pending is this process's to flush
+        state.pop("_made", None)
+        state.pop("_chains", None)
         return state
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
         self._flushes = _Flushes()
+        self._made, self._chains = set(), {}
 
-    def _written(self, key: str, path: str) -> None:
-        """``path`` (object ``key``) was renamed into place unflushed: flush it, and the folders
-        from its own up to the store's root, before the next ref moves."""
-        parts = key.split("/")[:-1]
-        folders = (os.path.join(self.root, *parts[:i]) for i in range(len(parts) + 1))
-        self._flushes.add(path, folders)
+    def _written(self, key: str, path: str, size: int | None = None) -> None:
+        """``path`` (object ``key``, of ``size`` bytes) was renamed into place unflushed: flush
+        it, and the folders from its own up to the store's root, before the next ref moves."""
+        folder = os.path.dirname(path)
+        chain = self._chains.get(folder)
+        if chain is None:
+            parts = key.split("/")[:-1]
+            chain = self._chains[folder] = tuple(os.path.join(self.root, *parts[:i]) for i in range(len(parts), -1, -1))
+        self._flushes.add(path, chain, size)
 
     def flush(self) -> None:
         """Wait until every object written so far is on disk, with the folders it is named in."""
@@ -245,7 +365,7 @@ class LocalDirStore(Store):
         except OSError as exc:
             raise StoreAccessError(self.uri, f"cannot write {key} ({exc.strerror})") from exc
         if written and not self.fsync:
-            self._written(key, path)
+            self._written(key, path, len(data))
         return written
 
     def put_chunk_from_file(
@@ -254,30 +374,50 @@ class LocalDirStore(Store):
         if self.encoding().framed:  # the bytes are encoded first: no kernel copy
             return self.put_chunk_sized(cid, data, verify=False, dtype=dtype)
         key = chunk_key(cid)
-        path = self._path(key)
-        if not self._copy_file_range or os.path.exists(path):
-            return self.put_chunk_sized(cid, data, verify=False)
-        folder = os.path.dirname(path)
-        os.makedirs(folder, exist_ok=True)
-        tmp = temp_path(folder)  # the one write that is not atomic_write's: the kernel copies the bytes
+        folder = os.path.join(self.root, "chunks", cid[:2])
+        path = os.path.join(folder, cid)
+        if os.path.exists(path):
+            return None
+        kernel = self._copy_file_range and length >= KERNEL_COPY
+        # the one write that is not atomic_write's: a large chunk is copied by the kernel, a small
+        # one written from the bytes just hashed (one copy either way)
+        tmp: str | None = None
         try:
-            _copy_range(fd, offset, length, tmp)
+            tmp = self._temp_in(folder)
+            if kernel:
+                _copy_range(fd, offset, length, tmp)
+            else:
+                _write_new(tmp, data)
             if self.fsync:
                 fsync_path(tmp)
             os.replace(tmp, path)
+            tmp = None
             if self.fsync:
                 fsync_path(folder)
             else:
-                self._written(key, path)
+                self._written(key, path, length)
         except OSError as exc:
-            if exc.errno in (errno.EXDEV, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL):
+            if kernel and exc.errno in (errno.EXDEV, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL):
                 type(self)._copy_file_range = False  # this kernel or filesystem pair can't: write instead
                 return self.put_chunk_sized(cid, data, verify=False)
+            if isinstance(exc, FileNotFoundError) and folder in self._made:  # its folder was removed since
+                self._made.discard(folder)
+                return self.put_chunk_from_file(cid, fd, offset, length, data, dtype=dtype)
             raise StoreAccessError(self.uri, f"cannot write chunk {cid} ({exc.strerror})") from exc
         finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
+            if tmp is not None:
+                try:
+                    os.unlink(tmp)
+                except FileNotFoundError:
+                    pass
         return length
+
+    def _temp_in(self, folder: str) -> str:
+        """A temporary name in the chunk folder ``folder``, made the first time this store writes there."""
+        if folder not in self._made:
+            os.makedirs(folder, exist_ok=True)
+            self._made.add(folder)
+        return temp_path(folder)
 
     def _get_object(self, key: str) -> bytes | None:
         return read_regular_file(self._path(key), store=self.uri, key=key)

@@ -29,8 +29,10 @@ asks for by name.
 
 from __future__ import annotations
 
+import os
 from typing import BinaryIO
 
+from concord.snapshots import safetensors_header
 from concord.snapshots.formats import dcp, gguf, torchlegacy, torchzip
 from concord.snapshots.formats.common import (
     LayoutEntry,
@@ -40,7 +42,7 @@ from concord.snapshots.formats.common import (
 )
 from concord.snapshots.safetensors_header import looks_like_safetensors, read_header
 
-__all__ = ["file_layout"]
+__all__ = ["claims", "file_layout"]
 
 
 def file_layout(f: BinaryIO, size: int, path: str, rel: str) -> tuple[str, list[LayoutEntry]]:
@@ -63,6 +65,17 @@ def file_layout(f: BinaryIO, size: int, path: str, rel: str) -> tuple[str, list[
         except (Unreadable, OSError, OverflowError):
             pass  # not what its name says, or damaged: one opaque part, as any other file
     return "blob", [("data", "", 0, size, None, None)]
+
+
+#: the extensions a reader here claims (each ``looks_like_*`` decides by one of them)
+_CLAIMED = frozenset({safetensors_header.SUFFIX, dcp.SUFFIX, gguf.SUFFIX, *torchzip.SUFFIXES})
+
+
+def claims(path: str) -> bool:
+    """Whether a reader here may cut ``path`` (its extension decides, as in :func:`file_layout`):
+    otherwise that makes it one ``blob`` part whatever its bytes. One test, for folders of many
+    small files."""
+    return os.path.splitext(path)[1].lower() in _CLAIMED
 
 
 def _kind(path: str) -> str | None:

@@ -381,3 +381,45 @@ def test_a_small_file_changing_during_the_snapshot_is_refused_and_its_chunks_tak
     held = set(store.iter_chunks())
     assert chunk_id(target.read_bytes()[:2000]) not in held
     assert list(store.iter_manifests()) == [] and store.read_ref("x") is None
+
+
+def test_a_small_file_rewritten_in_place_keeps_its_time_yet_every_chunk_holds_the_bytes_hashed(tmp_path):
+    """A writer that rewrites a small file between its read and its chunks' store, and puts its
+    size and time back, cannot make a chunk whose bytes are not its name: a small file's chunks
+    are stored from the very bytes hashed, and the root is that of the bytes read."""
+    src = tmp_path / "shards"
+    src.mkdir()
+    sizes = [0, 1, CHUNK - 1, CHUNK, CHUNK + 1, 3 * CHUNK + 5]
+    first = {}
+    for i, size in enumerate(sizes):
+        first[f"shard-{i}.dat"] = os.urandom(size)
+        (src / f"shard-{i}.dat").write_bytes(first[f"shard-{i}.dat"])
+
+    class Rewriting(LocalDirStore):
+        def put_chunk_from_file(self, cid, fd, offset, length, data, **kw):
+            path = os.readlink(f"/proc/self/fd/{fd}")
+            st = os.stat(path)
+            with open(path, "r+b") as f:  # new bytes, same size
+                f.write(os.urandom(st.st_size))
+            os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))  # and the same time
+            return super().put_chunk_from_file(cid, fd, offset, length, data, **kw)
+
+    store = Rewriting(tmp_path / "s")
+    r = snapshot(src, store, chunk_size=CHUNK, ref="x")
+    for cid in store.iter_chunks():
+        store.get_chunk(cid)  # checks the bytes against the name
+    expected = [
+        {"path": name, "size": len(data), "kind": "blob", "parts": [{"kind": "data", "name": "", "length": len(data),
+         "chunks": "".join(chunk_id(data[at : at + CHUNK]) for at in range(0, len(data), CHUNK))}]}
+        for name, data in first.items()
+    ]
+    assert r.root == _independent_root(CHUNK, expected) and r.new_chunks == 0 + 1 + 1 + 1 + 2 + 4
+
+
+def test_the_names_a_format_claims_are_those_its_reader_looks_at():
+    from concord.snapshots.formats import _kind, claims
+    from concord.snapshots.safetensors_header import looks_like_safetensors
+
+    for name in ["m.safetensors", "M.SafeTensors", "__0_0.distcp", "q.gguf", "w.pt", "w.pth", "pytorch_model.bin",
+                 "last.ckpt", "shard.dat", "config.json", "tokenizer.model", "dir.pt/file", "x.safetensors.part"]:
+        assert claims(name) == (looks_like_safetensors(name) or _kind(name) is not None), name
