@@ -185,7 +185,7 @@ def run(opts: Options) -> list[Table]:
         f"best of {opts.runs} run(s) (the two audits interleaved, each first every other run), peaks the highest; peak RSS of the child above nothing (imports included: {best[(s_night, 'off')]['baseline_mb']:.0f} MB before the audit)",
         f"other processes' share of the CPUs before each pair: {', '.join(f'{x:.0%}' for x in loads)}",
         "raw = `nightly_drift(..., profile='off')`: both snapshots restored and read in one pass each; "
-        "profile = `profile='use'`: the stored profile restored and read, then the current table",
+        "profile = `profile='use'`: the stored profile read from its verified chunks, then the current table",
         "each run's own ratio (the two audits of a night side by side): " + "; ".join(
             f"{_night(night)}: " + ", ".join(f"{u['seconds'] / o['seconds']:.2f}" for u, o in zip(results[(night, "use")], results[(night, "off")]))
             for night in audited
