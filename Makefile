@@ -38,6 +38,7 @@ test-prereqs:
 # process) in another, so no client state of a served instance outlives it into the test harness.
 # Each phase says what it runs and how long it took; pytest lists its slowest tests.
 test: install test-prereqs
+	@bash tests/phase.sh "lint" $(VENV)/bin/ruff check .
 	@bash tests/phase.sh "import contracts" $(VENV)/bin/lint-imports
 	@bash tests/phase.sh "unit and integration tests" $(VENV)/bin/pytest -q --durations=15 -n $(TEST_WORKERS) tests/unit tests/integration $(PYTEST_ARGS)
 	@bash tests/phase.sh "end-to-end tests" $(VENV)/bin/pytest -q --durations=10 tests/e2e $(PYTEST_ARGS)
@@ -79,4 +80,4 @@ bench: install bench-prereqs
 	$(PY) -m bench
 
 clean:
-	rm -rf data bench/out .pytest_cache .hypothesis .import_linter_cache
+	rm -rf data bench/out .pytest_cache .hypothesis .import_linter_cache .ruff_cache .mypy_cache

@@ -131,8 +131,8 @@ def child(how: str, reference: str, current: str) -> None:
     sys.stdin.readline()
     t0 = time.perf_counter()
     if how == "whole":
-        from concord.lineage.data import read_table
         from concord.audit.drift import data_drift
+        from concord.lineage.data import read_table
 
         report = data_drift(read_table(reference), read_table(current))
     else:

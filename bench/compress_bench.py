@@ -24,7 +24,6 @@ Four tables, all ratios from one run:
 
 from __future__ import annotations
 
-import os
 import struct
 import time
 from concurrent.futures import ThreadPoolExecutor

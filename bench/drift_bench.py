@@ -364,7 +364,7 @@ def _measure(
             "drifted": c.drifted,
         }
     _check_verdict(size)
-    del ref, cur, report
+    ref = cur = report = None  # the tables are freed before the memory probes
     for case in size.concord.values():
         case.result = None
     for w in worker_counts:

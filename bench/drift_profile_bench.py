@@ -32,7 +32,20 @@ import sys
 import time
 from pathlib import Path
 
-from bench.common import DATA_FORMAT, MB, Options, Row, Table, Target, log, probe_memory, read_json, remove, wait_for_idle, write_json_atomic
+from bench.common import (
+    DATA_FORMAT,
+    MB,
+    Options,
+    Row,
+    Table,
+    Target,
+    log,
+    probe_memory,
+    read_json,
+    remove,
+    wait_for_idle,
+    write_json_atomic,
+)
 
 SEED = 20_261_202
 SIZES = (2_500_000, 5_000_000)
@@ -182,7 +195,9 @@ def run(opts: Options) -> list[Table]:
     t.add(Row("nights with every column's severity the same against the profile (share)", agree, None, "", Target("value", ">=", 1.0)))
     t.add(Row(f"making the profile once, {large:,} rows", profile_seconds[str(large)], best[(l_night, "off")]["seconds"], "s", None, "one raw audit"))
     t.notes += [
-        f"best of {opts.runs} run(s) (the two audits interleaved, each first every other run), peaks the highest; peak RSS of the child above nothing (imports included: {best[(s_night, 'off')]['baseline_mb']:.0f} MB before the audit)",
+        f"best of {opts.runs} run(s) (the two audits interleaved, each first every other run), peaks the highest; "
+        f"peak RSS of the child above nothing (imports included: {best[(s_night, 'off')]['baseline_mb']:.0f} MB "
+        "before the audit)",
         f"other processes' share of the CPUs before each pair: {', '.join(f'{x:.0%}' for x in loads)}",
         "raw = `nightly_drift(..., profile='off')`: both snapshots restored and read in one pass each; "
         "profile = `profile='use'`: the stored profile read from its verified chunks, then the current table",

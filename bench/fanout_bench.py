@@ -170,9 +170,8 @@ def _folders(opts: Options, work: Path, folder: Path, files: int, size: int) -> 
 
 
 def _s3(opts: Options, work: Path, folder: Path, files: int, size: int) -> Table:
-    from demo.servers import MotoServer, aws_environment
-
     from bench.s3_scale_bench import _proxy_class, _rclone
+    from demo.servers import MotoServer, aws_environment
 
     rclone = shutil.which("rclone")
     table = Table(f"fanout to S3: a snapshot of {files} files of {size // 1024} KB synced to N S3 stores (buckets of one moto_server) at once")
@@ -192,7 +191,7 @@ def _s3(opts: Options, work: Path, folder: Path, files: int, size: int) -> Table
 
                     client = boto3.client("s3", endpoint_url=proxy.url)
                     rc_requests, rc_s = 0, 0.0
-                    for i in range(n):
+                    for _ in range(n):
                         bucket = f"fanout-rclone-{uuid.uuid4().hex[:8]}"
                         client.create_bucket(Bucket=bucket)
                         r, secs = _rclone(rclone, folder, bucket, proxy)

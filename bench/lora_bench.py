@@ -25,7 +25,20 @@ import math
 import sys
 import time
 
-from bench.common import MB, POLL_SECONDS, Case, Options, Row, Table, Target, log, probe_memory, race, self_anon_kb, times_note
+from bench.common import (
+    MB,
+    POLL_SECONDS,
+    Case,
+    Options,
+    Row,
+    Table,
+    Target,
+    log,
+    probe_memory,
+    race,
+    self_anon_kb,
+    times_note,
+)
 
 CLIENTS = 8
 RANK = 16

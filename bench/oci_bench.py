@@ -28,8 +28,8 @@ from pathlib import Path
 
 from bench.common import (
     GB,
-    MiB,
     Case,
+    MiB,
     Options,
     Row,
     Table,

@@ -90,7 +90,7 @@ def _run(opts: Options, n: int, src: Path, work: Path, proxy) -> list[Table]:
     for i in range(opts.runs):  # interleaved with its baseline, best of the runs
         log(f"fresh snapshot of {n} files of 50 KB into S3 (round {i + 1} of {opts.runs})")
         target = store()
-        first, fresh_requests, secs = _measure(proxy, lambda: snapshot(src, target, ref="bench/files"))
+        first, fresh_requests, secs = _measure(proxy, lambda target=target: snapshot(src, target, ref="bench/files"))
         fresh_s = min(fresh_s, secs)
         if rclone:
             log("rclone copy of the same folder into an empty bucket")

@@ -21,11 +21,9 @@ import sys
 from pathlib import Path
 
 from bench.common import (
-    POLL_SECONDS,
-    probe_memory,
-    self_anon_kb,
     GB,
     MB,
+    POLL_SECONDS,
     Case,
     Checkpoint,
     MiB,
@@ -36,8 +34,10 @@ from bench.common import (
     ensure_checkpoint,
     fresh_dir,
     log,
+    probe_memory,
     race,
     remove,
+    self_anon_kb,
     settle,
     times_note,
     warm,

@@ -48,8 +48,8 @@ FRACTION = 0.05
 
 def run(opts: Options) -> list[Table]:
     from concord.snapshots.snapshot import snapshot
-    from concord.stores import LocalDirStore
     from concord.snapshots.sync import replicate
+    from concord.stores import LocalDirStore
 
     base = ensure_checkpoint(opts.data_dir, opts.size_gb)
     ft = ensure_finetuned(base, opts.data_dir, fraction=FRACTION)

@@ -27,7 +27,23 @@ from __future__ import annotations
 
 import hashlib
 
-from bench.common import GB, MiB, Case, Options, Row, Table, Target, ensure_checkpoint, fresh_dir, log, race, remove, settle, times_note, warm
+from bench.common import (
+    GB,
+    Case,
+    MiB,
+    Options,
+    Row,
+    Table,
+    Target,
+    ensure_checkpoint,
+    fresh_dir,
+    log,
+    race,
+    remove,
+    settle,
+    times_note,
+    warm,
+)
 
 
 def _sha256_files(paths) -> dict:

@@ -23,10 +23,23 @@ find nothing wrong, or the benchmark raises.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Iterator
 
-from bench.common import GB, Case, Options, Row, Table, ensure_checkpoint, fresh_dir, log, race, remove, times_note, warm
+from bench.common import (
+    GB,
+    Case,
+    Options,
+    Row,
+    Table,
+    ensure_checkpoint,
+    fresh_dir,
+    log,
+    race,
+    remove,
+    times_note,
+    warm,
+)
 
 BATCH_MIB = 256
 
@@ -55,8 +68,8 @@ def run(opts: Options) -> list[Table]:
 
     from concord.snapshots.manifest import DEFAULT_CHUNK_SIZE
     from concord.snapshots.snapshot import snapshot
-    from concord.stores import LocalDirStore
     from concord.snapshots.verify import verify
+    from concord.stores import LocalDirStore
     from flows._runner import task_runner
     from flows.verify import verify_store
 

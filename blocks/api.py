@@ -20,9 +20,10 @@ import os
 import sqlite3
 import sys
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator, Optional, TypeVar
+from typing import TypeVar
 
 from concord.errors import PrefectUnavailableError
 
@@ -68,14 +69,14 @@ def api_timeout() -> float:
     return _seconds(API_TIMEOUT_ENV, DEFAULT_API_TIMEOUT)
 
 
-def configured_api() -> Optional[str]:
+def configured_api() -> str | None:
     """``PREFECT_API_URL`` as Prefect reads it (environment or profile), or None."""
     from prefect.settings import PREFECT_API_URL
 
     return PREFECT_API_URL.value() or None
 
 
-def _temporary_database() -> Optional[Path]:
+def _temporary_database() -> Path | None:
     """The SQLite file of Prefect's temporary server, or None when its database is not SQLite."""
     from prefect.settings import PREFECT_API_DATABASE_CONNECTION_URL
 
@@ -96,7 +97,7 @@ def where_blocks_live() -> str:
     return f"Prefect's temporary server (database {db}; PREFECT_API_URL is not set)" if db else "Prefect's temporary server (PREFECT_API_URL is not set)"
 
 
-def _may_hold(slug: Optional[str], name: str) -> bool:
+def _may_hold(slug: str | None, name: str) -> bool:
     """False when the temporary server's SQLite database cannot hold a block ``slug/name`` (no
     file, no block tables, no such row), read without starting anything; True when unsure."""
     db = _temporary_database()
@@ -237,13 +238,12 @@ def ensure_api(where: str) -> None:
         _start_temporary_server(where)
 
 
-def load_block(block_type: type[B], name: str, where: str, *, slug: Optional[str] = None) -> Optional[B]:
+def load_block(block_type: type[B], name: str, where: str, *, slug: str | None = None) -> B | None:
     """``block_type.load(name)``, or None when no such block is saved. ``slug`` is the block type's
     slug (``block_type``'s own when omitted); a lookup that can only fail starts no server."""
+    import httpx
     from prefect.exceptions import ObjectNotFound
     from prefect.settings import PREFECT_API_REQUEST_TIMEOUT, PREFECT_CLIENT_MAX_RETRIES, temporary_settings
-
-    import httpx
 
     if slug is None:
         slug = block_type.get_block_type_slug()  # type: ignore[attr-defined]

@@ -13,7 +13,8 @@ importing Prefect themselves.
 from __future__ import annotations
 
 import os
-from typing import Any, Iterable, Iterator, Literal, Optional
+from collections.abc import Iterable, Iterator
+from typing import Any, Literal
 from urllib.parse import urlparse
 
 from prefect.blocks.core import Block
@@ -60,8 +61,8 @@ class StoreBlockMixin:
     with the field values it was built from, so changing a field on the block builds a new store.
     """
 
-    _store: Optional[Store]
-    _store_key: Optional[tuple]
+    _store: Store | None
+    _store_key: tuple | None
 
     def _build_store(self) -> Store:  # pragma: no cover - every block overrides it
         raise NotImplementedError
@@ -205,10 +206,10 @@ class LocalStore(StoreBlockMixin, Block):
             "power loss, not only process crashes."
         ),
     )
-    store_key: Optional[Secret] = Field(default=None, description=_STORE_KEY_HELP)
+    store_key: Secret | None = Field(default=None, description=_STORE_KEY_HELP)
 
-    _store: Optional[Store] = PrivateAttr(default=None)
-    _store_key: Optional[tuple] = PrivateAttr(default=None)
+    _store: Store | None = PrivateAttr(default=None)
+    _store_key: tuple | None = PrivateAttr(default=None)
 
     @field_validator("path", mode="before")
     @classmethod
@@ -289,7 +290,7 @@ class S3Store(StoreBlockMixin, Block):
         ),
         examples=["concord/cluster-a"],
     )
-    endpoint_url: Optional[str] = Field(
+    endpoint_url: str | None = Field(
         default=None,
         title="Endpoint URL",
         description=(
@@ -298,11 +299,11 @@ class S3Store(StoreBlockMixin, Block):
             "block applies, else AWS itself."
         ),
     )
-    region_name: Optional[str] = Field(
+    region_name: str | None = Field(
         default=None,
         description="The bucket's region, e.g. us-east-1; if unset, boto3's configured default.",
     )
-    aws_access_key_id: Optional[SecretStr] = Field(
+    aws_access_key_id: SecretStr | None = Field(
         default=None,
         title="AWS Access Key ID",
         description=(
@@ -310,12 +311,12 @@ class S3Store(StoreBlockMixin, Block):
             "usual chain: environment, config files, instance or pod role."
         ),
     )
-    aws_secret_access_key: Optional[SecretStr] = Field(
+    aws_secret_access_key: SecretStr | None = Field(
         default=None,
         title="AWS Secret Access Key",
         description="The secret access key that goes with the access key id.",
     )
-    storage_class: Optional[S3StorageClass] = Field(
+    storage_class: S3StorageClass | None = Field(
         default=None,
         description=(
             "The S3 storage class new objects are written with; if unset, the bucket's default "
@@ -326,7 +327,7 @@ class S3Store(StoreBlockMixin, Block):
         default=False,
         description="Create the bucket on first use if it does not exist.",
     )
-    server_side_encryption: Optional[Literal["AES256", "aws:kms"]] = Field(
+    server_side_encryption: Literal["AES256", "aws:kms"] | None = Field(
         default=None,
         title="Server-side encryption",
         description=(
@@ -334,12 +335,12 @@ class S3Store(StoreBlockMixin, Block):
             "aws:kms (SSE-KMS); if unset, the bucket's default."
         ),
     )
-    sse_kms_key_id: Optional[str] = Field(
+    sse_kms_key_id: str | None = Field(
         default=None,
         title="SSE-KMS key id",
         description="The KMS key (id, ARN or alias) for aws:kms; if unset, the account's default KMS key.",
     )
-    connections: Optional[int] = Field(
+    connections: int | None = Field(
         default=None,
         ge=1,
         le=1024,
@@ -349,10 +350,10 @@ class S3Store(StoreBlockMixin, Block):
             "endpoint, fewer a throttled one."
         ),
     )
-    store_key: Optional[Secret] = Field(default=None, description=_STORE_KEY_HELP)
+    store_key: Secret | None = Field(default=None, description=_STORE_KEY_HELP)
 
-    _store: Optional[Store] = PrivateAttr(default=None)
-    _store_key: Optional[tuple] = PrivateAttr(default=None)
+    _store: Store | None = PrivateAttr(default=None)
+    _store_key: tuple | None = PrivateAttr(default=None)
 
     @field_validator("bucket")
     @classmethod
@@ -411,13 +412,13 @@ class S3Store(StoreBlockMixin, Block):
         return value
 
     @model_validator(mode="after")
-    def _check_sse(self) -> "S3Store":
+    def _check_sse(self) -> S3Store:
         if self.sse_kms_key_id and self.server_side_encryption != "aws:kms":
             raise ValueError("sse_kms_key_id goes with server_side_encryption='aws:kms' (SSE-KMS); set both, or neither")
         return self
 
     @model_validator(mode="after")
-    def _check_credentials_pair(self) -> "S3Store":
+    def _check_credentials_pair(self) -> S3Store:
         if (self.aws_access_key_id is None) != (self.aws_secret_access_key is None):
             raise ValueError(
                 "give both aws_access_key_id and aws_secret_access_key, or neither to use "
@@ -445,7 +446,7 @@ class S3Store(StoreBlockMixin, Block):
         )
 
 
-def _reveal(secret: Optional[SecretStr]) -> Optional[str]:
+def _reveal(secret: SecretStr | None) -> str | None:
     return secret.get_secret_value() if secret is not None else None
 
 
@@ -503,7 +504,7 @@ def load_store_block(name: str) -> Store:
     return block.get_store()
 
 
-def _load(spec: str, block_type: type[Block], name: str, slug: str) -> Optional[Block]:
+def _load(spec: str, block_type: type[Block], name: str, slug: str) -> Block | None:
     """``block_type.load(name)``, or None if no such block document exists."""
     try:
         return load_block(block_type, name, spec, slug=slug)

@@ -14,7 +14,7 @@ importing Prefect themselves.
 from __future__ import annotations
 
 import os
-from typing import Any, Literal, Optional
+from typing import Any, Literal
 
 from prefect.blocks.core import Block
 from pydantic import Field, field_validator
@@ -119,40 +119,40 @@ class TierPolicyBlock(Block):
         description=f"The fast store training reads from: {_STORE_HELP}.",
         examples=["/data/concord/hot"],
     )
-    hot_keep: Optional[int] = Field(
+    hot_keep: int | None = Field(
         default=2,
         ge=1,
         title="Hot keep",
         description="How many of the newest checkpoints hot keeps (leave empty to keep by age with hot_keep_days).",
     )
-    hot_keep_days: Optional[float] = Field(
+    hot_keep_days: float | None = Field(
         default=None,
         gt=0,
         title="Hot keep days",
         description="Keep checkpoints younger than this many days hot, instead of a count (then clear hot_keep and use warm_keep_days).",
     )
-    hot_storage_class: Optional[WarmStorageClass] = Field(
+    hot_storage_class: WarmStorageClass | None = Field(
         default=None,
         title="Hot storage class",
         description="The S3 storage class of hot copies on an s3:// store (archive classes are not allowed: hot copies must be readable).",
     )
-    hot_media: Optional[str] = Field(
+    hot_media: str | None = Field(
         default=None,
         title="Hot media",
         description="The kind of media hot is on, for the 3-2-1 rule (e.g. nvme); empty to infer it from the store (disk, object).",
     )
-    hot_compress: Optional[Compression] = Field(
+    hot_compress: Compression | None = Field(
         default=None,
         title="Hot compression",
         description="How the hot store keeps chunks: none, zstd, or auto (byte planes for float tensors); empty to leave the store as it is. Applied when the store is first opened empty.",
     )
-    hot_rto: Optional[str] = Field(
+    hot_rto: str | None = Field(
         default=None,
         title="Hot RTO",
         description="Recovery time objective of a restore from hot, e.g. 1m; empty for none.",
         examples=["1m"],
     )
-    hot_rpo: Optional[str] = Field(
+    hot_rpo: str | None = Field(
         default=None,
         title="Hot RPO",
         description="Recovery point objective of hot, overriding rpo, e.g. 1h; empty to use rpo.",
@@ -163,40 +163,40 @@ class TierPolicyBlock(Block):
         description=f"The store for recent checkpoints: {_STORE_HELP}.",
         examples=["s3://models/concord-warm"],
     )
-    warm_keep: Optional[int] = Field(
+    warm_keep: int | None = Field(
         default=4,
         ge=1,
         title="Warm keep",
         description="How many of the newest checkpoints warm keeps; at least hot_keep (3-2-1: what hot keeps needs a warm copy too).",
     )
-    warm_keep_days: Optional[float] = Field(
+    warm_keep_days: float | None = Field(
         default=None,
         gt=0,
         title="Warm keep days",
         description="Keep checkpoints younger than this many days warm, instead of a count (use with hot_keep_days).",
     )
-    warm_storage_class: Optional[WarmStorageClass] = Field(
+    warm_storage_class: WarmStorageClass | None = Field(
         default=None,
         title="Warm storage class",
         description="The S3 storage class of warm copies on an s3:// store, e.g. STANDARD_IA; empty for the bucket's default.",
     )
-    warm_media: Optional[str] = Field(
+    warm_media: str | None = Field(
         default=None,
         title="Warm media",
         description="The kind of media warm is on, for the 3-2-1 rule (e.g. nas); empty to infer it from the store.",
     )
-    warm_compress: Optional[Compression] = Field(
+    warm_compress: Compression | None = Field(
         default=None,
         title="Warm compression",
         description="How the warm store keeps chunks: none, zstd, or auto (byte planes for float tensors); empty to leave the store as it is. Applied when the store is first opened empty.",
     )
-    warm_rto: Optional[str] = Field(
+    warm_rto: str | None = Field(
         default=None,
         title="Warm RTO",
         description="Recovery time objective of a restore from warm, e.g. 10m; empty for none.",
         examples=["10m"],
     )
-    warm_rpo: Optional[str] = Field(
+    warm_rpo: str | None = Field(
         default=None,
         title="Warm RPO",
         description="Recovery point objective of warm, overriding rpo; empty to use rpo.",
@@ -207,39 +207,42 @@ class TierPolicyBlock(Block):
         description=f"The off-site store that keeps every checkpoint: {_STORE_HELP}.",
         examples=["s3://models-archive/concord-cold"],
     )
-    cold_storage_class: Optional[ColdStorageClass] = Field(
+    cold_storage_class: ColdStorageClass | None = Field(
         default=None,
         title="Cold storage class",
         description="The S3 storage class of cold copies, e.g. GLACIER or DEEP_ARCHIVE (restored before reading); empty for the bucket's default.",
     )
-    cold_offsite: Optional[bool] = Field(
+    cold_offsite: bool | None = Field(
         default=None,
         title="Cold is off-site",
         description="Whether the cold store is at another site; empty to assume so for s3:// stores only. Set it for a folder mounted from another site.",
     )
-    cold_media: Optional[str] = Field(
+    cold_media: str | None = Field(
         default=None,
         title="Cold media",
         description="The kind of media cold is on, for the 3-2-1 rule (e.g. tape); empty to infer it from the store and storage class.",
     )
-    cold_compress: Optional[Compression] = Field(
+    cold_compress: Compression | None = Field(
         default=None,
         title="Cold compression",
-        description="How the cold store keeps chunks: none, zstd, or auto (byte planes for float tensors), e.g. auto to keep cold about a third smaller; empty to leave the store as it is. Applied when the store is first opened empty.",
+        description=(
+            "How the cold store keeps chunks: none, zstd, or auto (byte planes for float tensors), e.g. auto to keep "
+            "cold about a third smaller; empty to leave the store as it is. Applied when the store is first opened empty."
+        ),
     )
-    cold_rto: Optional[str] = Field(
+    cold_rto: str | None = Field(
         default=None,
         title="Cold RTO",
         description="Recovery time objective of a restore from cold, archive restore included, e.g. 12h; empty for none.",
         examples=["12h"],
     )
-    cold_rpo: Optional[str] = Field(
+    cold_rpo: str | None = Field(
         default=None,
         title="Cold RPO",
         description="Recovery point objective of cold, overriding rpo; empty to use rpo.",
     )
 
-    rpo: Optional[str] = Field(
+    rpo: str | None = Field(
         default=None,
         title="RPO",
         description="Recovery point objective: the newest checkpoint in each tier is never older than this, e.g. 1h; empty for none.",
@@ -255,7 +258,7 @@ class TierPolicyBlock(Block):
         title="GC grace",
         description="Chunks no ref needs are deleted only once they are older than this, e.g. 1h.",
     )
-    ready_marker: Optional[str] = Field(
+    ready_marker: str | None = Field(
         default=None,
         description="A file the trainer writes last (e.g. COMPLETE); a checkpoint is taken only once it exists. Empty to wait for files to settle instead.",
         examples=["COMPLETE"],
@@ -364,7 +367,7 @@ class TierPolicyBlock(Block):
         return TierPolicy.from_dict(self.to_policy_dict(), source=f"block:{name}" if name else "TierPolicyBlock")
 
     @classmethod
-    def from_policy(cls, policy: TierPolicy) -> "TierPolicyBlock":
+    def from_policy(cls, policy: TierPolicy) -> TierPolicyBlock:
         """A block holding ``policy`` (to save a policy file's settings as a block)."""
         fields: dict[str, Any] = {
             "namespace": policy.namespace,

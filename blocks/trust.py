@@ -14,9 +14,7 @@ the ``concord.signing_key_sources`` entry point).
 
 from __future__ import annotations
 
-from typing import Optional
-
-from typing import Callable
+from collections.abc import Callable
 
 from prefect.blocks.core import Block
 from prefect.blocks.system import Secret
@@ -51,11 +49,11 @@ class TrustBlock(Block):
             "`concord keys generate`). With any, roots no trusted key signed are refused."
         ),
     )
-    signing_key: Optional[Secret] = Field(
+    signing_key: Secret | None = Field(
         default=None,
         description="A Secret block holding the PEM private key this deployment signs every snapshot with.",
     )
-    signing_key_password: Optional[SecretStr] = Field(
+    signing_key_password: SecretStr | None = Field(
         default=None, description="The signing key's password, if it is password-protected."
     )
 

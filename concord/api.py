@@ -22,7 +22,8 @@ Errors are :class:`~concord.errors.ConcordError` subclasses, each one line namin
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Any, Sequence, Union
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Union
 
 if TYPE_CHECKING:  # pragma: no cover
     from concord.audit.report import AuditReport

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import struct
-from typing import Iterable
+from collections.abc import Iterable
 
 LEAF = b"\x00"
 PART = b"\x01"  # a tensor, a safetensors header, or an opaque file's bytes

@@ -17,8 +17,8 @@ Standard library only.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from typing import Iterator, Mapping
 
 #: the home folder when ``$CONCORD_HOME`` is not set (relative to the working directory)
 DEFAULT_HOME = "data"

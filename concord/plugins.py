@@ -4,7 +4,7 @@ policies), or through a function registered at run time. The core never imports 
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 
 def split_prefix(text: str) -> tuple[str, str] | None:
@@ -43,7 +43,7 @@ class Plugins:
         """Whether ``name`` is known, without loading it."""
         return name in self._fns or any(e.name == name for e in self._entry_points())
 
-    def copy(self) -> "Plugins":
+    def copy(self) -> Plugins:
         """Another registry of the same group holding what this one holds (for a test's own)."""
         other = Plugins(self.group)
         other._fns.update(self._fns)

@@ -61,5 +61,5 @@ class TqdmProgress:
             self._bar = None
 
 
-def ensure(progress: "Progress | None") -> Progress:
+def ensure(progress: Progress | None) -> Progress:
     return progress if progress is not None else NullProgress()

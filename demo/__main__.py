@@ -32,7 +32,6 @@ from demo.snapshots import snapshots_folders, snapshots_story  # noqa: E402
 from demo.story import Story  # noqa: E402
 from demo.tiering import tiering_folders, tiering_story  # noqa: E402
 
-
 #: the project's folder: its data/mlflow.db is the database `make serve` gives its worker
 PROJECT_DIR = Path(__file__).resolve().parent.parent
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import filecmp
 import warnings
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 
 #: the three clusters, each with a local store under ``$CONCORD_HOME/stores``
 CLUSTERS = ("us-east", "eu-central", "ap-south")

@@ -84,9 +84,9 @@ def bf16_copy(base: Path, out: Path) -> Path:
 def audit_story(home: Path, story: Story, stores: dict[str, str], base_folder: Path) -> None:
     from palmerpenguins import load_penguins
 
+    from concord.audit.drift import data_drift
     from concord.audit.report import AuditReport
     from concord.lineage.contracts import infer_contract, save_contract
-    from concord.audit.drift import data_drift
     from concord.lineage.data import read_table
     from concord.snapshots.snapshot import snapshot
     from concord.stores import open_store

@@ -13,7 +13,8 @@ import json
 import shutil
 from pathlib import Path
 
-from demo._common import CLUSTERS, human as _human, quiet_training
+from demo._common import CLUSTERS, quiet_training
+from demo._common import human as _human
 from demo.story import Story
 
 TENANT = "acme"

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from demo._common import CLUSTERS, REF, human as _human
+from demo._common import CLUSTERS, REF
+from demo._common import human as _human
 from demo.story import Story
 
 #: the demo's registered model; a re-run adds versions to it
@@ -32,13 +33,19 @@ def lineage_story(home: Path, story: Story, stores: dict[str, str], base_root: s
 
     from palmerpenguins import load_penguins
 
-    from concord.lineage.contracts import compatible, infer_contract, save_contract
-    from concord.lineage.data import write_parquet
     from concord.errors import PromotionRefused
     from concord.lineage import Lineage
+    from concord.lineage.contracts import compatible, infer_contract, save_contract
+    from concord.lineage.data import write_parquet
     from concord.lineage.graph import render_png, to_mermaid
     from concord.stores import open_store
-    from flows.lineage import describe_checks, promote_model, register_data_snapshot, register_model_version, validate_contract
+    from flows.lineage import (
+        describe_checks,
+        promote_model,
+        register_data_snapshot,
+        register_model_version,
+        validate_contract,
+    )
     from flows.replicate import replicate_snapshot
 
     us, eu, ap = (stores[c] for c in CLUSTERS)

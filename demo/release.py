@@ -28,7 +28,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from demo._common import REF, human as _human, same_files
+from demo._common import REF, same_files
+from demo._common import human as _human
 from demo.story import Story
 
 

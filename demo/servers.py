@@ -21,9 +21,10 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
-from typing import Callable, Iterator, NoReturn
+from typing import NoReturn
 
 from concord.home import patched_environ
 
@@ -111,7 +112,7 @@ class Server:
         self.popen = popen
         self.proc: subprocess.Popen | None = None
 
-    def start(self) -> "Server":
+    def start(self) -> Server:
         if not Path(self.cmd[0]).exists():
             self.fail(f"{self.cmd[0]} not found: {self.missing}")
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -136,7 +137,7 @@ class Server:
         if proc is not None:
             stop(proc)
 
-    def __enter__(self) -> "Server":
+    def __enter__(self) -> Server:
         return self.start()
 
     def __exit__(self, *exc) -> None:
@@ -179,7 +180,7 @@ class MotoServer(Server):
             fail=fail,
         )
 
-    def __enter__(self) -> "MotoServer":
+    def __enter__(self) -> MotoServer:
         self.start()
         return self
 
@@ -259,7 +260,7 @@ class RegistryServer(Server):
             fail=fail,
         )
 
-    def __enter__(self) -> "RegistryServer":
+    def __enter__(self) -> RegistryServer:
         self.start()
         return self
 

@@ -12,7 +12,8 @@ import os
 import shutil
 from pathlib import Path
 
-from demo._common import CLUSTERS, REF, human as _human, same_files
+from demo._common import CLUSTERS, REF, same_files
+from demo._common import human as _human
 from demo.story import Story
 
 #: the tensors the "fine-tune" changes

@@ -18,7 +18,8 @@ import json
 import shutil
 from pathlib import Path
 
-from demo._common import human as _human, quiet_training, same_files
+from demo._common import human as _human
+from demo._common import quiet_training, same_files
 from demo.servers import MotoServer, aws_environment
 from demo.story import Story
 from demo.training import LORA_RANK, MARKER, STEPS, TrainingRun

@@ -14,8 +14,8 @@ import os
 import queue
 import shutil
 import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Callable, Iterator
 
 #: the LoRA run: optimizer steps, a checkpoint every CHECKPOINT_EVERY of them
 STEPS = 50
@@ -144,7 +144,7 @@ class TrainingRun:
         finally:
             self._queue.put(self._done)
 
-    def __enter__(self) -> "TrainingRun":
+    def __enter__(self) -> TrainingRun:
         import torch
 
         # One core for the trainer, the other for tiering: on 2 busy cores, torch's default of a

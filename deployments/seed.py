@@ -39,8 +39,8 @@ import os
 import shutil
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 MODEL = "minilm"
 #: the ref of the base checkpoint alone (``models/minilm`` moves on to the fine-tunes)

@@ -59,9 +59,9 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Mapping, Sequence
 
 from concord.files import atomic_write
 from deployments.automations import HEARTBEAT_SECONDS

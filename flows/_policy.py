@@ -59,7 +59,8 @@ def as_deployed(flow):
         try:
             return fn(*args, **kwargs)
         except answers as exc:
-            raise mark(exc)
+            mark(exc)  # the same exception, its retry cancelled
+            raise
 
     # the flow's module as globals, so that its annotations (strings) resolve as the flow's own do
     run = functools.update_wrapper(types.FunctionType(run.__code__, fn.__globals__, fn.__name__, None, run.__closure__), fn)

@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from itertools import islice
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Sequence, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 if TYPE_CHECKING:
     from prefect.futures import PrefectFuture
@@ -56,7 +57,7 @@ def dask_workers(environ: Mapping[str, str] | None = None) -> int:
     return n
 
 
-def task_runner(environ: Mapping[str, str] | None = None) -> "TaskRunner":
+def task_runner(environ: Mapping[str, str] | None = None) -> TaskRunner:
     """The task runner ``CONCORD_TASK_RUNNER`` names in ``environ`` (default ``os.environ``)."""
     env = os.environ if environ is None else environ
     choice = env.get(RUNNER_VAR, "").strip()
@@ -78,7 +79,7 @@ def task_runner(environ: Mapping[str, str] | None = None) -> "TaskRunner":
     raise TaskRunnerChoiceError(f"{RUNNER_VAR}={choice!r} is not a task runner: set it to {ACCEPTED}")
 
 
-def describe(runner: "TaskRunner") -> str:
+def describe(runner: TaskRunner) -> str:
     """Where a task runner runs the tasks, in a few words for a run's log."""
     if type(runner).__name__ == "DaskTaskRunner":
         address = getattr(runner, "address", None)
@@ -89,7 +90,7 @@ def describe(runner: "TaskRunner") -> str:
     return f"{type(runner).__name__} (threads in the flow run's process)"
 
 
-def in_flight(runner: "TaskRunner") -> int | None:
+def in_flight(runner: TaskRunner) -> int | None:
     """How many fan-out tasks to keep submitted at once on ``runner``: a few on threads, no limit
     on Dask (each Dask worker takes one task at a time and the scheduler queues the rest)."""
     from prefect.task_runners import ThreadPoolTaskRunner
@@ -97,7 +98,7 @@ def in_flight(runner: "TaskRunner") -> int | None:
     return THREADS_IN_FLIGHT if isinstance(runner, ThreadPoolTaskRunner) else None
 
 
-def fan_out(submit: Callable[[T], "PrefectFuture"], items: Sequence[T], limit: int | None) -> Iterator[tuple[int, Any]]:
+def fan_out(submit: Callable[[T], PrefectFuture], items: Sequence[T], limit: int | None) -> Iterator[tuple[int, Any]]:
     """Submit ``submit(item)`` for every item, at most ``limit`` unfinished at once (None: all at
     once), and yield ``(index of the item, result)`` as each finishes. A task's failure is raised
     here, when its turn comes."""
@@ -106,7 +107,7 @@ def fan_out(submit: Callable[[T], "PrefectFuture"], items: Sequence[T], limit: i
     if limit is not None and limit < 1:
         raise ValueError(f"limit must be at least 1 (or None for no limit), got {limit!r}")
     upcoming = iter(enumerate(items))
-    pending: dict["PrefectFuture", int] = {}
+    pending: dict[PrefectFuture, int] = {}
     unsubmitted = len(items)
     while pending or unsubmitted:
         room = unsubmitted if limit is None else min(unsubmitted, limit - len(pending))

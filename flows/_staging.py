@@ -8,9 +8,9 @@ and removed on leaving the block, whatever happened (a failed download included)
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict
-from typing import Iterator
 
 from concord.snapshots.staging import StagedCheckpoint, staging_folder
 from tasks import stage_checkpoint_task

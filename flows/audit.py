@@ -28,7 +28,7 @@ from typing import Annotated, Literal
 
 from prefect import flow
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
-from pydantic import BaseModel, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from concord.audit.history import night_of
 from concord.audit.inputs import audit_name, spec_name
@@ -65,7 +65,10 @@ AuditName = Annotated[
 
 
 class Thresholds(BaseModel):
-    """When a column counts as drifted, and when a lasting warning escalates."""
+    """When a column counts as drifted, and when a lasting warning escalates (frozen: the flow's
+    default is one shared instance)."""
+
+    model_config = ConfigDict(frozen=True)
 
     psi_warning: float = Field(0.25, gt=0, description="PSI above this: warning (P1).")
     psi_critical: float = Field(0.55, gt=0, description="PSI above this: critical (P0). Above psi_warning.")
@@ -87,7 +90,7 @@ class Thresholds(BaseModel):
     null_share_change: float = Field(0.10, gt=0, le=1, description="A change of null share above this is at least a warning.")
 
     @model_validator(mode="after")
-    def _ordered(self) -> "Thresholds":
+    def _ordered(self) -> Thresholds:
         if self.psi_critical <= self.psi_warning:
             raise ValueError(f"psi_warning ({self.psi_warning}) must be below psi_critical ({self.psi_critical})")
         return self

@@ -9,7 +9,14 @@ from prefect.artifacts import create_markdown_artifact, create_progress_artifact
 from prefect.futures import as_completed
 from pydantic import Field
 
-from flows._arguments import BadArguments, checkpoint_problems, ref_problems, started_by_event, store_problems, targets_problems
+from flows._arguments import (
+    BadArguments,
+    checkpoint_problems,
+    ref_problems,
+    started_by_event,
+    store_problems,
+    targets_problems,
+)
 from flows._params import RefName, StoreAddress
 from flows._policy import final
 from flows._report import human, md_table, short

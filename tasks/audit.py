@@ -21,7 +21,8 @@ The resource carries the labels ``concord.severity`` and ``concord.priority`` (P
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Sequence
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from prefect import task
 from prefect.cache_policies import NO_CACHE
@@ -222,7 +223,7 @@ def log_audit_task(
     return run_id
 
 
-def _log_audit(lineage: "Lineage", report: dict, markdown: str, name: str, night: str, plots: list[str], params: dict) -> str:
+def _log_audit(lineage: Lineage, report: dict, markdown: str, name: str, night: str, plots: list[str], params: dict) -> str:
     from concord.audit.tracking import log_audit
 
     return log_audit(lineage, report, markdown, name=name, night=night, plots=plots, params=params)

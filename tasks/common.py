@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from prefect import Task
@@ -33,7 +34,7 @@ def is_transient(exc: BaseException) -> bool:
     return isinstance(exc, (ConnectionError, TimeoutError))
 
 
-def retry_if_transient(task: "Task", task_run: "TaskRun", state: "State") -> bool:
+def retry_if_transient(task: Task, task_run: TaskRun, state: State) -> bool:
     """``retry_condition_fn`` for store tasks: retry only :func:`is_transient` errors."""
     try:
         state.result()
@@ -54,12 +55,12 @@ RETRIED = _retried()
 
 
 @contextmanager
-def open_stores(*specs: str | None) -> Iterator[list["Store | None"]]:
+def open_stores(*specs: str | None) -> Iterator[list[Store | None]]:
     """The stores named by ``specs`` (None stays None), closed on the way out."""
     from concord.stores import open_store
 
     with ExitStack() as stack:
-        stores: list["Store | None"] = []
+        stores: list[Store | None] = []
         for spec in specs:
             if spec is None:
                 stores.append(None)

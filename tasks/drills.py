@@ -35,7 +35,7 @@ RESTORED_KEYS = ("name", "root", "tier", "store", "seconds", "wait_seconds", "re
 
 @task(name="tier-restore", task_run_name="tier-restore-{name}", **RETRIED)
 def restore_checkpoint_task(
-    policy: "TierPolicy",
+    policy: TierPolicy,
     name: str,
     out_dir: str,
     tier: Literal["hot", "warm", "cold"] | None = None,
@@ -69,7 +69,7 @@ def restore_checkpoint_task(
 
 
 @task(name="tier-drill", **RETRIED)
-def drill_task(policy: "TierPolicy", sample: int = 1) -> dict:
+def drill_task(policy: TierPolicy, sample: int = 1) -> dict:
     """Restore up to ``sample`` checkpoints from every tier, check every byte, and measure RTO
     and RPO per tier against the policy's objectives.
 

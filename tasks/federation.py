@@ -17,15 +17,15 @@ Events (an automation pages on ``concord.ledger.tampered``)::
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from prefect import task
 
 from concord.federation.rounds import DEFAULT_OUT
-
 from tasks import events
 from tasks.common import RETRIED, open_stores
 from tasks.progress import PrefectProgress, run_logger
+
 
 @task(name="federate", task_run_name="federate-{tenant}", **RETRIED)
 def federate_task(

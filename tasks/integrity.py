@@ -18,11 +18,11 @@ from tasks.common import RETRIED, open_stores
 from tasks.progress import PrefectProgress, human_bytes, run_logger
 
 if TYPE_CHECKING:
-    from concord.stores.base import Store
     from concord.snapshots.verify import VerifyResult
+    from concord.stores.base import Store
 
 
-def _reported(r: "VerifyResult", store: "Store", donor: "Store | None", ref: str | None) -> dict:
+def _reported(r: VerifyResult, store: Store, donor: Store | None, ref: str | None) -> dict:
     """The report of a verify as a plain dict; emits ``concord.store.verified`` and logs the verdict."""
     out = r.to_dict() | {"repair_from": donor.uri if donor else None}
     related = [events.snapshot(x, "snapshot") for x in r.roots[:20]]

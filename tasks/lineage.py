@@ -35,7 +35,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from concord.stores.base import Store
 
 
-def checked_lineage(tracking_uri: str | None) -> "Lineage":
+def checked_lineage(tracking_uri: str | None) -> Lineage:
     """The lineage backend, checked: :class:`~concord.errors.LineageUnreachableError` (a
     ``ConnectionError``, so retried) when the tracking server does not answer."""
     from concord.lineage import Lineage
@@ -45,7 +45,7 @@ def checked_lineage(tracking_uri: str | None) -> "Lineage":
     return lineage
 
 
-def data_snapshot_id(store: "Store", spec: str) -> str:
+def data_snapshot_id(store: Store, spec: str) -> str:
     """A data snapshot's id from its id, or from its ref (``data/penguins``, ``data/penguins~1``)."""
     from concord.snapshots.refs import resolve_root
 
@@ -57,7 +57,7 @@ def data_snapshot_id(store: "Store", spec: str) -> str:
 
 @task(name="register-data", **RETRIED)
 def register_data_task(
-    source: "str | os.PathLike | pd.DataFrame",
+    source: str | os.PathLike | pd.DataFrame,
     store: str,
     name: str,
     tracking_uri: str | None = None,

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Sequence
+from collections.abc import Sequence
 
 from prefect import task
 
@@ -24,7 +24,6 @@ from tasks import events
 from tasks.common import RETRIED, open_stores
 from tasks.lineage import checked_lineage, data_snapshot_id
 from tasks.progress import run_logger
-
 
 # ----------------------------------------------------------------------------- model versions
 

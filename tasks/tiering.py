@@ -18,7 +18,8 @@ Events (an automation pages on ``concord.tier.violation``; every name is in :mod
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Sequence
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from prefect import task
 from prefect.cache_policies import NO_CACHE
@@ -33,7 +34,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 
 @task(name="tier-policy", **RETRIED)
-def tier_policy_task(policy: str) -> "TierPolicy":
+def tier_policy_task(policy: str) -> TierPolicy:
     """The tier policy ``policy`` names (a YAML file, or ``block:NAME`` of a saved Concord Tier
     Policy block), read and validated once for the whole run: every problem is listed at once
     (``PolicyError``); a Prefect API that does not answer for a block is retried."""
@@ -50,7 +51,7 @@ def _checkpoint_run_name() -> str:
     return f"tier-add-{name}"
 
 
-def _report_sweep(policy: "TierPolicy", uris: dict[str, str], r: dict) -> None:
+def _report_sweep(policy: TierPolicy, uris: dict[str, str], r: dict) -> None:
     """One ``concord.tier.demoted`` per demotion, and ``concord.tier.violation`` when the sweep
     leaves copy-rule violations; ids of the events sent are added to ``r``."""
     ns = policy.namespace
@@ -99,8 +100,8 @@ def _report_sweep(policy: "TierPolicy", uris: dict[str, str], r: dict) -> None:
 
 @task(name="tier-add", task_run_name=_checkpoint_run_name, **RETRIED)
 def add_checkpoint_task(
-    policy: "TierPolicy",
-    stores: dict[str, "Store"],
+    policy: TierPolicy,
+    stores: dict[str, Store],
     checkpoint_dir: str,
     name: str | None = None,
     step: int | None = None,
@@ -137,7 +138,7 @@ def add_checkpoint_task(
 
 
 @task(name="tier-sweep", **RETRIED)
-def sweep_task(policy: "TierPolicy", stores: dict[str, "Store"], pinned_roots: Sequence[str] = (), dry_run: bool = False) -> dict:
+def sweep_task(policy: TierPolicy, stores: dict[str, Store], pinned_roots: Sequence[str] = (), dry_run: bool = False) -> dict:
     """Bring every tier to what the policy wants: copy what is missing, demote what is no longer
     kept (after verifying the copies that stay), collect garbage after the grace period.
 
@@ -154,7 +155,7 @@ def sweep_task(policy: "TierPolicy", stores: dict[str, "Store"], pinned_roots: S
 
 
 @task(name="tier-status", **RETRIED)
-def tier_status_task(policy: "TierPolicy", stores: dict[str, "Store"], pinned_roots: Sequence[str] = ()) -> dict:
+def tier_status_task(policy: TierPolicy, stores: dict[str, Store], pinned_roots: Sequence[str] = ()) -> dict:
     """Each checkpoint × tier: present, wanted, verified when and how, bytes; plus violations
     (``tier_status``'s dict). Reads refs and records only."""
     from concord.tiering.engine import tier_status

@@ -8,7 +8,7 @@ nothing is checked.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from prefect import task
 

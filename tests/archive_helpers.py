@@ -20,8 +20,8 @@ from __future__ import annotations
 import json
 import urllib.request
 import uuid
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Iterator
 
 from concord.stores.base import chunk_key
 from concord.stores.s3 import S3ObjectStore

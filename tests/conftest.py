@@ -10,9 +10,9 @@ import sys
 # own 20 s: a loaded 2-core machine takes longer than that to build its database.
 os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "300")
 import uuid
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 from servers import free_port, patched_environ, running_moto_server, running_server

@@ -9,7 +9,6 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-
 SMALL_CHUNK = 64 * 1024
 
 

@@ -71,8 +71,9 @@ numpy, pandas and scipy are imported inside the functions that need them.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from concord.errors import DriftConfigError
 from concord.lineage.data import TableBatches
@@ -372,7 +373,7 @@ class DriftReport:
 # --------------------------------------------------------------------------- bins and divergences
 
 
-def quantile_edges(sorted_reference: "np.ndarray", bins: int = DEFAULT_BINS) -> "np.ndarray":
+def quantile_edges(sorted_reference: np.ndarray, bins: int = DEFAULT_BINS) -> np.ndarray:
     """The inner bin edges for a sorted, finite, non-empty reference sample.
 
     Edge ``k`` (k = 1 .. bins-1) is the smallest value with at least ``k/bins`` of the sample at or
@@ -393,7 +394,7 @@ def quantile_edges(sorted_reference: "np.ndarray", bins: int = DEFAULT_BINS) -> 
     return edges
 
 
-def _bin_counts(sorted_values: "np.ndarray", edges: "np.ndarray") -> "np.ndarray":
+def _bin_counts(sorted_values: np.ndarray, edges: np.ndarray) -> np.ndarray:
     """Counts of a sorted sample in the bins (-inf, e0], (e0, e1], ..., (e_last, +inf)."""
     import numpy as np
 
@@ -401,7 +402,7 @@ def _bin_counts(sorted_values: "np.ndarray", edges: "np.ndarray") -> "np.ndarray
     return np.diff(np.concatenate(([0], at_or_below, [sorted_values.size])))
 
 
-def _unsorted_bin_counts(values: "np.ndarray", edges: "np.ndarray") -> "np.ndarray":
+def _unsorted_bin_counts(values: np.ndarray, edges: np.ndarray) -> np.ndarray:
     """Counts of an unsorted finite sample in the bins (-inf, e0], (e0, e1], ..., (e_last, +inf)."""
     import numpy as np
 
@@ -412,7 +413,7 @@ def _unsorted_bin_counts(values: "np.ndarray", edges: "np.ndarray") -> "np.ndarr
     return np.bincount(np.searchsorted(edges, values, side="left"), minlength=edges.size + 1)
 
 
-def smoothed_proportions(counts: "Sequence[float] | np.ndarray") -> "np.ndarray":
+def smoothed_proportions(counts: Sequence[float] | np.ndarray) -> np.ndarray:
     """Shares of ``counts`` with every empty bin set to :data:`EPSILON`, renormalised to sum to 1.
 
     ``p = counts / sum(counts)``; ``p[p == 0] = EPSILON``; ``p / sum(p)``. Non-empty bins keep their
@@ -429,7 +430,7 @@ def smoothed_proportions(counts: "Sequence[float] | np.ndarray") -> "np.ndarray"
     return p / p.sum()
 
 
-def _divergences(r: "np.ndarray", c: "np.ndarray") -> tuple[float, float, float]:
+def _divergences(r: np.ndarray, c: np.ndarray) -> tuple[float, float, float]:
     """PSI, KL(c || r) and the Jensen–Shannon distance of two smoothed proportion vectors (nats)."""
     import numpy as np
     from scipy.special import rel_entr
@@ -447,7 +448,7 @@ def _divergences(r: "np.ndarray", c: "np.ndarray") -> tuple[float, float, float]
 KS_LIMIT_N = 100_000
 
 
-def _merged_ks_wasserstein(r: "np.ndarray", c: "np.ndarray") -> tuple[float, float]:
+def _merged_ks_wasserstein(r: np.ndarray, c: np.ndarray) -> tuple[float, float]:
     """KS statistic and Wasserstein-1 distance of two sorted samples, from their merge.
 
     The merged sample is never built: each value's successor in it and both empirical CDFs at it
@@ -487,7 +488,7 @@ def _merged_ks_wasserstein(r: "np.ndarray", c: "np.ndarray") -> tuple[float, flo
     return ks, wasserstein
 
 
-def _ks_wasserstein(r: "np.ndarray", c: "np.ndarray") -> tuple[float, float, float]:
+def _ks_wasserstein(r: np.ndarray, c: np.ndarray) -> tuple[float, float, float]:
     """KS statistic, two-sided KS p-value and Wasserstein-1 distance of two sorted samples."""
     import numpy as np
     from scipy import stats
@@ -552,7 +553,7 @@ class _Side:
         return self.nulls / self.rows if self.rows else None
 
 
-def _family_of(s: "pd.Series") -> str | None:
+def _family_of(s: pd.Series) -> str | None:
     """What kind of values a column holds, from its dtype (an object column: from its values)."""
     import pandas as pd
     from pandas.api import types as pdt
@@ -581,7 +582,7 @@ def _family_of(s: "pd.Series") -> str | None:
     return "label"
 
 
-def _numbers(s: "pd.Series", family: str) -> "np.ndarray":
+def _numbers(s: pd.Series, family: str) -> np.ndarray:
     """A numeric-family column as float64 (datetimes: seconds since the epoch, UTC), nulls as NaN."""
     import numpy as np
     import pandas as pd
@@ -600,7 +601,7 @@ def _numbers(s: "pd.Series", family: str) -> "np.ndarray":
     return s.to_numpy() / np.timedelta64(1, "s")
 
 
-def _label_counts(s: "pd.Series") -> "pd.Series":
+def _label_counts(s: pd.Series) -> pd.Series:
     """Each label's count in ``s`` (labels as text, nulls left out), in no particular order."""
     import numpy as np
     import pandas as pd
@@ -629,7 +630,7 @@ def combine_moments(
     return mean_a + delta * n_b / total, m2_a + m2_b + delta * delta * n_a * n_b / total
 
 
-def merge_moments(n: int, mean: float | None, m2: float | None, values: "np.ndarray") -> tuple[float, float]:
+def merge_moments(n: int, mean: float | None, m2: float | None, values: np.ndarray) -> tuple[float, float]:
     """:func:`combine_moments` of ``n`` values summarised by ``mean``/``m2`` and a batch of ``values``."""
     import numpy as np
 
@@ -650,14 +651,14 @@ class _Column:
     is marked ``conflict`` and no longer taken in: the caller reads it again ``as_text``.
     """
 
-    def __init__(self, *, sample_size: int | None = None, seed: int = 0, edges: "np.ndarray | None" = None, as_text: bool = False):
+    def __init__(self, *, sample_size: int | None = None, seed: int = 0, edges: np.ndarray | None = None, as_text: bool = False):
         self.sample_size = sample_size
         self.seed = seed
         self.edges = edges
         self.as_text = as_text
         self.rows = 0
         self.dtypes: list[str] = []
-        self.head: "pd.Series | None" = None  # the first rows, for the kind of a column without values
+        self.head: pd.Series | None = None  # the first rows, for the kind of a column without values
         self.family: str | None = None
         self.conflict = False
         self.size = 0
@@ -671,7 +672,7 @@ class _Column:
         self.label_pending = 0
         self.counts = None
 
-    def add(self, s: "pd.Series") -> None:
+    def add(self, s: pd.Series) -> None:
         import numpy as np
 
         if self.head is None:
@@ -725,7 +726,7 @@ class _Column:
             return False
         return True
 
-    def _take(self, values: "np.ndarray") -> None:
+    def _take(self, values: np.ndarray) -> None:
         """Keep ``values`` exactly, or in the uniform sample once there are more than ``sample_size``."""
         import numpy as np
 
@@ -801,7 +802,7 @@ class _Column:
         return side
 
 
-def _side(s: "pd.Series") -> _Side:
+def _side(s: pd.Series) -> _Side:
     """A whole column, every value kept."""
     column = _Column()
     column.add(s)
@@ -813,7 +814,7 @@ def _side(s: "pd.Series") -> _Side:
 
 def _numeric_histogram(
     name: str, ref: _Side, cur: _Side, bins: int
-) -> tuple[ColumnHistogram, "np.ndarray", "np.ndarray"]:
+) -> tuple[ColumnHistogram, np.ndarray, np.ndarray]:
     """The histogram of a numeric column and both sides' bin counts.
 
     The edges are the reference's quantiles (of its sample, when sampled). A side's counts are
@@ -825,7 +826,7 @@ def _numeric_histogram(
 
     edges = quantile_edges(ref.values, bins)
 
-    def counts(side: _Side) -> "np.ndarray":
+    def counts(side: _Side) -> np.ndarray:
         if side.sampled and side.bin_counts is not None and np.array_equal(side.edges, edges):
             return side.bin_counts
         return _bin_counts(side.values, edges)
@@ -848,8 +849,8 @@ class _Categories:
     """A categorical column's comparison: the buckets the statistics use and what the overlay shows."""
 
     hist: ColumnHistogram
-    rc: "np.ndarray"  # counts per compared bucket: the reference's top categories, (other), (new)
-    cc: "np.ndarray"
+    rc: np.ndarray  # counts per compared bucket: the reference's top categories, (other), (new)
+    cc: np.ndarray
     new: list[str]  # labels only current has, most frequent first
     vanished: list[str]  # labels only the reference has, most frequent first
     new_share: float  # the share of current values whose label the reference never had
@@ -1075,7 +1076,7 @@ def _std(side: _Side) -> float:
     return float(side.std)
 
 
-def _pooled_counts(ref: _Side, cur: _Side) -> tuple["np.ndarray", "np.ndarray"]:
+def _pooled_counts(ref: _Side, cur: _Side) -> tuple[np.ndarray, np.ndarray]:
     """Both sides' counts on every label either side has, the rare ones pooled.
 
     A label whose expected count on either side (its total split by the sides' sizes) is below
@@ -1239,7 +1240,7 @@ def _adjusted(results: Sequence[ColumnDrift], t: DriftThresholds) -> list[Column
     return out
 
 
-def _kind(family: str | None, s: "pd.Series") -> str:
+def _kind(family: str | None, s: pd.Series) -> str:
     if family is None:
         family = _family_of(s) if len(s) else None
         if family is None:
@@ -1377,8 +1378,8 @@ def _report(
 
 
 def data_drift(
-    reference: "pd.DataFrame",
-    current: "pd.DataFrame",
+    reference: pd.DataFrame,
+    current: pd.DataFrame,
     *,
     columns: Sequence[str] | None = None,
     thresholds: DriftThresholds | None = None,
@@ -1441,7 +1442,7 @@ def _seed(name: str) -> int:
 
 
 def _read_sides(
-    table: TableBatches, names: list[str], sample_size: int | None, edges: Mapping[str, "np.ndarray"]
+    table: TableBatches, names: list[str], sample_size: int | None, edges: Mapping[str, np.ndarray]
 ) -> tuple[int, dict[str, _Side]]:
     """One pass over ``table``: its rows, and each column of ``names`` as :class:`_Side`.
 
@@ -1529,7 +1530,7 @@ def data_drift_batches(
 
 
 def column_histograms(
-    reference: "pd.DataFrame", current: "pd.DataFrame", column: str, bins: int = DEFAULT_BINS
+    reference: pd.DataFrame, current: pd.DataFrame, column: str, bins: int = DEFAULT_BINS
 ) -> ColumnHistogram | None:
     """The histogram data of one column, on the bins :func:`data_drift` uses.
 

@@ -10,8 +10,9 @@ the same night again replaces its record, and a night without a record breaks th
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from datetime import date, timedelta
-from typing import TYPE_CHECKING, Mapping
+from typing import TYPE_CHECKING
 
 from concord.audit.severity import RANK, worst
 from concord.errors import DriftConfigError
@@ -33,7 +34,7 @@ def history_key(name: str) -> str:
     return f"{HISTORY_PREFIX}/{validate_segment(name, 'audit name')}/nights.json"
 
 
-def night_of(value: "date | str | None") -> date:
+def night_of(value: date | str | None) -> date:
     """A night as a date: ``value`` itself, parsed from YYYY-MM-DD, or today (UTC) for None."""
     if value is None:
         from datetime import datetime, timezone
@@ -47,7 +48,7 @@ def night_of(value: "date | str | None") -> date:
         raise DriftConfigError("night", f"{value!r} is not a date", "Give it as YYYY-MM-DD (UTC).") from exc
 
 
-def _read_nights(store: "Store", name: str) -> dict[str, dict]:
+def _read_nights(store: Store, name: str) -> dict[str, dict]:
     raw = store.get_document(history_key(name))
     if raw is None:
         return {}
@@ -62,7 +63,7 @@ def _read_nights(store: "Store", name: str) -> dict[str, dict]:
         return {}  # an unreadable history is no history: tonight starts a new chain
 
 
-def previous_nights(store: "Store", name: str, night: "date | str | None" = None) -> dict[str, list[str]]:
+def previous_nights(store: Store, name: str, night: date | str | None = None) -> dict[str, list[str]]:
     """Each column's severities on the nights before ``night`` (default today, UTC), oldest first,
     as :func:`~concord.audit.drift.data_drift` takes ``history``. Only an unbroken run of nights counts:
     walking back from the night before, the first night without a record (or without the column)
@@ -82,7 +83,7 @@ def previous_nights(store: "Store", name: str, night: "date | str | None" = None
     return history
 
 
-def record_night(store: "Store", name: str, severities: Mapping[str, str], night: "date | str | None" = None, *, severity: str | None = None) -> str:
+def record_night(store: Store, name: str, severities: Mapping[str, str], night: date | str | None = None, *, severity: str | None = None) -> str:
     """Keep tonight's column severities (``DriftReport.severities()``) under ``name``; a second
     record of the same night replaces the first. Keeps the last :data:`HISTORY_NIGHTS` nights.
     Returns the document's key."""

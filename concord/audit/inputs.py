@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Iterator, Sequence
+from typing import TYPE_CHECKING, Any
 
 from concord.audit.drift import DriftReport
 from concord.errors import DataFormatError, DriftConfigError
@@ -27,9 +28,9 @@ from concord.stores.base import NAME_SEGMENT
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
 
-    from concord.lineage.contracts import Contract
     from concord.audit.drift import TableBatches
     from concord.audit.profile import TableProfile
+    from concord.lineage.contracts import Contract
     from concord.stores.base import Store
 
 __all__ = [
@@ -123,7 +124,7 @@ def _resolve(spec, which: str, store):
     return text, None, path
 
 
-def load_table(spec: "str | os.PathLike", store: "Store | None" = None, *, which: str = "table") -> tuple["pd.DataFrame", TableSource]:
+def load_table(spec: str | os.PathLike, store: Store | None = None, *, which: str = "table") -> tuple[pd.DataFrame, TableSource]:
     """The table ``spec`` names, and where it came from.
 
     ``spec`` is a ``.parquet``/``.csv`` file, a data snapshot id, or a ``data/<name>`` ref
@@ -156,13 +157,13 @@ class OpenTable:
     path: str
     format: str  # "parquet" | "csv"
 
-    def batches(self, batch_bytes: int | None = None) -> "TableBatches":
+    def batches(self, batch_bytes: int | None = None) -> TableBatches:
         """The table read about ``batch_bytes`` at a time (default ``concord.lineage.data.BATCH_BYTES``)."""
         from concord.lineage.data import BATCH_BYTES, table_batches
 
         return table_batches(self.path, batch_bytes=batch_bytes or BATCH_BYTES)
 
-    def read(self) -> "pd.DataFrame":
+    def read(self) -> pd.DataFrame:
         """The whole table (for what needs it whole: a contract's validation)."""
         from concord.lineage.data import read_table
 
@@ -170,7 +171,7 @@ class OpenTable:
 
 
 @contextmanager
-def open_table(spec: "str | os.PathLike", store: "Store | None" = None, *, which: str = "table") -> Iterator[OpenTable]:
+def open_table(spec: str | os.PathLike, store: Store | None = None, *, which: str = "table") -> Iterator[OpenTable]:
     """The table ``spec`` names, as :func:`load_table` takes it, without reading it: a file as it is,
     a data snapshot restored (every chunk verified) into a temporary folder removed on leaving.
     Errors are :func:`load_table`'s."""
@@ -195,7 +196,7 @@ def open_table(spec: "str | os.PathLike", store: "Store | None" = None, *, which
 
 
 def stream_drift(
-    reference: "OpenTable | OpenProfile",
+    reference: OpenTable | OpenProfile,
     current: OpenTable,
     *,
     which: tuple[str, str] = ("reference", "current"),
@@ -231,20 +232,20 @@ class OpenProfile:
     (``source.profile`` names the profile) and the profile itself."""
 
     source: TableSource
-    profile: "TableProfile"
+    profile: TableProfile
     created: bool = False  # made from the table tonight (and stored, when ``source.profile`` is set)
 
 
 @contextmanager
 def open_reference(
-    spec: "str | os.PathLike",
-    store: "Store | None" = None,
+    spec: str | os.PathLike,
+    store: Store | None = None,
     *,
     profile: str = "use",
     sample_size: int | None = None,
     batch_bytes: int | None = None,
-    profile_store: "Store | None" = None,
-) -> "Iterator[OpenTable | OpenProfile]":
+    profile_store: Store | None = None,
+) -> Iterator[OpenTable | OpenProfile]:
     """The reference ``spec`` names, opened the cheapest way: a ``.profile`` file as the profile
     it holds; a data snapshot through the profile stored beside it (``profiles/<id>``, without
     reading the table) unless ``profile`` is "off"; else as :func:`open_table` opens it. With
@@ -283,7 +284,7 @@ def open_reference(
         yield _create_profile(ref, store, sample_size, batch_bytes)
 
 
-def _file_profile(spec, store: "Store", profile: str, sample_size: int | None, batch_bytes: int | None) -> "Iterator[OpenTable | OpenProfile]":
+def _file_profile(spec, store: Store, profile: str, sample_size: int | None, batch_bytes: int | None) -> Iterator[OpenTable | OpenProfile]:
     """A table file as :func:`open_reference` opens it with a ``profile_store``: its stored profile,
     else the file (profiled and stored with "create")."""
     from concord.audit.profile import stored_profile
@@ -316,7 +317,7 @@ def _profile_file(path: str) -> OpenProfile:
     return OpenProfile(TableSource(spec=path, kind="profile", name=name, path=path, id=prof.source.get("id"), profile=digest, profile_file=path), prof)
 
 
-def _create_profile(ref: OpenTable, store: "Store", sample_size: int | None, batch_bytes: int | None, key: str | None = None) -> OpenProfile:
+def _create_profile(ref: OpenTable, store: Store, sample_size: int | None, batch_bytes: int | None, key: str | None = None) -> OpenProfile:
     import logging
 
     from concord.audit.drift import SAMPLE_SIZE
@@ -345,7 +346,7 @@ def _create_profile(ref: OpenTable, store: "Store", sample_size: int | None, bat
     return OpenProfile(replace(src, profile=root), prof, created=True)
 
 
-def check_contract(contract: "Contract", df: "pd.DataFrame") -> dict:
+def check_contract(contract: Contract, df: pd.DataFrame) -> dict:
     """The contract section: ``{name, version, ref, digest, ok, evaluated, failed: [...]}``, each
     failed expectation as ``{expectation, column, details}``; ``severity`` is critical when any failed."""
     from concord.lineage.contracts import validate
@@ -383,7 +384,7 @@ def store_labels(specs: Sequence[str]) -> list[str]:
     return names if len(set(names)) == len(names) else [label for _, label in shown]
 
 
-def model_holders(lineage: Any, name: str, version: "str | int") -> dict:
+def model_holders(lineage: Any, name: str, version: str | int) -> dict:
     """The snapshot root of model version ``name``/``version`` (a number, or an alias such as
     ``champion``) and the stores lineage records as holding it (``held_by``; the store its
     source points into when none is recorded): ``{name, version, root, stores}``."""

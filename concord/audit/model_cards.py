@@ -28,14 +28,15 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from concord.audit.drift import SEVERITIES, Prioritised
+from concord.audit.replicas import check_replicas
 from concord.errors import ConcordError, ModelCardError, ModelCardNotFoundError, ReplicaConfigError
 from concord.snapshots.manifest import FileEntry, Manifest
 from concord.snapshots.refs import load_manifest, resolve_root
-from concord.audit.replicas import check_replicas
 from concord.stores.base import Store
 
 __all__ = [
@@ -188,7 +189,7 @@ def read_card(store: Store, root: str) -> dict:
 
         doc = load_json_document(
             _read_file(store, manifest, entry), where, max_bytes=MAX_CARD_BYTES, expect=None,
-            error=lambda problem: ModelCardError(where, problem),
+            error=lambda problem, where=where: ModelCardError(where, problem),
         )
         if not isinstance(doc, dict):
             raise ModelCardError(where, f"holds a JSON {type(doc).__name__}, not an object")

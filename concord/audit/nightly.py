@@ -14,7 +14,8 @@ The pipelines call these (``tasks/audit.py``); the CLI's one-off audit reads no 
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from concord.audit.severity import column_order
 
@@ -35,12 +36,12 @@ def plots_folder(name: str, night: str) -> str:
 def nightly_drift(
     reference: str,
     current: str,
-    data_store: "Store | None" = None,
-    history_store: "Store | None" = None,
+    data_store: Store | None = None,
+    history_store: Store | None = None,
     *,
     name: str | None = None,
     night: str | None = None,
-    thresholds: "DriftThresholds | Mapping[str, Any] | None" = None,
+    thresholds: DriftThresholds | Mapping[str, Any] | None = None,
     bins: int = 10,
     columns: Sequence[str] | None = None,
     plots_dir: str | None = None,

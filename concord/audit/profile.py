@@ -35,8 +35,9 @@ import io
 import json
 import os
 import zipfile
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from concord.audit.drift import SAMPLE_SIZE, DriftReport, DriftThresholds, TableBatches, _read_sides, _seed, _Side
 from concord.errors import DriftConfigError, ProfileError
@@ -266,12 +267,12 @@ class TableProfile:
         return buf.getvalue()
 
     @classmethod
-    def from_bytes(cls, data: bytes, where: str = "(bytes)") -> "TableProfile":
+    def from_bytes(cls, data: bytes, where: str = "(bytes)") -> TableProfile:
         """A profile from :meth:`to_bytes`'s bytes, every member checked; anything else is a
         :class:`~concord.errors.ProfileError` naming ``where``."""
         return _read_profile(data, where)
 
-    def save(self, path: "str | os.PathLike") -> int:
+    def save(self, path: str | os.PathLike) -> int:
         """Write the profile to ``path`` at once (a temporary name, then a rename); its size in bytes."""
         from concord.files import atomic_write
 
@@ -280,7 +281,7 @@ class TableProfile:
         return len(data)
 
     @classmethod
-    def load(cls, path: "str | os.PathLike") -> "TableProfile":
+    def load(cls, path: str | os.PathLike) -> TableProfile:
         """The profile in the file ``path`` (:meth:`from_bytes`)."""
         where = os.path.abspath(os.fspath(path))
         try:
@@ -512,7 +513,7 @@ def _pooled(name: str, side: _Side, max_labels: int) -> ColumnProfile:
 
 
 def profile_table(
-    table: "TableBatches | pd.DataFrame",
+    table: TableBatches | pd.DataFrame,
     *,
     columns: Sequence[str] | None = None,
     sample_size: int | None = SAMPLE_SIZE,
@@ -647,7 +648,7 @@ def _common_dtype(x: str, y: str) -> str:
         return "object"
 
 
-def _add_counts(x: "pd.Series | None", y: "pd.Series | None") -> "pd.Series":
+def _add_counts(x: pd.Series | None, y: pd.Series | None) -> pd.Series:
     import pandas as pd
 
     parts = [c for c in (x, y) if c is not None]
@@ -660,7 +661,7 @@ def _add_counts(x: "pd.Series | None", y: "pd.Series | None") -> "pd.Series":
 
 def profile_drift(
     profile: TableProfile,
-    current: "TableBatches | pd.DataFrame",
+    current: TableBatches | pd.DataFrame,
     *,
     columns: Sequence[str] | None = None,
     thresholds: DriftThresholds | None = None,
@@ -695,7 +696,7 @@ def profile_ref(data_id: str) -> str:
     return f"{PROFILE_NAMESPACE}/{data_id}"
 
 
-def store_profile(store: "Store", data_id: str, profile: TableProfile) -> str:
+def store_profile(store: Store, data_id: str, profile: TableProfile) -> str:
     """Keep ``profile`` as the profile of the data snapshot ``data_id`` of ``store``: a snapshot of
     one file (:data:`PROFILE_FILE`) under the ref ``profiles/<data_id>`` (its history keeps the
     profiles before). Returns the profile snapshot's root."""
@@ -712,7 +713,7 @@ def store_profile(store: "Store", data_id: str, profile: TableProfile) -> str:
     return result.root
 
 
-def stored_profile(store: "Store", data_id: str) -> "tuple[str, TableProfile] | None":
+def stored_profile(store: Store, data_id: str) -> tuple[str, TableProfile] | None:
     """``(root, profile)`` of the data snapshot ``data_id``'s stored profile, None if it has none.
     The profile's file is read from its chunks, each verified against its id (no copy on disk). A
     stored profile that cannot be read (or profiles another snapshot) is a ProfileError."""
@@ -739,7 +740,7 @@ def stored_profile(store: "Store", data_id: str) -> "tuple[str, TableProfile] | 
     return ref.root, profile
 
 
-def is_profile_file(spec: "str | os.PathLike") -> bool:
+def is_profile_file(spec: str | os.PathLike) -> bool:
     """Whether an audit input names a profile file: a file ending in :data:`PROFILE_SUFFIX`."""
     text = os.fspath(spec).strip()
     return text.lower().endswith(PROFILE_SUFFIX) and os.path.isfile(text)

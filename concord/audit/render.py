@@ -14,7 +14,8 @@ import io
 import json
 import math
 import os
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from concord.audit.drift import PRIORITIES, ColumnHistogram, DriftReport, column_histograms
 from concord.audit.inputs import slug
@@ -53,7 +54,7 @@ def _num(value: Any, digits: int = 3) -> str:
     return str(value)
 
 
-def column_rows(report: "AuditReport | dict") -> list[dict]:
+def column_rows(report: AuditReport | dict) -> list[dict]:
     """One row per column of the data section, worst first: statistics rounded for reading,
     empty where a statistic does not apply."""
     data = report.data if isinstance(report, AuditReport) else report
@@ -281,20 +282,20 @@ def render_markdown(
 
 
 def plot_histograms_by_column(
-    report: "AuditReport | DriftReport",
-    reference: "pd.DataFrame | None" = None,
-    current: "pd.DataFrame | None" = None,
-    out_dir: "str | os.PathLike" = ".",
+    report: AuditReport | DriftReport,
+    reference: pd.DataFrame | None = None,
+    current: pd.DataFrame | None = None,
+    out_dir: str | os.PathLike = ".",
 ) -> dict[str, str]:
     """Like :func:`plot_histograms`, as ``{column: path}``."""
     return _plot(report, reference, current, out_dir)
 
 
 def plot_histograms(
-    report: "AuditReport | DriftReport",
-    reference: "pd.DataFrame | None" = None,
-    current: "pd.DataFrame | None" = None,
-    out_dir: "str | os.PathLike" = ".",
+    report: AuditReport | DriftReport,
+    reference: pd.DataFrame | None = None,
+    current: pd.DataFrame | None = None,
+    out_dir: str | os.PathLike = ".",
 ) -> list[str]:
     """Draw one PNG per drifted column: the reference's and the current table's shares per bin.
 

@@ -56,15 +56,16 @@ from __future__ import annotations
 import math
 import os
 import sys
+from collections.abc import Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Iterable, Mapping
+from typing import TYPE_CHECKING, Any
 
 from concord.audit.drift import SEVERITIES, Prioritised
 from concord.errors import ChunkNotFoundError, ConcordError, ManifestError, ManifestNotFoundError, ReplicaConfigError
 from concord.hashing import ChunkHasher
-from concord.snapshots.manifest import FileEntry, Manifest, Part
 from concord.progress import Progress, ensure
+from concord.snapshots.manifest import FileEntry, Manifest, Part
 from concord.snapshots.refs import load_manifest, resolve_root
 from concord.stores.base import Store
 
@@ -251,7 +252,7 @@ def _dtype_name(dtype) -> str:
     return attr
 
 
-def ulp_distance(a: "torch.Tensor", b: "torch.Tensor") -> "torch.Tensor":
+def ulp_distance(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """Element-wise distance in ULPs between two float tensors of the same dtype and shape (int64).
 
     Bits are read as sign and magnitude; same signs: ``|m_a - m_b|``; opposite signs: ``m_a + m_b``
@@ -292,15 +293,15 @@ def _lower_precision(a: str, b: str) -> str:
     return max((a, b), key=key)
 
 
-def _flat_bytes(t: "torch.Tensor") -> "torch.Tensor":
+def _flat_bytes(t: torch.Tensor) -> torch.Tensor:
     import torch
 
     return t.contiguous().reshape(-1).view(torch.uint8)
 
 
 def compare_tensors(
-    reference: "torch.Tensor",
-    replica: "torch.Tensor",
+    reference: torch.Tensor,
+    replica: torch.Tensor,
     *,
     max_ulps: int = 1,
     name: str = "",
@@ -363,7 +364,7 @@ def _not_numeric(ref_dt: str | None, rep_dt: str | None) -> str:
     return f"dtype {rep_dt} here, {ref_dt} in the reference: no numeric comparison between them"
 
 
-def _float_stats(reference: "torch.Tensor", replica: "torch.Tensor", low: str) -> dict:
+def _float_stats(reference: torch.Tensor, replica: torch.Tensor, low: str) -> dict:
     import torch
 
     low_dt = _torch_dtype(low)
@@ -404,7 +405,7 @@ def _float_stats(reference: "torch.Tensor", replica: "torch.Tensor", low: str) -
     )
 
 
-def _integer_stats(reference: "torch.Tensor", replica: "torch.Tensor") -> dict:
+def _integer_stats(reference: torch.Tensor, replica: torch.Tensor) -> dict:
     import torch
 
     a_all, b_all = reference.reshape(-1), replica.reshape(-1)
@@ -490,7 +491,7 @@ class _Reader:
         list(self.pool.map(fetch, spans))
         return buf
 
-    def tensor(self, store: Store, part: Part, chunk_size: int) -> "torch.Tensor | bytearray":
+    def tensor(self, store: Store, part: Part, chunk_size: int) -> torch.Tensor | bytearray:
         """The tensor (bytes, when torch has no such dtype) of a tensor part."""
         import torch
 
@@ -640,7 +641,7 @@ def compare_replicas(
     max_ulps: int = 1,
     top: int = 10,
     progress: Progress | None = None,
-    trust: "TrustPolicy | None" = None,
+    trust: TrustPolicy | None = None,
 ) -> ReplicaReport:
     """Compare every cluster's replica with the reference replica (``reference``, else the first).
 
@@ -682,7 +683,7 @@ def compare_replicas(
     ref_store = replicas[ref_label][0]
     ref_root = roots[ref_label]
     ref_manifest: Manifest | None = None
-    differing = [l for l in labels if l != ref_label and l not in problems and roots[l] != ref_root]
+    differing = [x for x in labels if x != ref_label and x not in problems and roots[x] != ref_root]
     if ref_root is not None and differing:
         try:
             ref_manifest = load_manifest(ref_store, ref_root)
@@ -728,12 +729,12 @@ def compare_replicas(
     if trust is not None:
         for label in labels:
             results[label] = _with_trust(results[label], replicas[label][0], trust)
-    ordered = tuple(results[l] for l in labels)
+    ordered = tuple(results[label] for label in labels)
     worst = max((r.severity for r in ordered), key=_RANK.__getitem__)
     return ReplicaReport(reference=ref_label, replicas=ordered, severity=worst, max_ulps=max_ulps, top=top)
 
 
-def _with_trust(r: ReplicaResult, store: Store, trust: "TrustPolicy") -> ReplicaResult:
+def _with_trust(r: ReplicaResult, store: Store, trust: TrustPolicy) -> ReplicaResult:
     """``r`` with its root's signatures checked under ``trust``: untrusted is critical."""
     from dataclasses import replace
 

@@ -25,8 +25,9 @@ night's escalation.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any
 
 from concord.audit.drift import PRIORITIES, DriftReport, Prioritised
 from concord.audit.inputs import INPUT_HELP, TableSource, check_contract, open_reference, open_table, stream_drift
@@ -72,15 +73,15 @@ class AuditReport(Prioritised):
     def assemble(
         cls,
         *,
-        drift: "DriftReport | dict | None" = None,
-        reference: "TableSource | dict | None" = None,
-        current: "TableSource | dict | None" = None,
+        drift: DriftReport | dict | None = None,
+        reference: TableSource | dict | None = None,
+        current: TableSource | dict | None = None,
         contract: dict | None = None,
         replicas: Any = None,
         cards: Any = None,
         errors: Mapping[str, str] | None = None,
         model: dict | None = None,
-    ) -> "AuditReport":
+    ) -> AuditReport:
         """A report from its sections: report objects or their dicts, any of them absent."""
         unknown = set(errors or {}) - set(SECTIONS)
         if unknown:
@@ -228,14 +229,14 @@ _SUMMARIES = {"data": _data_summary, "contract": _contract_summary, "replicas": 
 
 
 def audit_data(
-    reference: "str | os.PathLike",
-    current: "str | os.PathLike",
-    store: "Store | None" = None,
+    reference: str | os.PathLike,
+    current: str | os.PathLike,
+    store: Store | None = None,
     *,
-    contract: "Contract | None" = None,
+    contract: Contract | None = None,
     profile: str = "use",
     **options: Any,
-) -> "AuditReport":
+) -> AuditReport:
     """The data audit ``concord audit data`` runs: the drift of ``current`` from ``reference`` (each a
     file, a data snapshot id or a ``data/<name>`` ref in ``store``), read batch by batch
     (:func:`stream_drift`, ``options`` are its keywords), and, with a

@@ -7,7 +7,7 @@ counts as critical.
 
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 from concord.audit.drift import SEVERITIES
 

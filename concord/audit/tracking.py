@@ -16,7 +16,8 @@ import dataclasses
 import json
 import os
 import re
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from concord.audit.drift import SEVERITIES, DriftThresholds
 
@@ -45,7 +46,7 @@ def audit_run(
     *,
     name: str,
     night: str,
-    plots: Sequence["str | os.PathLike"] = (),
+    plots: Sequence[str | os.PathLike] = (),
     params: Mapping[str, Any] | None = None,
 ) -> dict:
     """The run of an audit (``AuditReport.to_dict()`` and its markdown) as keyword arguments of
@@ -127,7 +128,7 @@ def audit_params(
     return {k: v for k, v in params.items() if v is not None}
 
 
-def run_markdown(report: "AuditReport", *, name: str, night: str, plots: Mapping[str, str] | None = None) -> str:
+def run_markdown(report: AuditReport, *, name: str, night: str, plots: Mapping[str, str] | None = None) -> str:
     """The report as the run keeps it (``report.md`` and the description): each drifted column's
     PNG (``plots``: column → file) linked where the run keeps it, ``histograms/<file>``."""
     from concord.audit.render import render_markdown
@@ -137,13 +138,13 @@ def run_markdown(report: "AuditReport", *, name: str, night: str, plots: Mapping
 
 
 def log_audit(
-    lineage: "Lineage",
+    lineage: Lineage,
     report: dict,
     markdown: str,
     *,
     name: str,
     night: str,
-    plots: Sequence["str | os.PathLike"] = (),
+    plots: Sequence[str | os.PathLike] = (),
     params: Mapping[str, Any] | None = None,
 ) -> str:
     """Log an audit as one run of ``concord-drift-audits`` (:func:`audit_run`); return the run id."""

@@ -14,9 +14,9 @@ import json
 import math
 import os
 import sys
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from functools import cached_property
-from typing import Callable, Iterator
 
 from concord.home import patched_environ
 

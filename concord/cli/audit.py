@@ -30,18 +30,18 @@ import sys
 from concord.cli._common import (
     STORE_HELP,
     TRUST_HELP,
+    keyed_store,
     name_arg,
     open_lineage,
     peek_store,
-    keyed_store,
     positive_int,
     readable_store,
     ref_arg,
-    writable_store,
     registry_parent,
     track_parent,
     tracking_parent,
     whole_number,
+    writable_store,
 )
 from concord.home import default_registry
 

@@ -13,7 +13,16 @@ from __future__ import annotations
 
 import argparse
 
-from concord.cli._common import TRUST_HELP, fail, human, open_lineage, positive_int, track_parent, tracking_parent, whole_number
+from concord.cli._common import (
+    TRUST_HELP,
+    fail,
+    human,
+    open_lineage,
+    positive_int,
+    track_parent,
+    tracking_parent,
+    whole_number,
+)
 
 TIERS = ("hot", "warm", "cold")
 

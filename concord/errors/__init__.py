@@ -12,7 +12,79 @@ One module per area (``api``, ``base``, ``stores``, ``snapshots``, ``lineage``, 
 from __future__ import annotations
 
 from concord.errors.api import ApiArgumentError
+from concord.errors.audit import (
+    DriftConfigError,
+    ModelCardError,
+    ModelCardNotFoundError,
+    ProfileError,
+    ReplicaConfigError,
+)
 from concord.errors.base import ConcordError
+from concord.errors.federation import (
+    AdapterError,
+    AdapterNotFoundError,
+    AdapterOutputExistsError,
+    AggregationError,
+    LedgerConflictError,
+    LedgerError,
+    LedgerRollbackError,
+    RoundMismatchError,
+    TenantError,
+)
+from concord.errors.lineage import (
+    ContractConflictError,
+    ContractError,
+    ContractNotFoundError,
+    DataFormatError,
+    DataSnapshotNotFoundError,
+    LineageError,
+    LineageUnreachableError,
+    PromotionRefused,
+)
+from concord.errors.oci import (
+    OciAuthError,
+    OciDigestMismatchError,
+    OciDocumentError,
+    OciError,
+    OciMemoContradictedError,
+    OciNotAModelError,
+    OciNotFoundError,
+    OciReferenceError,
+    OciRegistryUnreachableError,
+    OciTimeoutError,
+    OciUnsafePathError,
+)
+from concord.errors.prefect import PrefectUnavailableError
+from concord.errors.serving import (
+    CheckoutBusyError,
+    CheckoutDiskFullError,
+    CheckoutTargetError,
+    HealthCheckFailedError,
+    NoPreviousVersionError,
+)
+from concord.errors.snapshots import (
+    ControlCharacterNameError,
+    GcRefusedError,
+    HistoryError,
+    LocalFileError,
+    ReplicationError,
+    RestoreTargetError,
+    SafetensorsError,
+    SourceChangedError,
+    SourceNotFoundError,
+    SpreadSnapshotError,
+    StoreLockedError,
+    UnsafePathError,
+    WatchStateError,
+)
+from concord.errors.store_config import (
+    FrameError,
+    SealError,
+    StoreConfigError,
+    StoreKeyError,
+    StoreKeyFileError,
+    UnknownEncodingError,
+)
 from concord.errors.stores import (
     ChunkArchivedError,
     ChunkNotFoundError,
@@ -32,50 +104,6 @@ from concord.errors.stores import (
     StoreNotFoundError,
     StoreUnreachableError,
 )
-from concord.errors.store_config import (
-    FrameError,
-    SealError,
-    StoreConfigError,
-    StoreKeyError,
-    StoreKeyFileError,
-    UnknownEncodingError,
-)
-from concord.errors.snapshots import (
-    ControlCharacterNameError,
-    GcRefusedError,
-    HistoryError,
-    LocalFileError,
-    ReplicationError,
-    RestoreTargetError,
-    SafetensorsError,
-    SourceChangedError,
-    SourceNotFoundError,
-    SpreadSnapshotError,
-    StoreLockedError,
-    UnsafePathError,
-    WatchStateError,
-)
-from concord.errors.lineage import (
-    ContractConflictError,
-    ContractError,
-    ContractNotFoundError,
-    DataFormatError,
-    DataSnapshotNotFoundError,
-    LineageError,
-    LineageUnreachableError,
-    PromotionRefused,
-)
-from concord.errors.federation import (
-    AdapterError,
-    AdapterNotFoundError,
-    AdapterOutputExistsError,
-    AggregationError,
-    LedgerConflictError,
-    LedgerError,
-    LedgerRollbackError,
-    RoundMismatchError,
-    TenantError,
-)
 from concord.errors.tiering import (
     CheckpointConflictError,
     CheckpointNotFoundError,
@@ -86,34 +114,6 @@ from concord.errors.tiering import (
     TierCopyNotFoundError,
     TierStoreUnavailableError,
 )
-from concord.errors.serving import (
-    CheckoutBusyError,
-    CheckoutDiskFullError,
-    CheckoutTargetError,
-    HealthCheckFailedError,
-    NoPreviousVersionError,
-)
-from concord.errors.oci import (
-    OciAuthError,
-    OciDigestMismatchError,
-    OciDocumentError,
-    OciError,
-    OciMemoContradictedError,
-    OciNotAModelError,
-    OciNotFoundError,
-    OciReferenceError,
-    OciRegistryUnreachableError,
-    OciTimeoutError,
-    OciUnsafePathError,
-)
-from concord.errors.audit import (
-    DriftConfigError,
-    ModelCardError,
-    ModelCardNotFoundError,
-    ProfileError,
-    ReplicaConfigError,
-)
-from concord.errors.prefect import PrefectUnavailableError
 from concord.errors.trust import (
     KeyFileError,
     KeyPasswordError,
@@ -208,4 +208,15 @@ __all__ = [
     "TrustPolicyError",
     "UntrustedRootError",
     "PrefectUnavailableError",
+    "OciAuthError",
+    "OciDigestMismatchError",
+    "OciDocumentError",
+    "OciError",
+    "OciMemoContradictedError",
+    "OciNotAModelError",
+    "OciNotFoundError",
+    "OciReferenceError",
+    "OciRegistryUnreachableError",
+    "OciTimeoutError",
+    "OciUnsafePathError",
 ]

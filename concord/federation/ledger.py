@@ -263,7 +263,7 @@ def _holding(rounds: list[dict], content: str) -> dict | None:
     return next((r for r in rounds if content_hash(r) == content), None)
 
 
-def record_round(store: Store, tenant: str, record: dict, *, key: "SigningKey | None" = None) -> RoundOutcome:
+def record_round(store: Store, tenant: str, record: dict, *, key: SigningKey | None = None) -> RoundOutcome:
     """Append a round with the caller's fields ``record`` to ``tenant``'s ledger in ``store``,
     unless a round with the same content is already there, and say what became of it
     (:class:`RoundOutcome`). Safe to retry after any failure: a record is never in the ledger
@@ -285,7 +285,7 @@ def record_round(store: Store, tenant: str, record: dict, *, key: "SigningKey | 
     return outcome
 
 
-def _record_round(store: Store, tenant: str, record: dict, key: "SigningKey | None") -> RoundOutcome:
+def _record_round(store: Store, tenant: str, record: dict, key: SigningKey | None) -> RoundOutcome:
     validate_tenant(tenant)
     fields = _prepare(tenant, record)
     mine = content_hash(fields)
@@ -341,7 +341,7 @@ def _record_round(store: Store, tenant: str, record: dict, key: "SigningKey | No
     )
 
 
-def sign_head(store: Store, tenant: str, key: "SigningKey") -> dict | None:
+def sign_head(store: Store, tenant: str, key: SigningKey) -> dict | None:
     """Sign ``tenant``'s head as it is now (its newest round's number and hash, checked against the
     round's document) with ``key`` and keep it at ``ledger/<tenant>/head.json``; the document
     written, or None for an empty ledger. Safe beside concurrent appends: after writing, the head
@@ -372,7 +372,7 @@ def read_signed_head(store: Store, tenant: str) -> dict | None:
     return _load(store, key)
 
 
-def _head_problems(store: Store, tenant: str, trust: "TrustPolicy", last: int | None, digest: str | None) -> list[str]:
+def _head_problems(store: Store, tenant: str, trust: TrustPolicy, last: int | None, digest: str | None) -> list[str]:
     """Why the signed head does not vouch for the ledger's last round ``last`` (hash ``digest``)."""
     from concord.trust.records import HEAD_TYPE, check_record
 
@@ -440,7 +440,7 @@ class LedgerReport:
 
 
 def verify_ledger(
-    store: Store, tenant: str, *, trust: "TrustPolicy | None" = None, min_round: int | None = None, min_hash: str | None = None
+    store: Store, tenant: str, *, trust: TrustPolicy | None = None, min_round: int | None = None, min_hash: str | None = None
 ) -> LedgerReport:
     """Check ``tenant``'s ledger in ``store``: every round's own hash, its tenant and number, the
     ``prev`` chain from the first round to the last, and the head (and its history) against the

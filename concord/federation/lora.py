@@ -73,8 +73,9 @@ import shutil
 import statistics
 import uuid
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Literal, Sequence
+from typing import TYPE_CHECKING, Literal
 
 from concord.errors import AdapterError, AdapterOutputExistsError, AggregationError, RoundMismatchError
 
@@ -115,8 +116,8 @@ class LoraModule:
 
     #: module path without the lora_A/lora_B suffix, e.g. "base_model.model.encoder.layer.0.attention.self.query"
     name: str
-    A: "torch.Tensor" = field(repr=False)  # [r, in], float32
-    B: "torch.Tensor" = field(repr=False)  # [out, r], float32
+    A: torch.Tensor = field(repr=False)  # [r, in], float32
+    B: torch.Tensor = field(repr=False)  # [out, r], float32
     scale: float = 1.0
 
     @property
@@ -142,7 +143,7 @@ class Adapter:
     modules: dict[str, LoraModule] = field(repr=False)
     dtype: str
 
-    def delta(self, name: str) -> "torch.Tensor":
+    def delta(self, name: str) -> torch.Tensor:
         """The dense update ``scale * B @ A`` of one module (for tests and small cases)."""
         m = self.modules[name]
         return m.scale * (m.B @ m.A)
@@ -177,7 +178,7 @@ class AggregateResult:
     #: ‖ΔW* − ΔŴ‖ / ‖ΔW*‖ against the exact weighted mean of the accepted (clipped) updates
     relative_error: float
     #: name -> (A [r, in], B [out, r]) with the scale folded into B: the update is B @ A
-    modules: dict[str, tuple["torch.Tensor", "torch.Tensor"]] = field(repr=False)
+    modules: dict[str, tuple[torch.Tensor, torch.Tensor]] = field(repr=False)
     base_model: str
 
     def to_dict(self) -> dict:
@@ -406,7 +407,7 @@ def _few(names: list[str]) -> str:
 # --------------------------------------------------------------------------- norms and distances
 
 
-def _inner_products(adapters: Sequence[Adapter]) -> "torch.Tensor":
+def _inner_products(adapters: Sequence[Adapter]) -> torch.Tensor:
     """``G[i, j] = ⟨ΔW_i, ΔW_j⟩`` (Frobenius, summed over modules) from the factors, in float64.
 
     Per module, with every client's factors stacked (``B_all`` [out, Σr], ``A_all`` [Σr, in]),
@@ -444,7 +445,7 @@ def pairwise_distances(adapters: Sequence[Adapter]) -> list[list[float]]:
     return _distances(_inner_products(adapters), [1.0] * len(adapters))
 
 
-def _distances(g: "torch.Tensor", c: list[float]) -> list[list[float]]:
+def _distances(g: torch.Tensor, c: list[float]) -> list[list[float]]:
     """Distances between the updates scaled by ``c`` (clip factors), given their inner products."""
     n = len(c)
     out = [[0.0] * n for _ in range(n)]

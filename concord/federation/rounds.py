@@ -21,7 +21,8 @@ from __future__ import annotations
 import logging
 import os
 import tempfile
-from typing import TYPE_CHECKING, Sequence
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from concord.errors import AdapterNotFoundError, InvalidNameError, TenantError
 from concord.federation.ledger import HEAD_NAME, record_round, validate_tenant
@@ -137,10 +138,10 @@ def run_round(
     robust: str = "none",
     out_name: str = DEFAULT_OUT,
     ledger_store: Store | None = None,
-    lineage: "Lineage | None" = None,
+    lineage: Lineage | None = None,
     progress: Progress | None = None,
-    key: "SigningKey | None" = None,
-    memory: "LedgerMemory | None" = None,
+    key: SigningKey | None = None,
+    memory: LedgerMemory | None = None,
 ) -> dict:
     """Run one federation round of ``tenant`` over ``adapters`` (ref names ``tenant/NAME`` or
     ``NAME``) held by ``clusters``; see the module's docstring for the steps.
@@ -183,7 +184,7 @@ def run_round(
 
     with tempfile.TemporaryDirectory(prefix="concord-federation-") as tmp:
         paths = []
-        for i, (ref, store, root) in enumerate(found):
+        for i, (_ref, store, root) in enumerate(found):
             path = os.path.join(tmp, f"client-{i}")
             restore(store, load_manifest(store, root), path, progress=prog)
             paths.append(path)
@@ -260,7 +261,7 @@ def run_round(
     return out
 
 
-def _register(lineage: "Lineage", tenant: str, out_name: str, clusters: list[Store], r: dict) -> dict:
+def _register(lineage: Lineage, tenant: str, out_name: str, clusters: list[Store], r: dict) -> dict:
     """Register the round's result as a model version; a failure is logged and returned, never raised."""
     name = f"{tenant}-{out_name}"
     description = (

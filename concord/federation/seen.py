@@ -30,10 +30,11 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING
 
 from concord.errors import LedgerError, LedgerRollbackError
 from concord.federation.ledger import LedgerReport, list_rounds, round_hash, validate_tenant, verify_ledger
@@ -319,7 +320,7 @@ def verify_remembered(
     store: Store,
     tenant: str,
     *,
-    trust: "TrustPolicy | None" = None,
+    trust: TrustPolicy | None = None,
     min_round: int | None = None,
     memory: LedgerMemory | None = None,
     forget: bool = False,

@@ -18,7 +18,8 @@ Nothing here imports mlflow, pandas or great-expectations until a method needs t
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from concord.lineage import graph, registry, runs
 from concord.lineage.client import Tracking
@@ -49,7 +50,7 @@ class Lineage(Tracking):
         params: Mapping[str, Any] | None = None,
         metrics: Mapping[str, float] | None = None,
         texts: Mapping[str, str] | None = None,
-        files: Mapping[str, Iterable["str | os.PathLike"]] | None = None,
+        files: Mapping[str, Iterable[str | os.PathLike]] | None = None,
         description: str | None = None,
     ) -> str:
         """Log one finished run in the experiment ``experiment`` (created on first use) and return
@@ -67,7 +68,7 @@ class Lineage(Tracking):
             texts=texts, files=files, description=description,
         )
 
-    def log_data_snapshot(self, snap: "DataSnapshot", df=None, *, store: "Store | None" = None) -> str:
+    def log_data_snapshot(self, snap: DataSnapshot, df=None, *, store: Store | None = None) -> str:
         """Log ``snap`` as the input of a run in experiment ``concord-data``; return the run id.
 
         Without ``df`` the table is loaded from ``store`` (default: the store ``snap`` names).
@@ -80,15 +81,15 @@ class Lineage(Tracking):
         self,
         name: str,
         root: str,
-        stores: Sequence["str | Store"],
+        stores: Sequence[str | Store],
         *,
         data_snapshot: str | None = None,
-        contract: "str | Any | None" = None,
+        contract: str | Any | None = None,
         parents: Iterable[str] = (),
         tiers: dict[str, str] | None = None,
         description: str = "",
-        data_store: "Store | None" = None,
-        contracts_store: "Store | None" = None,
+        data_store: Store | None = None,
+        contracts_store: Store | None = None,
     ) -> dict:
         """Register snapshot ``root`` as a new version of model ``name``
         (:func:`concord.lineage.registry.register_model_version`): its description links to its
@@ -100,19 +101,19 @@ class Lineage(Tracking):
             on_registered=lambda n, v, run_id: graph.log_lineage_picture(self, n, v, run_id),
         )
 
-    def record_replica(self, root: str, store: "str | Store", tier: str = "hot") -> list[str]:
+    def record_replica(self, root: str, store: str | Store, tier: str = "hot") -> list[str]:
         """Record that ``store`` holds ``root`` on ``tier``, on every version with that root;
         returns the ``name/version`` of each version updated."""
         return registry.record_replica(self, root, store, tier)
 
-    def promote(self, name: str, version: "str | int", alias: str, *, data_store: "Store", contracts: "Store") -> dict:
+    def promote(self, name: str, version: str | int, alias: str, *, data_store: Store, contracts: Store) -> dict:
         """Point ``alias`` at ``name``/``version`` only if the promotion gate passes
         (:func:`concord.lineage.registry.promote`); else :class:`~concord.errors.PromotionRefused`."""
         return registry.promote(self, name, version, alias, data_store=data_store, contracts=contracts)
 
     # ------------------------------------------------------------------ queries
 
-    def model_lineage(self, name: str, version: "str | int") -> dict:
+    def model_lineage(self, name: str, version: str | int) -> dict:
         """Everything recorded about one version (:func:`concord.lineage.registry.model_lineage`)."""
         return registry.model_lineage(self, name, version)
 
@@ -124,7 +125,7 @@ class Lineage(Tracking):
         """The snapshot roots of every model version that holds an alias (e.g. champion)."""
         return registry.promoted_roots(self)
 
-    def version_graph(self, name: str, version: "str | int") -> dict:
+    def version_graph(self, name: str, version: str | int) -> dict:
         """Nodes and edges of one version's lineage (:func:`concord.lineage.graph.version_graph`)."""
         return graph.version_graph(self, name, version)
 

@@ -285,7 +285,7 @@ class Contract:
         return json.dumps(self.to_dict(), indent=1).encode() + b"\n"
 
     @classmethod
-    def from_json(cls, data: bytes | str) -> "Contract":
+    def from_json(cls, data: bytes | str) -> Contract:
         """Read a contract document, checking every field; :class:`ContractError` says what is wrong."""
         from concord.documents import MAX_SMALL_DOCUMENT_BYTES, load_json_document
 
@@ -344,7 +344,7 @@ def _pandas():
     return pd
 
 
-def _infer_type(series: "pd.Series", name: str) -> str:
+def _infer_type(series: pd.Series, name: str) -> str:
     pd = _pandas()
     ptypes = pd.api.types
     dtype = series.dtype
@@ -360,7 +360,7 @@ def _infer_type(series: "pd.Series", name: str) -> str:
         return "datetime"
     if isinstance(dtype, pd.StringDtype):
         return "string"
-    if dtype == object:
+    if ptypes.is_object_dtype(dtype):
         kind = ptypes.infer_dtype(series, skipna=True)
         if kind in _OBJECT_KINDS:
             return _OBJECT_KINDS[kind]
@@ -390,7 +390,7 @@ def _float_above(value: Any) -> float:
 
 
 def infer_contract(
-    df: "pd.DataFrame",
+    df: pd.DataFrame,
     name: str,
     version: int = 1,
     *,
@@ -618,7 +618,7 @@ def _describe(kind: str, result: dict, exception: Any) -> str:
     return json.dumps(result, default=str)[:300] if result else "not met"
 
 
-def _gx_view(df: "pd.DataFrame", contract: Contract) -> "pd.DataFrame":
+def _gx_view(df: pd.DataFrame, contract: Contract) -> pd.DataFrame:
     """``df`` as great-expectations sees it: same values, dtypes it can name.
 
     GX 1.x builds the dtypes it compares against from names and default constructors, so it can
@@ -643,7 +643,7 @@ def _gx_view(df: "pd.DataFrame", contract: Contract) -> "pd.DataFrame":
     return view
 
 
-def _ambiguous_columns(contract: Contract, df: "pd.DataFrame") -> tuple[Failure, ...]:
+def _ambiguous_columns(contract: Contract, df: pd.DataFrame) -> tuple[Failure, ...]:
     """Failures for the contract's columns that the frame holds under several names.
 
     great-expectations looks a column up ignoring case and takes the first match, so with both
@@ -670,7 +670,7 @@ def _ambiguous_columns(contract: Contract, df: "pd.DataFrame") -> tuple[Failure,
     return tuple(failures)
 
 
-def validate(contract: Contract, df: "pd.DataFrame") -> ValidationResult:
+def validate(contract: Contract, df: pd.DataFrame) -> ValidationResult:
     """Run the contract's suite on ``df`` with great-expectations; each unmet expectation is a :class:`Failure`.
 
     A required column that is missing fails ``expect_column_to_exist`` (its other expectations are

@@ -20,9 +20,10 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any
 
 from concord.errors import DataFormatError, DataSnapshotNotFoundError, DriftConfigError, ManifestError
 from concord.hashing import is_digest
@@ -79,7 +80,7 @@ def file_digest(path: str | os.PathLike) -> str:
     return h.hexdigest()
 
 
-def write_parquet(df: "pd.DataFrame", path: str | os.PathLike) -> None:
+def write_parquet(df: pd.DataFrame, path: str | os.PathLike) -> None:
     """Write ``df`` so that equal frames give byte-identical files (index dropped)."""
     df.to_parquet(
         path,
@@ -107,7 +108,7 @@ def _format_of(path: str) -> str:
     return fmt
 
 
-def read_table(path: "str | os.PathLike") -> "pd.DataFrame":
+def read_table(path: str | os.PathLike) -> pd.DataFrame:
     """A parquet or CSV file as a DataFrame (the format from the extension)."""
     path = os.path.abspath(os.fspath(path))
     if not os.path.isfile(path):
@@ -115,7 +116,7 @@ def read_table(path: "str | os.PathLike") -> "pd.DataFrame":
     return _read(path, _format_of(path))
 
 
-def _read(path: str, fmt: str) -> "pd.DataFrame":
+def _read(path: str, fmt: str) -> pd.DataFrame:
     import pandas as pd
 
     try:
@@ -145,14 +146,14 @@ class TableBatches:
     """
 
     columns: tuple[str, ...]
-    read: Callable[[Sequence[str], bool], Iterable["pd.DataFrame"]]
+    read: Callable[[Sequence[str], bool], Iterable[pd.DataFrame]]
 
     @classmethod
-    def of_frame(cls, df: "pd.DataFrame", rows: int = 1 << 16, which: str = "table") -> "TableBatches":
+    def of_frame(cls, df: pd.DataFrame, rows: int = 1 << 16, which: str = "table") -> TableBatches:
         """``df`` in slices of ``rows`` rows."""
         by_name = columns_by_name(df, which)
 
-        def read(names: Sequence[str], as_text: bool = False) -> Iterable["pd.DataFrame"]:
+        def read(names: Sequence[str], as_text: bool = False) -> Iterable[pd.DataFrame]:
             import pandas as pd
 
             frame = pd.DataFrame({n: by_name[n] for n in names}, index=df.index)
@@ -162,7 +163,7 @@ class TableBatches:
         return cls(tuple(by_name), read)
 
 
-def columns_by_name(df: Any, which: str) -> dict[str, "pd.Series"]:
+def columns_by_name(df: Any, which: str) -> dict[str, pd.Series]:
     """``df``'s columns by name (as text); :class:`~concord.errors.DriftConfigError` naming
     ``which`` when it is not a DataFrame or two columns share a name."""
     import pandas as pd
@@ -182,7 +183,7 @@ def columns_by_name(df: Any, which: str) -> dict[str, "pd.Series"]:
     return by_name
 
 
-def table_batches(path: "str | os.PathLike", *, batch_bytes: int = BATCH_BYTES) -> "TableBatches":
+def table_batches(path: str | os.PathLike, *, batch_bytes: int = BATCH_BYTES) -> TableBatches:
     """A parquet or CSV file as :class:`TableBatches`: read batch by batch, about
     ``batch_bytes`` at a time, so that memory does not grow with the file.
 
@@ -255,7 +256,7 @@ def table_batches(path: "str | os.PathLike", *, batch_bytes: int = BATCH_BYTES) 
 
 
 @contextmanager
-def data_file(store: Store, snapshot_id: str, *, progress: Progress | None = None) -> "Iterator[tuple[str, DataSnapshot]]":
+def data_file(store: Store, snapshot_id: str, *, progress: Progress | None = None) -> Iterator[tuple[str, DataSnapshot]]:
     """The file of a data snapshot, restored (every chunk verified) into a temporary folder that is
     removed on leaving: ``(path, info)``."""
     info = data_info(store, snapshot_id)
@@ -293,7 +294,7 @@ def _describe(path: str, fmt: str) -> tuple[int, tuple[str, ...], dict[str, str]
 
 
 def register_data(
-    source: "str | os.PathLike | pd.DataFrame",
+    source: str | os.PathLike | pd.DataFrame,
     store: Store,
     *,
     name: str,
@@ -399,7 +400,7 @@ def data_info(store: Store, snapshot_id: str) -> DataSnapshot:
         raise ManifestError(f"{document_key(snapshot_id)} in {store.uri}", f"unreadable dataset document ({exc})") from exc
 
 
-def load_data(store: Store, snapshot_id: str, *, progress: Progress | None = None) -> "pd.DataFrame":
+def load_data(store: Store, snapshot_id: str, *, progress: Progress | None = None) -> pd.DataFrame:
     """The table of a data snapshot, restored (every chunk verified) into a temporary folder and read."""
     with data_file(store, snapshot_id, progress=progress) as (path, info):
         return _read(path, info.format)

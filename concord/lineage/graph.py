@@ -23,7 +23,7 @@ def lineage_graph(tracking: Tracking, name: str) -> dict:
     return _walk(tracking, name, versions, version_aliases(tracking, {name}))
 
 
-def version_graph(tracking: Tracking, name: str, version: "str | int") -> dict:
+def version_graph(tracking: Tracking, name: str, version: str | int) -> dict:
     """The lineage of one version: it, the versions it derives from (and theirs, any model),
     their data snapshots and contracts. ``model`` is ``name/version``."""
     tracking.ensure_ready()
@@ -185,7 +185,7 @@ def _node_label(n: dict) -> str:
     return "\n".join(lines)
 
 
-def render_png(graph: dict, path: "str | os.PathLike") -> str:
+def render_png(graph: dict, path: str | os.PathLike) -> str:
     """Draw the graph as a PNG (left to right: data and contracts, then versions by generation)."""
     import networkx as nx
     from matplotlib.backends.backend_agg import FigureCanvasAgg

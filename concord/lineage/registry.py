@@ -19,10 +19,11 @@ import os
 import re
 import socket
 import urllib.parse
+from collections.abc import Callable, Iterable, Sequence
 from contextlib import suppress
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any
 
 from concord.errors import ConcordError, LineageError, PromotionRefused
 from concord.hashing import is_digest
@@ -31,6 +32,8 @@ from concord.lineage.runs import dataset_input, log_dataset_run
 from concord.lineage.tags import (
     EXPERIMENT_DATA,
     EXPERIMENT_LINEAGE,
+    LEGACY,
+    LINEAGE_PNG,
     TAG_CONTRACT,
     TAG_CONTRACT_DIGEST,
     TAG_DATA,
@@ -43,8 +46,6 @@ from concord.lineage.tags import (
     TAG_PROMOTED,
     TAG_ROOT,
     TAG_STORE,
-    LEGACY,
-    LINEAGE_PNG,
     read_tags,
 )
 from concord.stores.base import Store
@@ -70,16 +71,16 @@ def register_model_version(
     tracking: Tracking,
     name: str,
     root: str,
-    stores: Sequence["str | Store"],
+    stores: Sequence[str | Store],
     *,
     data_snapshot: str | None = None,
-    contract: "str | Any | None" = None,
+    contract: str | Any | None = None,
     parents: Iterable[str] = (),
     tiers: dict[str, str] | None = None,
     description: str = "",
     data_store: Store | None = None,
     contracts_store: Store | None = None,
-    on_registered: "Callable[[str, str, str], Any] | None" = None,
+    on_registered: Callable[[str, str, str], Any] | None = None,
 ) -> dict:
     """Register snapshot ``root`` as a new version of model ``name``, pointing at the first store
     in ``stores`` that holds it. ``data_snapshot`` and the ``contract`` (``name@version``) are
@@ -237,7 +238,7 @@ def _source(tracking: Tracking, holders: list[Store], root: str) -> tuple[Store,
     return holders[0], f"{REMOTE_LOCAL_SCHEME}://{socket.gethostname()}{local.path}"
 
 
-def record_replica(tracking: Tracking, root: str, store: "str | Store", tier: str = "hot") -> list[str]:
+def record_replica(tracking: Tracking, root: str, store: str | Store, tier: str = "hot") -> list[str]:
     """Record that ``store`` holds ``root`` on tier ``tier``, on every version with that root.
 
     Returns the ``name/version`` of each version updated.
@@ -260,7 +261,7 @@ def record_replica(tracking: Tracking, root: str, store: "str | Store", tier: st
 # ---------------------------------------------------------------------- the promotion gate
 
 
-def promote(tracking: Tracking, name: str, version: "str | int", alias: str, *, data_store: Store, contracts: Store) -> dict:
+def promote(tracking: Tracking, name: str, version: str | int, alias: str, *, data_store: Store, contracts: Store) -> dict:
     """Point ``alias`` at ``name``/``version`` only if the gate passes:
 
     * the version records a data snapshot and a contract;
@@ -384,7 +385,7 @@ def _describe_failure(item: Any) -> str:
 # ---------------------------------------------------------------------- reading
 
 
-def model_lineage(tracking: Tracking, name: str, version: "str | int") -> dict:
+def model_lineage(tracking: Tracking, name: str, version: str | int) -> dict:
     """Everything recorded about one version: its snapshot, data, contract, parents (resolved
     recursively), replicas, aliases and the digests of its run's dataset inputs."""
     tracking.ensure_ready()
@@ -574,7 +575,7 @@ def _now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
-def _open(spec: "str | Store") -> Store:
+def _open(spec: str | Store) -> Store:
     from concord.stores import open_store
 
     return open_store(spec, create=False)
@@ -582,8 +583,8 @@ def _open(spec: "str | Store") -> Store:
 
 def _find_data(snapshot_id: str, stores: list[Store]):
     """The data snapshot's facts and table from the first store that has them."""
-    from concord.lineage.data import data_info, load_data
     from concord.errors import DataSnapshotNotFoundError
+    from concord.lineage.data import data_info, load_data
 
     if not is_digest(snapshot_id):
         raise LineageError(f"data snapshot {snapshot_id!r}: give the 64-hex id that register_data returned")

@@ -17,9 +17,10 @@ from __future__ import annotations
 import os
 import time
 import warnings
+from collections.abc import Iterable, Mapping
 from contextlib import suppress
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable, Mapping
+from typing import TYPE_CHECKING, Any
 
 from concord.lineage.client import Tracking, retry_locked
 from concord.lineage.tags import EXPERIMENT_DATA, TAG_DATA, TAG_DATA_NAME, TAG_DIGEST, TAG_NOTE, TAG_STORE
@@ -44,7 +45,7 @@ def log_run(
     params: Mapping[str, Any] | None = None,
     metrics: Mapping[str, float] | None = None,
     texts: Mapping[str, str] | None = None,
-    files: Mapping[str, Iterable["str | os.PathLike"]] | None = None,
+    files: Mapping[str, Iterable[str | os.PathLike]] | None = None,
     description: str | None = None,
 ) -> str:
     """Log one run in the experiment ``experiment`` (created on first use) and return its id.
@@ -100,12 +101,11 @@ def log_dataset_run(tracking: Tracking, experiment: str, run_name: str, run_tags
     return run_id
 
 
-def dataset_input(snap: "DataSnapshot", df, context: str):
+def dataset_input(snap: DataSnapshot, df, context: str):
     """An MLflow dataset input for ``snap`` (its table ``df``), tagged with Concord's id and digest."""
+    import mlflow.data
     from mlflow.entities import DatasetInput, InputTag
     from mlflow.utils.mlflow_tags import MLFLOW_DATASET_CONTEXT
-
-    import mlflow.data
 
     digest = snap.digest[:MLFLOW_DIGEST_CHARS]
     with warnings.catch_warnings():  # hints about model signatures and ambiguous local sources
@@ -120,7 +120,7 @@ def dataset_input(snap: "DataSnapshot", df, context: str):
     return DatasetInput(dataset=entity, tags=tags)
 
 
-def log_data_snapshot(tracking: Tracking, snap: "DataSnapshot", df=None, *, store: "Store | None" = None) -> str:
+def log_data_snapshot(tracking: Tracking, snap: DataSnapshot, df=None, *, store: Store | None = None) -> str:
     """Log ``snap`` as the input of a run in experiment ``concord-data``; return the run id.
 
     Without ``df`` the table is loaded from ``store`` (default: the store ``snap`` names).
@@ -137,7 +137,7 @@ def log_data_snapshot(tracking: Tracking, snap: "DataSnapshot", df=None, *, stor
     return run_id
 
 
-def _data_source_uri(snap: "DataSnapshot") -> str:
+def _data_source_uri(snap: DataSnapshot) -> str:
     """Where the data snapshot's manifest lives (MLflow records dataset sources without checking them)."""
     from concord.stores.address import FOLDER, StoreAddress
 

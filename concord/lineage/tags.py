@@ -22,7 +22,7 @@ same facts under ``concord.<old name>`` (:data:`LEGACY`); :func:`read_tags` read
 
 from __future__ import annotations
 
-from typing import Mapping
+from collections.abc import Mapping
 
 #: one run per data snapshot logged, its table as the run's dataset input
 EXPERIMENT_DATA = "concord-data"

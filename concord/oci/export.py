@@ -26,9 +26,9 @@ from __future__ import annotations
 import hashlib
 import json
 from collections import deque
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Iterator
 
 from concord.errors.oci import OciError, OciMemoContradictedError
 from concord.oci import modelpack as mp

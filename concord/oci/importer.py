@@ -21,12 +21,18 @@ import os
 import shutil
 import tempfile
 import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Callable, Iterator
 
 from concord.errors import UntrustedRootError
-from concord.errors.oci import OciDigestMismatchError, OciError, OciNotAModelError, OciRegistryUnreachableError, OciTimeoutError
+from concord.errors.oci import (
+    OciDigestMismatchError,
+    OciError,
+    OciNotAModelError,
+    OciRegistryUnreachableError,
+    OciTimeoutError,
+)
 from concord.oci import modelpack as mp
 from concord.oci.reference import Reference
 from concord.oci.registry import ATTEMPTS, BACKOFF, Registry, document
@@ -128,13 +134,13 @@ def _staging(staging_dir: str | None) -> Iterator[str]:
 
 def import_oci(
     ref: Reference,
-    store: "Store | Callable[[], Store]",
+    store: Store | Callable[[], Store],
     *,
     store_ref: str | None = None,
     plain_http: bool = False,
     progress: Progress | None = None,
     staging_dir: str | None = None,
-    trust: "TrustPolicy | None" = None,
+    trust: TrustPolicy | None = None,
 ) -> ImportResult:
     """Pull the ModelPack artifact at ``ref`` into ``store`` as a snapshot (and point ``store_ref`` at it).
 

@@ -13,7 +13,7 @@ TAG_OCI_REFERENCE = "oci.reference"
 TAG_OCI_DIGEST = "oci.digest"
 
 
-def version_snapshot(tracking: Tracking, name: str, version: "str | int") -> tuple[str, str]:
+def version_snapshot(tracking: Tracking, name: str, version: str | int) -> tuple[str, str]:
     """``(root, store)`` a model version records (the snapshot it was registered from)."""
     found = model_lineage(tracking, name, str(version))  # reads the tags under any name they were written
     if not found.get("root") or not found.get("store"):
@@ -21,7 +21,7 @@ def version_snapshot(tracking: Tracking, name: str, version: "str | int") -> tup
     return found["root"], found["store"]
 
 
-def record_publication(tracking: Tracking, name: str, version: "str | int", reference: str, digest: str) -> None:
+def record_publication(tracking: Tracking, name: str, version: str | int, reference: str, digest: str) -> None:
     """Tag model version ``name``/``version`` with where its artifact was pushed."""
     client = tracking.client
     retry_locked(client.set_model_version_tag, name, str(version), TAG_OCI_REFERENCE, reference)

@@ -33,7 +33,7 @@ class Reference:
         """What the manifest endpoint is asked for: the digest if given, else the tag."""
         return self.digest or self.tag or "latest"
 
-    def with_digest(self, digest: str) -> "Reference":
+    def with_digest(self, digest: str) -> Reference:
         return Reference(self.registry, self.repository, None, digest)
 
     def __str__(self) -> str:

@@ -28,8 +28,9 @@ import json
 import os
 import re
 import time
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any
 from urllib.parse import urlencode, urljoin
 
 from concord.documents import load_json_document, need_dict, need_list
@@ -120,7 +121,7 @@ class Deadline:
         self.at = time.monotonic() + seconds
 
     @classmethod
-    def for_bytes(cls, size: int) -> "Deadline":
+    def for_bytes(cls, size: int) -> Deadline:
         """The deadline of a request that moves ``size`` bytes of a blob."""
         return cls(REQUEST_DEADLINE + max(0, size) / MIN_RATE)
 
@@ -204,7 +205,7 @@ class Registry:
     def close(self) -> None:
         self.session.close()
 
-    def __enter__(self) -> "Registry":
+    def __enter__(self) -> Registry:
         return self
 
     def __exit__(self, *exc) -> None:

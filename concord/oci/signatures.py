@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Mapping
+from collections.abc import Mapping
 
 from concord.errors import SignatureError
 from concord.errors.oci import OciDigestMismatchError, OciNotFoundError

@@ -471,7 +471,7 @@ def checkout(
     cache: Store | None = None,
     keep: int | None = None,
     health: HealthCheck | None = None,
-    trust: "TrustPolicy | None" = None,
+    trust: TrustPolicy | None = None,
     wait: float = DEFAULT_WAIT,
     fsync: bool = True,
     rehash: bool = False,

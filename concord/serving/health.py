@@ -20,8 +20,8 @@ import subprocess
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 from urllib.parse import urlsplit
 
 #: the last characters of a failing command's output kept in the error

@@ -35,10 +35,10 @@ import os
 import shutil
 import time
 import uuid
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Iterator
 
 from concord.errors import CheckoutBusyError, CheckoutTargetError, NoPreviousVersionError
 from concord.files import atomic_write
@@ -69,7 +69,7 @@ class Layout:
     folder: str
 
     @classmethod
-    def of(cls, dest: str | os.PathLike) -> "Layout":
+    def of(cls, dest: str | os.PathLike) -> Layout:
         link = os.path.abspath(os.fspath(dest))
         name = os.path.basename(link)
         if not name or name in (".", ".."):

@@ -51,15 +51,15 @@ import socket
 import threading
 import time
 import uuid
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
-from typing import Callable, Iterator
 
 from concord.errors import GcRefusedError, ManifestError, ManifestNotFoundError, StoreError, StoreLockedError
-from concord.snapshots.manifest import Manifest
 from concord.progress import Progress, ensure
+from concord.snapshots.manifest import Manifest
 from concord.stores.base import LEDGER_HEAD, Store, split_ref
 
 log = logging.getLogger("concord.gc")

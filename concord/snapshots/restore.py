@@ -22,14 +22,15 @@ import os
 import shutil
 import threading
 import uuid
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Callable, Mapping, Protocol
+from typing import Protocol
 
 from concord.errors import ConcordError, IntegrityError, LocalFileError, RestoreTargetError, UnsafePathError
 from concord.files import OpenFiles, bounded_map
-from concord.snapshots.manifest import Manifest, safe_relpath
 from concord.progress import Progress, ensure
+from concord.snapshots.manifest import Manifest, safe_relpath
 from concord.stores.base import Store
 from concord.text import control_char
 

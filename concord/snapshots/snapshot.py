@@ -22,14 +22,16 @@ import mmap
 import os
 import threading
 from collections import deque
+from collections.abc import Callable, Iterable, Iterator, Sized
 from concurrent.futures import ThreadPoolExecutor, wait
-from typing import Callable, Iterable, Iterator, Sized
 from dataclasses import dataclass, field
 
 from concord.errors import ControlCharacterNameError, SourceChangedError, SourceNotFoundError
 from concord.files import open_files_limit
-from concord.snapshots.gc import write_lease
 from concord.hashing import chunk_id
+from concord.progress import Progress, ensure
+from concord.snapshots.formats import claims, file_layout
+from concord.snapshots.gc import write_lease
 from concord.snapshots.manifest import (
     DEFAULT_CHUNK_SIZE,
     FileEntry,
@@ -38,11 +40,9 @@ from concord.snapshots.manifest import (
     make_file,
     make_part,
 )
-from concord.progress import Progress, ensure
-from concord.snapshots.formats import claims, file_layout
+from concord.snapshots.walk import walk_sized
 from concord.stores.base import Store, check_writable_ref
 from concord.text import control_char
-from concord.snapshots.walk import walk_sized
 
 #: chunks in flight at once, across files: bounds memory (futures, ids) whatever the checkpoint size
 WINDOW = 64
@@ -82,7 +82,7 @@ class SnapshotResult:
 
     @classmethod
     def of(cls, manifest: Manifest, *, new_chunks: int, new_bytes: int, new_stored_bytes: int,
-           ref: str | None, version: int | None, previous: str | None) -> "SnapshotResult":
+           ref: str | None, version: int | None, previous: str | None) -> SnapshotResult:
         """The result of writing ``manifest`` (and moving ``ref`` from ``previous`` to it)."""
         return cls(
             root=manifest.root,

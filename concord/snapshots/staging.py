@@ -29,10 +29,10 @@ import os
 import shutil
 import tempfile
 import threading
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Iterator
 
 from concord.errors import InvalidStoreURIError, SourceChangedError, SourceNotFoundError, UnsafePathError
 from concord.progress import Progress, ensure

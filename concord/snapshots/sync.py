@@ -26,16 +26,16 @@ from __future__ import annotations
 
 import threading
 from collections import deque
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from dataclasses import dataclass
-from typing import Callable, Optional
 
 from concord.errors import ChunkNotFoundError, IntegrityError, ReplicationError
 from concord.hashing import chunk_id
+from concord.progress import Progress, ensure
 from concord.snapshots.gc import write_lease
 from concord.snapshots.manifest import Manifest
-from concord.progress import Progress, ensure
 from concord.snapshots.refs import resolve_root
 from concord.stores.base import Store, check_writable_ref
 
@@ -49,7 +49,7 @@ TARGET_WORKERS = 8
 #: why a signature document must not be written (None: it holds): (store holding the root's bytes,
 #: root, document key, bundle bytes, the root's manifest, whether it would replace one the target
 #: holds); :func:`concord.trust.copying.signature_problem` is one
-SignatureCheck = Callable[[Store, str, str, bytes, Manifest, bool], Optional[str]]
+SignatureCheck = Callable[[Store, str, str, bytes, Manifest, bool], str | None]
 
 
 @dataclass(frozen=True)

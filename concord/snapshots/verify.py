@@ -9,9 +9,9 @@ combine them, in order, into one :class:`VerifyResult`).
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Mapping, Sequence
 
 from concord.errors import (
     ChunkNotFoundError,
@@ -24,8 +24,8 @@ from concord.errors import (
 )
 from concord.files import bounded_map
 from concord.hashing import chunk_id
-from concord.snapshots.manifest import DEFAULT_CHUNK_SIZE, Manifest
 from concord.progress import Progress, ensure
+from concord.snapshots.manifest import DEFAULT_CHUNK_SIZE, Manifest
 from concord.snapshots.refs import resolve_root
 from concord.stores.base import Store
 

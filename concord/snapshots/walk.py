@@ -26,7 +26,7 @@ import logging
 import os
 import stat
 from collections import deque
-from typing import Iterator
+from collections.abc import Iterator
 
 log = logging.getLogger("concord.walk")
 

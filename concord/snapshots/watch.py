@@ -34,8 +34,9 @@ import json
 import logging
 import os
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
-from typing import Any, Callable, Iterable
+from typing import Any
 
 from concord.errors import CheckpointNotReadyError, WatchStateError
 from concord.files import atomic_write

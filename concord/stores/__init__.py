@@ -35,7 +35,7 @@ def check_store_address(spec: str) -> str:
     return StoreAddress.parse(spec).text
 
 
-def open_store(spec: "str | os.PathLike | StoreAddress | Store", *, create: bool = True, must_exist: bool = False) -> Store:
+def open_store(spec: str | os.PathLike | StoreAddress | Store, *, create: bool = True, must_exist: bool = False) -> Store:
     """The store that ``spec`` names (a :class:`Store` is returned as it is); see
     :meth:`StoreAddress.open` for ``create`` and ``must_exist``."""
     if isinstance(spec, Store):
@@ -43,7 +43,7 @@ def open_store(spec: "str | os.PathLike | StoreAddress | Store", *, create: bool
     return StoreAddress.parse(spec).open(create=create, must_exist=must_exist)
 
 
-def open_store_to_read(spec: "str | os.PathLike | StoreAddress | Store") -> Store:
+def open_store_to_read(spec: str | os.PathLike | StoreAddress | Store) -> Store:
     """The store ``spec`` names, for a command that only reads: never created, and a path that
     holds no store is an error (:class:`~concord.errors.StoreNotFoundError`), not an empty store.
 

@@ -16,8 +16,9 @@ Prefect.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 from urllib.parse import parse_qs, unquote, urlparse
 
 from concord.errors import InvalidStoreURIError
@@ -36,7 +37,7 @@ _EMPTY = "empty store address: give a folder, file:///path, s3://bucket/prefix o
 _SCHEMES = Plugins(SCHEME_GROUP)
 
 
-def register_scheme(scheme: str, factory: Callable[[str], "Store"]) -> None:
+def register_scheme(scheme: str, factory: Callable[[str], Store]) -> None:
     """Teach store addresses a new ``scheme:`` prefix; ``factory`` gets the text after it."""
     _SCHEMES.register(scheme, factory)
 
@@ -65,7 +66,7 @@ class StoreAddress:
     connections: int | None = None
 
     @classmethod
-    def parse(cls, spec: "str | os.PathLike | StoreAddress", *, check: bool = True) -> "StoreAddress":
+    def parse(cls, spec: str | os.PathLike | StoreAddress, *, check: bool = True) -> StoreAddress:
         """The address ``spec`` names (a :class:`StoreAddress` is returned as it is; an
         ``os.PathLike`` is a folder), or :class:`~concord.errors.InvalidStoreURIError`.
 
@@ -98,7 +99,7 @@ class StoreAddress:
         return cls(text=text, kind=SCHEME, scheme=scheme, rest=rest)
 
     @classmethod
-    def _s3(cls, text: str, check: bool) -> "StoreAddress":
+    def _s3(cls, text: str, check: bool) -> StoreAddress:
         """``s3://bucket/some/prefix``, with (``check``) the rules :class:`S3ObjectStore` applies on open."""
         from concord.stores.s3 import validate_bucket_name, validate_prefix
 
@@ -151,7 +152,7 @@ class StoreAddress:
 
     # ------------------------------------------------------------------ opening
 
-    def open(self, *, create: bool = True, must_exist: bool = False) -> "Store":
+    def open(self, *, create: bool = True, must_exist: bool = False) -> Store:
         """The store this address names.
 
         A folder is created unless ``create`` is False. With ``must_exist`` (every command that

@@ -21,10 +21,10 @@ from __future__ import annotations
 import json
 import re
 from abc import ABC, abstractmethod
+from collections.abc import Iterable, Iterator
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Iterable, Iterator
 
 from concord.errors import (
     ChunkNotFoundError,
@@ -155,7 +155,7 @@ class Ref:
     def version(self) -> int:
         return self.history[-1].version
 
-    def advanced(self, root: str, message: str) -> "Ref":
+    def advanced(self, root: str, message: str) -> Ref:
         entry = RefEntry(
             root=root,
             version=(self.version + 1) if self.history else 1,
@@ -177,7 +177,7 @@ class Ref:
         ).encode()
 
     @classmethod
-    def from_json(cls, name: str, data: bytes, store: str = "") -> "Ref":
+    def from_json(cls, name: str, data: bytes, store: str = "") -> Ref:
         """Parse a ref file; anything else (too large, too deep, a field of the wrong type) raises
         :class:`~concord.errors.RefFormatError` naming the ref (and ``store``)."""
         from concord.documents import MAX_REF_BYTES, load_json_document, need_dict, need_int, need_list, need_str
@@ -270,7 +270,7 @@ class Store(ABC):
         ``prefix`` (keys relative to the store root, in no particular order). Garbage collection
         needs the age of what it lists, and listing it this way costs no request per object."""
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 (a no-op unless the store holds clients)
         """Release clients and connections (no-op by default)."""
 
     def inventory(self) -> AbstractContextManager[None]:
@@ -280,7 +280,7 @@ class Store(ABC):
         instead of a request per chunk. A folder asks its files each time (the default: nothing)."""
         return nullcontext()
 
-    def flush(self) -> None:
+    def flush(self) -> None:  # noqa: B027 (a no-op where each write is durable once it returns)
         """Make everything written so far durable before something names it: a folder store
         flushes its files and their folders (:mod:`concord.stores.local`); an object store has
         nothing to do, each object being durable once its write returns."""

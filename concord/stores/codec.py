@@ -189,11 +189,6 @@ def _encode_planes_view(view: memoryview, width: int) -> memoryview:
     return out[: pos + len(tail)]
 
 
-def encode_planes(data, width: int) -> bytes:
-    """The byte-plane frame of ``data`` (elements of ``width`` bytes; see the module)."""
-    return bytes(_encode_planes_view(memoryview(data).cast("B"), width))
-
-
 def _decode_planes_into(payload: memoryview, out: memoryview, *, rotated: bool = False) -> None:
     """Write into ``out`` the raw bytes of a byte-plane frame's ``payload`` (what follows 0x03,
     or 0x02 with ``rotated``)."""
@@ -231,13 +226,6 @@ def _decode_planes_into(payload: memoryview, out: memoryview, *, rotated: bool =
     if rotated:
         _unrotate(width, out[: n * width])
     out[n * width :] = tail
-
-
-def decode_planes(payload, size: int) -> bytes:
-    """The ``size`` raw bytes of a byte-plane frame's payload (what follows its ``0x03``)."""
-    out = scratch.buffer("decoded", size)
-    _decode_planes_into(memoryview(payload), out)
-    return bytes(out)
 
 
 def _raw_frame(view: memoryview) -> memoryview:
@@ -328,7 +316,7 @@ def planes_size(payload) -> int:
     if len(view) < 1 or view[0] not in _UINT:
         raise FrameError("byte-plane frame with an unknown element width")
     width, pos, n = view[0], 1, None
-    for i in range(width):
+    for _ in range(width):
         if pos + _PLANE_HEAD.size > len(view):
             raise FrameError("byte-plane frame cut short")
         mode, length = _PLANE_HEAD.unpack_from(view, pos)

@@ -21,11 +21,15 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from concord.errors import StoreConfigError, StoreKeyError, UnknownEncodingError
 from concord.files import atomic_write
 from concord.stores import codec
 from concord.stores.cipher import ALGORITHM, KDF, SEALED, Cipher, SealError, new_key, new_salt, read_key_file
+
+if TYPE_CHECKING:
+    from concord.stores.base import Store
 
 CONFIG_KEY = "config"
 CONFIG_FORMAT = "concord/store-config"
@@ -65,7 +69,7 @@ class StoreConfig:
         return {"version": self.version, "compress": self.compress, "encryption": enc}
 
     @classmethod
-    def from_json(cls, store: str, data: bytes) -> "StoreConfig":
+    def from_json(cls, store: str, data: bytes) -> StoreConfig:
         def bad(problem: str) -> StoreConfigError:
             return StoreConfigError(store, f"its config object {problem}", "Copy it back from a replica of this store.")
 
@@ -195,13 +199,13 @@ class Encoding:
 PLAIN = Encoding(StoreConfig())
 
 
-def read_config(store: "Store") -> StoreConfig | None:
+def read_config(store: Store) -> StoreConfig | None:
     """The store's configuration, or None if it has none (plain and raw)."""
     data = store._get_object(CONFIG_KEY)
     return None if data is None else StoreConfig.from_json(store.uri, data)
 
 
-def store_key(store: "Store") -> bytes:
+def store_key(store: Store) -> bytes:
     """The key given to ``store`` (:attr:`Store.key`), else the one in ``CONCORD_KEY_FILE``."""
     if store.key is not None:
         return store.key
@@ -214,7 +218,7 @@ def store_key(store: "Store") -> bytes:
         raise StoreKeyError(store.uri, f"{exc} (from {KEY_FILE_ENV})") from None
 
 
-def load_encoding(store: "Store") -> Encoding:
+def load_encoding(store: Store) -> Encoding:
     config = read_config(store)
     if config is None:
         return PLAIN
@@ -249,7 +253,7 @@ def new_key_file(path: str, store: str) -> bytes:
     return key
 
 
-def configure(store: "Store", *, compress: str = codec.COMPRESS_NONE, encrypt: bool = False, key: bytes | None = None) -> StoreConfig:
+def configure(store: Store, *, compress: str = codec.COMPRESS_NONE, encrypt: bool = False, key: bytes | None = None) -> StoreConfig:
     """Write ``store``'s configuration (``concord init``). An empty store takes any; a store that
     already holds objects only the configuration it already has (asking again changes nothing).
     With ``encrypt``, ``key`` is the store key (else :attr:`Store.key` or ``CONCORD_KEY_FILE``)."""

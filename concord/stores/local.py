@@ -27,9 +27,9 @@ import hashlib
 import os
 import stat
 import threading
+from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
-from typing import Iterator
 
 from concord.errors import NotRegularFileError, StoreAccessError, StoreNotFoundError
 from concord.files import TMP_PREFIX, atomic_write, fsync_path, pwrite_all, temp_path

@@ -235,7 +235,7 @@ _CLIENTS: dict[tuple, Any] = {}  # (process, endpoint, region, credentials, sett
 _CLIENTS_LOCK = threading.Lock()
 
 
-def _shared_client(store: "S3ObjectStore") -> Any:
+def _shared_client(store: S3ObjectStore) -> Any:
     """The boto3 client for ``store``'s endpoint, region, credentials and client settings, built
     once per process (a forked child builds its own: a client's connections are not shared across
     processes). The ``AWS_*`` environment is part of the key, since a client reads credentials and

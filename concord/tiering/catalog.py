@@ -56,7 +56,7 @@ class CopyRecord:
         return json.dumps({"format": RECORD_FORMAT, **asdict(self)}, indent=1, sort_keys=True).encode()
 
     @classmethod
-    def from_json(cls, data: bytes, where: str = "tier record") -> "CopyRecord | None":
+    def from_json(cls, data: bytes, where: str = "tier record") -> CopyRecord | None:
         """The record in ``data``; None for a document of another format (not a record of this
         version). Anything else that is not a record (not JSON, too large or deep, a field missing
         or of the wrong type) raises :class:`~concord.errors.DocumentError` naming ``where``."""

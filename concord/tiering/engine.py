@@ -18,18 +18,18 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Iterable, Iterator
 
 from concord.errors import (
     CheckpointConflictError,
     ConcordError,
     CopyRuleError,
 )
+from concord.progress import Progress
 from concord.snapshots.gc import write_lease
 from concord.snapshots.ready import checkpoint_ready, checkpoint_time, step_of
-from concord.progress import Progress
 from concord.stores.base import Store, check_writable_ref, validate_segment
 from concord.tiering.catalog import (
     CopyRecord,
@@ -66,7 +66,7 @@ class TierState:
     records: dict[str, dict[str, CopyRecord]]  # tier -> {name: record}
 
     @classmethod
-    def read(cls, policy: TierPolicy, stores: dict[str, Store] | None = None) -> "TierState":
+    def read(cls, policy: TierPolicy, stores: dict[str, Store] | None = None) -> TierState:
         stores = stores or open_tiers(policy)
         held = {t: copies(stores[t], policy.namespace) for t in TIERS}
         records = {t: read_records(stores[t], policy.namespace) for t in TIERS}

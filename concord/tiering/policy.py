@@ -231,7 +231,7 @@ class TierPolicy:
     def ref(self, name: str) -> str:
         return f"{self.namespace}/{name}"
 
-    def with_stores(self, **stores: str) -> "TierPolicy":
+    def with_stores(self, **stores: str) -> TierPolicy:
         """The same policy with some tiers' stores replaced (tests, drills into scratch copies)."""
         return replace(self, **{t: replace(self.tier(t), store=s) for t, s in stores.items()})
 
@@ -257,7 +257,7 @@ class TierPolicy:
                 stores = False
             else:
                 try:
-                    spec.address
+                    _ = spec.address  # parsed here so that a bad address is reported with the others
                 except InvalidStoreURIError as exc:
                     out.append(f"{t}.store {spec.store!r} is not a store: {exc.reason}")
                     stores = False
@@ -338,7 +338,7 @@ class TierPolicy:
             )
         return out
 
-    def validate(self) -> "TierPolicy":
+    def validate(self) -> TierPolicy:
         problems = self.problems()
         if problems:
             raise PolicyError(self.source, problems)
@@ -347,7 +347,7 @@ class TierPolicy:
     # ------------------------------------------------------------------ (de)serialising
 
     @classmethod
-    def from_dict(cls, doc: Any, source: str = "policy") -> "TierPolicy":
+    def from_dict(cls, doc: Any, source: str = "policy") -> TierPolicy:
         """Build and validate a policy from its YAML/JSON form; every problem is reported at once."""
         problems: list[str] = []
         if not isinstance(doc, dict):
@@ -548,7 +548,7 @@ def written_by_demo(source: str) -> bool:
     return any(line.startswith(DEMO_POLICY_MARK) for line in head.splitlines()[:5])
 
 
-def unavailable_store(policy: "TierPolicy", stores: dict, exc: BaseException) -> BaseException:
+def unavailable_store(policy: TierPolicy, stores: dict, exc: BaseException) -> BaseException:
     """``exc`` (a :class:`~concord.errors.StoreUnreachableError` or
     :class:`~concord.errors.StoreAccessError` from one of the opened ``stores``, tier → store) as a
     :class:`~concord.errors.TierStoreUnavailableError` naming the policy file, the tier, the store
@@ -572,7 +572,7 @@ def unavailable_store(policy: "TierPolicy", stores: dict, exc: BaseException) ->
     )
 
 
-def load_policy(spec: "str | os.PathLike | TierPolicy") -> TierPolicy:
+def load_policy(spec: str | os.PathLike | TierPolicy) -> TierPolicy:
     """A validated policy from a YAML file, or ``block:NAME`` (a Prefect ``TierPolicyBlock``).
 
     A file is read only up to :data:`MAX_POLICY_BYTES`, as plain YAML: anchors and aliases (and

@@ -19,22 +19,22 @@ import logging
 import os
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Callable
 
 from concord.errors import (
-    ChunkNotFoundError,
     CheckpointNotFoundError,
+    ChunkNotFoundError,
     ConcordError,
     IntegrityError,
     RestoreTargetError,
     RestoreTimeoutError,
     TierCopyNotFoundError,
 )
-from concord.snapshots.manifest import Manifest
 from concord.progress import Progress, ensure
-from concord.stores.base import AVAILABLE, ARCHIVED, MISSING, Store, validate_segment
+from concord.snapshots.manifest import Manifest
+from concord.stores.base import ARCHIVED, AVAILABLE, MISSING, Store, validate_segment
 from concord.tiering.catalog import utc_iso
 from concord.tiering.policy import TIERS, TierPolicy
 

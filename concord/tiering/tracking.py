@@ -45,6 +45,6 @@ def drill_run(drill: dict, *, sample: int = 1) -> dict:
     }
 
 
-def log_drill(lineage: "Lineage", drill: dict, *, sample: int = 1) -> str:
+def log_drill(lineage: Lineage, drill: dict, *, sample: int = 1) -> str:
     """Log a restore drill as one run of ``concord-restore-drills`` (:func:`drill_run`); return the run id."""
     return lineage.log_run(**drill_run(drill, sample=sample))

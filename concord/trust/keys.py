@@ -69,7 +69,7 @@ class PublicKey:
     source: str = ""
 
     @classmethod
-    def of(cls, public_key, source: str = "") -> "PublicKey":
+    def of(cls, public_key, source: str = "") -> PublicKey:
         _check_curve(public_key, source or "public key")
         return cls(public_key, key_id_of(public_key), source)
 

@@ -35,11 +35,12 @@ goes through it:
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Mapping, Union
+from typing import Union
 
-from concord.plugins import Plugins, split_prefix
 from concord.errors import ConcordError, KeyFileError, SignatureFormatError, TrustPolicyError, UntrustedRootError
+from concord.plugins import Plugins, split_prefix
 from concord.snapshots.manifest import Manifest
 from concord.snapshots.refs import load_manifest
 from concord.stores.base import Store
@@ -65,7 +66,7 @@ SOURCE_GROUP = "concord.trust_sources"
 #: returning a :class:`~concord.trust.keys.SigningKey`
 SIGNING_GROUP = "concord.signing_key_sources"
 
-TrustSource = Callable[[str], Union["TrustPolicy", Iterable[Union[bytes, str]], None]]
+TrustSource = Callable[[str], Union["TrustPolicy", Iterable[bytes | str], None]]
 SigningSource = Callable[[str], SigningKey]
 _SOURCES = Plugins(SOURCE_GROUP)
 #: the key of :attr:`Verdict.problems` that says too few distinct keys signed
@@ -167,13 +168,13 @@ class TrustPolicy:
     # ------------------------------------------------------------------ building
 
     @classmethod
-    def from_paths(cls, paths: Iterable[str | os.PathLike], source: str = "") -> "TrustPolicy":
+    def from_paths(cls, paths: Iterable[str | os.PathLike], source: str = "") -> TrustPolicy:
         paths = [os.fspath(p) for p in paths]
         keys = _unique(load_public_key(p) for p in paths)
         return cls(keys, source or ",".join(paths))
 
     @classmethod
-    def from_spec(cls, spec: str, source: str = "--trust") -> "TrustPolicy":
+    def from_spec(cls, spec: str, source: str = "--trust") -> TrustPolicy:
         """``spec``: comma-separated PEM paths and ``SOURCE:NAME`` entries (``block:NAME``), blanks
         around commas ignored; the policy trusts the keys of every entry. Every entry is resolved
         before the policy is returned, so a bad one fails the command before it reads a store.
@@ -191,7 +192,7 @@ class TrustPolicy:
         return cls(_unique(keys), source)
 
     @classmethod
-    def from_pems(cls, pems: Iterable[bytes | str], source: str = "block") -> "TrustPolicy":
+    def from_pems(cls, pems: Iterable[bytes | str], source: str = "block") -> TrustPolicy:
         keys = _unique(
             public_key_from_pem(p.encode() if isinstance(p, str) else p, f"{source} key {i + 1}") for i, p in enumerate(pems)
         )
@@ -274,7 +275,7 @@ class TrustPolicy:
             raise UntrustedRootError(store.uri, root, self.key_ids, _problems(v))
         return v
 
-    def restore_check(self, store: Store, root: str) -> "RestoreDigests | None":
+    def restore_check(self, store: Store, root: str) -> RestoreDigests | None:
         """:meth:`decide` for a restore (the ``check_root`` hook): raise unless trusted; when
         root-less bundles are needed to reach the threshold, the digests the restored files
         must have (checked by the restore as it writes, every byte read once), else None."""

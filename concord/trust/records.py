@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import base64
 import binascii
-from typing import Iterable
+from collections.abc import Iterable
 
 from concord.trust.bundle import pae
 from concord.trust.keys import PublicKey, SigningKey

@@ -21,9 +21,9 @@ from __future__ import annotations
 import hashlib
 import os
 from collections import deque
+from collections.abc import Iterable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Iterable, Iterator, Mapping
 
 from concord.errors import SignatureError
 from concord.snapshots.manifest import Manifest

@@ -166,7 +166,6 @@ def test_what_the_operations_guide_shows_a_person_is_there(served):
     from concurrent.futures import ThreadPoolExecutor
 
     import yaml
-
     from prefect.flows import load_flow_from_entrypoint
 
     with urllib.request.urlopen(served.api_url.removesuffix("/api") + "/", timeout=30) as page:

@@ -9,7 +9,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
@@ -101,8 +100,8 @@ def _running(client, run_id, timeout: float, state_dir: Path):
 
 def _verified(stores: dict[str, Path]) -> dict[str, str | None]:
     """Every store's every manifest and chunk re-hashed (all must be sound); each store's root of REF."""
-    from concord.stores.local import LocalDirStore
     from concord.snapshots.verify import verify
+    from concord.stores.local import LocalDirStore
 
     roots = {}
     for name, path in stores.items():

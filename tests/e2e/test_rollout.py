@@ -62,11 +62,11 @@ def nodes(served, tmp_path):
 
 
 def test_rollout_switches_the_canary_then_the_next_wave_and_rolls_all_back_when_the_wave_fails(nodes, tmp_path, client):
-    from flows.rollout import RolloutFailed, rollout_flow
     from concord.serving.checkout import checkout
     from concord.serving.versions import Layout
     from concord.snapshots.snapshot import snapshot
     from concord.stores import LocalDirStore
+    from flows.rollout import RolloutFailed, rollout_flow
 
     v1 = make_checkpoint(tmp_path / "v1")
     v2 = fine_tune(v1, tmp_path / "v2", ["layers.0.attn.q.weight"])

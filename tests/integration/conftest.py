@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import pytest
 from servers import patched_environ
-
 
 
 @pytest.fixture(scope="session")

@@ -26,9 +26,9 @@ import traceback
 def main(role: str, target_spec: str, source_spec: str, seconds: float, out: str, folders: list[str]) -> None:
     from concord.snapshots.gc import collect_garbage
     from concord.snapshots.snapshot import snapshot
-    from concord.stores import open_store
     from concord.snapshots.sync import replicate
     from concord.snapshots.verify import verify
+    from concord.stores import open_store
 
     target = open_store(target_spec)
     source = open_store(source_spec)

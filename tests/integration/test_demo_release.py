@@ -4,14 +4,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from concord.snapshots.snapshot import snapshot
+from concord.snapshots.sync import replicate
+from concord.stores import LocalDirStore
 from demo._common import CLUSTERS, REF, model_folder
 from demo.release import release_story
 from demo.snapshots import fine_tune
 from demo.story import Story
-
-from concord.snapshots.snapshot import snapshot
-from concord.snapshots.sync import replicate
-from concord.stores import LocalDirStore
 
 
 def test_every_check_of_the_release_chapter_passes(tmp_path, monkeypatch, capsys):

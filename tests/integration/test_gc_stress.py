@@ -17,8 +17,8 @@ from toy_checkpoints import SMALL_CHUNK, make_checkpoint
 
 from concord.snapshots.gc import LEASE_PREFIX, LOCK_PREFIX
 from concord.snapshots.snapshot import snapshot
-from concord.stores import LocalDirStore, open_store
 from concord.snapshots.verify import verify
+from concord.stores import LocalDirStore, open_store
 
 pytestmark = pytest.mark.integration
 

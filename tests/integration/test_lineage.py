@@ -16,11 +16,11 @@ from urllib.parse import urlparse
 
 import pytest
 
-from concord.lineage.contracts import ColumnSpec, Contract, infer_contract, save_contract
-from concord.lineage.data import register_data
 from concord.errors import LineageError, LineageUnreachableError, PromotionRefused
 from concord.lineage import Lineage
 from concord.lineage.client import default_tracking_uri
+from concord.lineage.contracts import ColumnSpec, Contract, infer_contract, save_contract
+from concord.lineage.data import register_data
 from concord.lineage.graph import render_png, to_mermaid
 from concord.lineage.registry import REMOTE_LOCAL_SCHEME
 from concord.lineage.runs import MLFLOW_DIGEST_CHARS

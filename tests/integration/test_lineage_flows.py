@@ -14,12 +14,18 @@ import uuid
 
 import pytest
 
-from concord.lineage.contracts import ColumnSpec, infer_contract, save_contract
-from concord.lineage.data import write_parquet
 from concord.errors import PromotionRefused
 from concord.lineage import Lineage
+from concord.lineage.contracts import ColumnSpec, infer_contract, save_contract
+from concord.lineage.data import write_parquet
 from concord.stores import LocalDirStore, open_store
-from flows.lineage import ContractViolated, promote_model, register_data_snapshot, register_model_version, validate_contract
+from flows.lineage import (
+    ContractViolated,
+    promote_model,
+    register_data_snapshot,
+    register_model_version,
+    validate_contract,
+)
 from flows.replicate import replicate_snapshot
 from flows.snapshot import snapshot_checkpoint
 

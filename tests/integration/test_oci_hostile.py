@@ -138,7 +138,7 @@ class LyingRegistry:
         self.address = f"127.0.0.1:{self.server.server_address[1]}"
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
 
-    def __enter__(self) -> "LyingRegistry":
+    def __enter__(self) -> LyingRegistry:
         self.thread.start()
         return self
 

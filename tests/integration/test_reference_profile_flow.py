@@ -15,6 +15,7 @@ from concord.lineage.data import register_data
 from concord.stores import LocalDirStore
 from flows.audit import AuditFailed, nightly_drift_audit
 
+
 def _statistics(result: dict) -> list[tuple]:
     """Each column's statistics (the severities may escalate from one night to the next)."""
     return [tuple(c.get(k) for k in ("column", "psi", "ks", "wasserstein", "chi2", "new_share")) for c in result["columns"]]

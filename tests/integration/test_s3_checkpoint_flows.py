@@ -12,8 +12,8 @@ from test_tier_flows import write_policy
 
 from concord.errors import SafetensorsError, StoreUnreachableError
 from concord.snapshots.snapshot import snapshot
-from concord.stores import LocalDirStore, open_store
 from concord.snapshots.verify import verify
+from concord.stores import LocalDirStore, open_store
 from flows.replicate import BadReplicationArguments, snapshot_and_replicate
 from flows.tiering import tier_checkpoints
 
@@ -125,9 +125,10 @@ def test_an_unreachable_s3_endpoint_fails_before_any_store_is_touched(s3_env, st
 def test_staging_is_a_retried_task_that_starts_over_in_an_empty_folder(s3_env, s3_checkpoint, store_dirs, tmp_path, monkeypatch, prefect_client):
     """S3 going away mid-download fails one attempt of stage-checkpoint, not the run: the next
     attempt finds the staging folder empty again, and the folder is gone afterwards."""
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
     import concord.snapshots.staging as staging
     import flows._staging
-    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
     from tasks.staging import stage_checkpoint_task
 
     folder, uri = s3_checkpoint

@@ -15,16 +15,16 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 from faultproxy import Fault, FaultProxy
 
 from concord.snapshots.refs import load_manifest
 from concord.snapshots.snapshot import snapshot
-from concord.stores import LocalDirStore, open_store
 from concord.snapshots.verify import verify
+from concord.stores import LocalDirStore, open_store
 
 pytestmark = pytest.mark.integration
 
@@ -207,7 +207,7 @@ def test_a_killed_tier_sweep_leaves_every_tier_consistent_and_a_rerun_converges(
     if tier != "demotion":
         assert killed, proc.stderr.read()
 
-    for t, address in stores.items():
+    for address in stores.values():
         allowed = {f"run1/{name}": {None, root} for name, root in roots.items()}
         assert_consistent(place.open(address), allowed)
     held = {name for name in roots if any(place.open(a).read_ref(f"run1/{name}") is not None for a in stores.values())}

@@ -7,6 +7,7 @@ import pickle
 import threading
 import time
 import uuid
+from functools import partial
 
 import boto3
 import pytest
@@ -76,11 +77,11 @@ def test_writers_racing_for_one_new_document_one_wins_and_its_bytes_are_kept(any
         barrier = threading.Barrier(4, timeout=10)
         won: dict[int, bool] = {}
 
-        def write(i: int) -> None:
+        def write(i: int, key: str, barrier: threading.Barrier, won: dict[int, bool]) -> None:
             barrier.wait()
             won[i] = any_store.put_document(key, f"writer {i} ".encode() * (1000 + i))
 
-        threads = [threading.Thread(target=write, args=(i,)) for i in range(4)]
+        threads = [threading.Thread(target=write, args=(i, key, barrier, won)) for i in range(4)]
         for t in threads:
             t.start()
         for t in threads:
@@ -321,7 +322,7 @@ def test_delete_ref_racing_a_move_has_exactly_one_winner(any_store):
         barrier = threading.Barrier(2)
         outcomes: dict[str, object] = {}
 
-        def attempt_it(what: str, call) -> None:
+        def attempt_it(what: str, call, barrier: threading.Barrier, outcomes: dict[str, object]) -> None:
             barrier.wait()
             try:
                 outcomes[what] = call()
@@ -329,8 +330,8 @@ def test_delete_ref_racing_a_move_has_exactly_one_winner(any_store):
                 outcomes[what] = exc
 
         threads = [
-            threading.Thread(target=attempt_it, args=("delete", lambda: any_store.delete_ref(name, a))),
-            threading.Thread(target=attempt_it, args=("move", lambda: any_store.cas_ref(name, a, b))),
+            threading.Thread(target=attempt_it, args=("delete", partial(any_store.delete_ref, name, a), barrier, outcomes)),
+            threading.Thread(target=attempt_it, args=("move", partial(any_store.cas_ref, name, a, b), barrier, outcomes)),
         ]
         for t in threads:
             t.start()

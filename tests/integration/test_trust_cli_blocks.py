@@ -65,7 +65,7 @@ def one_line(err: str, *needles: str) -> str:
 
 
 def test_restore_trusts_and_sign_signs_through_a_saved_block(saved, store, tmp_path, capsys, monkeypatch):
-    name, block = saved["name"], f"block:{saved['name']}"
+    block = f"block:{saved['name']}"
     code, _, err = run(capsys, "restore", str(store), "--ref", REF, str(tmp_path / "refused"), "--trust", block)
     assert code != 0
     one_line(err, "is not signed by a trusted key (it has no signature)", saved["key_id"][:16])

@@ -10,9 +10,9 @@ import pytest
 
 from concord.hashing import chunk_id
 from concord.snapshots.refs import load_manifest
+from concord.snapshots.verify import verify
 from concord.stores import open_store
 from concord.stores.base import chunk_key
-from concord.snapshots.verify import verify
 from flows._runner import task_runner
 from flows.replicate import replicate_snapshot
 from flows.snapshot import snapshot_checkpoint

@@ -28,9 +28,8 @@ def bucket(moto_server):
 
 
 def upload_checkpoint(client, bucket: str, prefix: str, *, marker: bool) -> None:
-    from safetensors.numpy import save
-
     import numpy as np
+    from safetensors.numpy import save
 
     body = save({"w": np.arange(64, dtype=np.float32).reshape(8, 8)})
     client.put_object(Bucket=bucket, Key=f"{prefix}/model.safetensors", Body=body)

@@ -12,14 +12,22 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from concord.audit.drift import DriftThresholds, data_drift
 from concord.audit.history import history_key, previous_nights, record_night
 from concord.audit.inputs import audit_name, check_contract, load_table, model_holders, spec_name, store_labels
-from concord.audit.render import card_rows, column_rows, plot_histograms, plot_histograms_by_column, render_markdown, replica_rows, worst_tensor_rows
+from concord.audit.render import (
+    card_rows,
+    column_rows,
+    plot_histograms,
+    plot_histograms_by_column,
+    render_markdown,
+    replica_rows,
+    worst_tensor_rows,
+)
 from concord.audit.report import AuditReport
 from concord.audit.severity import worst
-from concord.lineage.contracts import infer_contract
-from concord.audit.drift import DriftThresholds, data_drift
 from concord.errors import DriftConfigError, LineageError
+from concord.lineage.contracts import infer_contract
 from concord.stores import LocalDirStore
 
 PNG = b"\x89PNG\r\n\x1a\n"

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 from toy_checkpoints import SMALL_CHUNK, make_checkpoint
 
-from concord.errors import ModelCardError, ModelCardNotFoundError, ReplicaConfigError
 from concord.audit.model_cards import compare_cards, normalise, parse_readme, read_card
 from concord.audit.replicas import replicas_of
+from concord.errors import ModelCardError, ModelCardNotFoundError, ReplicaConfigError
 from concord.snapshots.snapshot import snapshot
 from concord.stores import LocalDirStore
 

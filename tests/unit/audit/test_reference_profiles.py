@@ -163,18 +163,22 @@ def _damaged_cases(tmp_path):
     ]
 
 
-def _fix_digests(name, raw, _cache={}):
+#: the digests of the members _fix_digests has seen, for the profile.json that follows them
+_MEMBER_DIGESTS: dict[str, str] = {}
+
+
+def _fix_digests(name, raw):
     """Re-sign members after a change, so that the content checks (not the digests) are what refuse."""
     from blake3 import blake3
 
     if name != "profile.json":
-        _cache[name] = blake3(raw).hexdigest()
+        _MEMBER_DIGESTS[name] = blake3(raw).hexdigest()
         return raw
     doc = json.loads(raw)
     for c in doc["columns"]:
         for key in ("values", "labels", "counts"):
-            if c.get(key) and c[key]["member"] in _cache:
-                c[key]["digest"] = _cache[c[key]["member"]]
+            if c.get(key) and c[key]["member"] in _MEMBER_DIGESTS:
+                c[key]["digest"] = _MEMBER_DIGESTS[c[key]["member"]]
     return json.dumps(doc).encode()
 
 
@@ -313,7 +317,7 @@ def test_profiles_of_a_tables_parts_merge_into_the_whole_tables_profile():
         assert m.sampled and m.values.size == k and np.all(np.diff(m.values) >= 0)
         # both are uniform samples of the same column: their CDFs within the DKW bound (alpha 1e-9 each)
         grid = np.quantile(whole[name].dropna().to_numpy(), np.linspace(0.01, 0.99, 99))
-        cdf = lambda v: np.searchsorted(v, grid, side="right") / v.size  # noqa: E731
+        cdf = lambda v, grid=grid: np.searchsorted(v, grid, side="right") / v.size  # noqa: E731
         assert np.abs(cdf(m.values) - cdf(f.values)).max() <= 2 * math.sqrt(math.log(2 / 1e-9) / (2 * k)), name
     # merged from the parts (the merge is seeded): the same severities as the whole's profile
     for kwargs in ({}, {"shift": 0.5}, {"moved": 0.15}):

@@ -11,9 +11,9 @@ import torch
 from safetensors.torch import load_file, save_file
 from toy_checkpoints import SMALL_CHUNK, make_checkpoint
 
+from concord.audit.replicas import ULP_MAX, compare_replicas, compare_tensors, replicas_of, ulp_distance
 from concord.errors import ReplicaConfigError
 from concord.snapshots.manifest import Manifest
-from concord.audit.replicas import ULP_MAX, compare_replicas, compare_tensors, replicas_of, ulp_distance
 from concord.snapshots.snapshot import snapshot
 from concord.stores import LocalDirStore
 

@@ -5,9 +5,9 @@ import subprocess
 import sys
 
 import pytest
-from toy_checkpoints import fine_tune
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from toy_checkpoints import fine_tune
 
 from concord.cli import main
 from concord.errors import ManifestError, UnsafePathError
@@ -116,9 +116,10 @@ _json = st.recursive(
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
 def test_malformed_manifests_raise_only_our_errors(ckpt, data):
+    import tempfile
+
     from concord.snapshots.snapshot import snapshot
     from concord.stores import LocalDirStore
-    import tempfile
 
     global _VALID
     if "_VALID" not in globals():

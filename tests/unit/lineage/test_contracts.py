@@ -19,6 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from palmerpenguins import load_penguins
 
+from concord.errors import ContractConflictError, ContractError, ContractNotFoundError
 from concord.lineage.contracts import (
     COLUMN_TYPES,
     ColumnSpec,
@@ -30,7 +31,6 @@ from concord.lineage.contracts import (
     save_contract,
     validate,
 )
-from concord.errors import ContractConflictError, ContractError, ContractNotFoundError
 from concord.stores import LocalDirStore
 
 MEASUREMENTS = ["bill_length_mm", "bill_depth_mm", "flipper_length_mm", "body_mass_g"]

@@ -11,8 +11,8 @@ import pytest
 from blake3 import blake3
 from pandas.testing import assert_frame_equal
 
-from concord.lineage.data import DataSnapshot, data_info, document_key, load_data, register_data, write_parquet
 from concord.errors import DataFormatError, DataSnapshotNotFoundError, IntegrityError, InvalidNameError
+from concord.lineage.data import DataSnapshot, data_info, document_key, load_data, register_data, write_parquet
 from concord.snapshots.refs import load_manifest
 from concord.snapshots.restore import restore
 from concord.stores import LocalDirStore

@@ -15,6 +15,7 @@ from concord.lineage import Lineage
 from concord.lineage.client import shown_uri, sqlite_file
 from concord.tiering.tracking import DRILL_EXPERIMENT, drill_run, log_drill
 
+
 @pytest.fixture
 def client(tracking_uri):
     from mlflow import MlflowClient
@@ -100,7 +101,7 @@ def test_log_run_with_nothing_but_an_experiment_is_a_finished_empty_run(tracking
 
 def test_a_run_whose_logging_fails_ends_failed_and_raises(tracking_uri, client, tmp_path):
     lineage = Lineage(tracking_uri)
-    with pytest.raises(Exception):
+    with pytest.raises(FileNotFoundError):
         lineage.log_run(experiment="concord-test-failed", run_name="broken", files={"x": [tmp_path / "missing.png"]})
     exp = client.get_experiment_by_name("concord-test-failed")
     (run,) = client.search_runs([exp.experiment_id])
@@ -108,9 +109,9 @@ def test_a_run_whose_logging_fails_ends_failed_and_raises(tracking_uri, client, 
 
 
 def test_an_unreachable_server_fails_before_a_run_is_made():
-    from concord.errors import LineageUnreachableError
-
     from servers import free_port
+
+    from concord.errors import LineageUnreachableError
 
     with pytest.raises(LineageUnreachableError):
         Lineage(f"http://127.0.0.1:{free_port()}", health_timeout=0.5).log_run(experiment="never")

@@ -7,9 +7,9 @@ import shutil
 from pathlib import Path
 
 import pytest
-from servers import free_port
 from prefect.events.clients import AssertingEventsClient
 from prefect.testing.fixtures import asserting_events_worker  # noqa: F401 (a fixture)
+from servers import free_port
 
 from concord.federation.ledger import record_round
 from concord.federation.seen import LedgerMemory

@@ -19,13 +19,13 @@ from prefect.testing.fixtures import asserting_events_worker  # noqa: F401 (a fi
 from servers import free_port
 from toy_checkpoints import make_checkpoint
 
-from concord.lineage.contracts import ColumnSpec, infer_contract, save_contract
-from concord.lineage.data import write_parquet
 from concord.errors import LineageError, LineageUnreachableError, PromotionRefused, RefNotFoundError
 from concord.lineage import Lineage
+from concord.lineage.contracts import ColumnSpec, infer_contract, save_contract
+from concord.lineage.data import write_parquet
 from concord.snapshots.snapshot import snapshot
-from concord.stores import LocalDirStore, open_store
 from concord.snapshots.sync import replicate
+from concord.stores import LocalDirStore, open_store
 from tasks import (
     model_lineage_task,
     promote_task,
@@ -35,6 +35,7 @@ from tasks import (
     validate_contract_task,
 )
 from tasks.common import RETRIES, is_transient, retry_if_transient
+
 
 @pytest.fixture
 def mlflow_client(tracking_uri):

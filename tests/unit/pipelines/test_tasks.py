@@ -14,17 +14,18 @@ import threading
 from pathlib import Path
 
 import pytest
-from servers import free_port
 import yaml
 from prefect.events.clients import AssertingEventsClient
 from prefect.states import Completed, Failed
 from prefect.testing.fixtures import asserting_events_worker  # noqa: F401 (a fixture)
+from servers import free_port
 
 from concord.errors import (
     InvalidStoreURIError,
     RefConflictError,
     RefNotFoundError,
     RestoreTargetError,
+    RestoreTimeoutError,
     StoreAccessError,
     StoreUnreachableError,
 )
@@ -32,7 +33,6 @@ from concord.snapshots.refs import load_manifest
 from concord.stores import open_store
 from concord.stores.base import chunk_key
 from tasks import diff_task, replicate_task, restore_task, rollback_task, snapshot_task, verify_task
-from concord.errors import RestoreTimeoutError
 from tasks.common import RETRIES, is_transient, retry_if_transient
 from tasks.progress import PrefectProgress
 

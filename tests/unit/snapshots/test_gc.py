@@ -13,18 +13,18 @@ from datetime import datetime, timedelta
 from pathlib import Path
 
 import pytest
-from toy_checkpoints import SMALL_CHUNK, fine_tune, make_checkpoint
+from toy_checkpoints import SMALL_CHUNK, fine_tune
 
 from concord.errors import GcRefusedError
-from concord.snapshots.gc import DEFAULT_LEASE_TTL, LEASE_PREFIX, GcResult, collect_garbage, read_leases, write_lease
-from concord.hashing import chunk_id
 from concord.federation.ledger import append_round, head_ref, verify_ledger
+from concord.hashing import chunk_id
+from concord.snapshots.gc import DEFAULT_LEASE_TTL, LEASE_PREFIX, GcResult, collect_garbage, read_leases, write_lease
 from concord.snapshots.refs import load_manifest
 from concord.snapshots.snapshot import snapshot
-from concord.stores import LocalDirStore
-from concord.stores.base import manifest_key
 from concord.snapshots.sync import replicate
 from concord.snapshots.verify import verify
+from concord.stores import LocalDirStore
+from concord.stores.base import manifest_key
 
 HOUR = 3600.0
 

@@ -259,7 +259,10 @@ def many(tmp_path_factory) -> Path:
 @pytest.mark.timeout(900)
 def test_every_command_works_on_3000_files_under_an_open_file_limit_of_128(many, tmp_path):
     src, store = many / "many", tmp_path / "store"
-    ok = lambda r: (r.returncode, r.stderr) == (0, "")
+
+    def ok(r):
+        return (r.returncode, r.stderr) == (0, "")
+
     r = concord("snapshot", str(src), "--store", str(store), "--ref", REF, cwd=tmp_path, nofile=NOFILE)
     assert ok(r), r.stderr
     # again, over the same store: every chunk is there already (a re-hash)

@@ -18,7 +18,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from safetensors.torch import save_file
-from toy_checkpoints import SMALL_CHUNK, make_checkpoint
+from toy_checkpoints import SMALL_CHUNK
 
 from concord.hashing import FILE, LEAF, PART, SNAPSHOT, canonical_json, chunk_id, node_hash
 from concord.snapshots.manifest import MIN_CHUNK_SIZE, Manifest, chunk_count

@@ -23,9 +23,9 @@ from concord.snapshots.manifest import Manifest, make_file, make_part
 from concord.snapshots.refs import load_manifest, resolve_root, rollback
 from concord.snapshots.restore import restore
 from concord.snapshots.snapshot import snapshot
-from concord.stores import LocalDirStore
 from concord.snapshots.sync import replicate
 from concord.snapshots.verify import verify
+from concord.stores import LocalDirStore
 
 
 def test_replicate_to_many_then_only_deltas(ckpt, tmp_path, stores):

@@ -535,7 +535,7 @@ def headers(draw) -> tuple[bytes, bool]:
             field = draw(st.sampled_from(sorted(entry)))
             entry[field] = draw(_VALUES | st.lists(_VALUES, max_size=3))
         elif fault == "field_extra":
-            entry[draw(st.text(max_size=3).filter(lambda k: k not in entry))] = draw(_VALUES)
+            entry[draw(st.text(max_size=3).filter(lambda k, entry=entry: k not in entry))] = draw(_VALUES)
     if fault == "metadata":
         bad = st.dictionaries(st.text(max_size=2), _VALUES, min_size=1, max_size=2)
         header["__metadata__"] = draw(_VALUES | bad)

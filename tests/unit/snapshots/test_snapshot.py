@@ -5,12 +5,12 @@ import json
 import os
 
 import pytest
-from toy_checkpoints import SMALL_CHUNK, fine_tune, make_checkpoint
 from safetensors import safe_open
+from toy_checkpoints import SMALL_CHUNK, fine_tune, make_checkpoint
 
-from concord.snapshots.diff import diff_manifests
 from concord.errors import ManifestError, SafetensorsError, SourceChangedError, SourceNotFoundError, UnsafePathError
 from concord.hashing import chunk_id
+from concord.snapshots.diff import diff_manifests
 from concord.snapshots.manifest import Manifest, make_file, make_part
 from concord.snapshots.refs import load_manifest
 from concord.snapshots.snapshot import snapshot

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from toy_checkpoints import SMALL_CHUNK, files_equal, fine_tune, make_checkpoint
+from toy_checkpoints import SMALL_CHUNK, files_equal, fine_tune
 
 from concord.cli import main
 from concord.errors import IntegrityError, StoreConfigError, StoreKeyError, UnknownEncodingError

@@ -34,8 +34,8 @@ from concord.errors import (
     RefFormatError,
     StoreNotFoundError,
 )
-from concord.hashing import chunk_id
 from concord.federation.ledger import append_round, list_rounds, verify_ledger
+from concord.hashing import chunk_id
 from concord.snapshots.manifest import Manifest, make_file, make_part
 from concord.snapshots.refs import load_manifest
 from concord.snapshots.snapshot import snapshot
@@ -347,7 +347,7 @@ def test_hostile_documents_end_in_one_clear_line(template, tmp_path, capsys, loc
     valid = site.path(location).read_bytes()
     for label, data in hostile_texts(location, site).items():
         may_succeed = _may_succeed(location, data, valid, site)
-        site.replace(location, lambda p: p.write_bytes(data))
+        site.replace(location, lambda p, data=data: p.write_bytes(data))
         problems = check_all(capsys, site, location, label, may_succeed)
         if problems:
             failures[label] = problems
@@ -362,7 +362,7 @@ def test_oversized_documents_are_refused_before_parsing(template, tmp_path, caps
     for location in DOC_LOCATIONS:
         valid = json.loads(site.path(location).read_bytes())
         valid["padding"] = "x" * 5000  # valid JSON, only too large
-        site.replace(location, lambda p: p.write_bytes(json.dumps(valid).encode()))
+        site.replace(location, lambda p, valid=valid: p.write_bytes(json.dumps(valid).encode()))
         problems = check_all(capsys, site, location, "oversized")
         if problems:
             failures[location] = problems

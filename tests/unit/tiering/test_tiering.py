@@ -15,11 +15,11 @@ import pytest
 from toy_checkpoints import files_equal, make_checkpoint, make_lora_checkpoint
 
 from concord.errors import CheckpointConflictError, CheckpointNotReadyError, StoreUnreachableError
+from concord.snapshots.verify import verify
 from concord.stores import LocalDirStore
 from concord.tiering import add_checkpoint, stored_bytes, sweep, tier_status
 from concord.tiering.engine import TierState, checkpoint_ready, open_tiers
 from concord.tiering.policy import TierPolicy
-from concord.snapshots.verify import verify
 
 
 def policy_doc(tmp_path: Path, **over) -> dict:
@@ -106,7 +106,7 @@ def test_garbage_of_demoted_copies_is_collected(tmp_path, base, policy):
     from concord.snapshots.refs import load_manifest
 
     live = set()
-    for name, root in state.held["hot"].items():
+    for root in state.held["hot"].values():
         live |= set(load_manifest(stores["hot"], root).chunk_lengths())
     assert set(stores["hot"].iter_chunks()) == live
 
@@ -317,7 +317,7 @@ def test_killed_at_any_point_a_sweep_converges(tmp_path, base, delay):
     stores = open_tiers(policy)
     state = TierState.read(policy, stores)
     for t, names in state.held.items():
-        for name, root in names.items():
+        for root in names.values():
             assert verify(stores[t], root=root).ok
     for f in folders:
         add_checkpoint(policy, f)  # the job re-runs
@@ -326,8 +326,8 @@ def test_killed_at_any_point_a_sweep_converges(tmp_path, base, delay):
     h = held(policy)
     assert h["hot"] == {"step-0040", "step-0050"} and len(h["cold"]) == 5
     out = tmp_path / "restored"
-    from concord.snapshots.restore import restore
     from concord.snapshots.refs import load_manifest
+    from concord.snapshots.restore import restore
 
     root = stores["cold"].read_ref("run1/step-0010").root
     restore(stores["cold"], load_manifest(stores["cold"], root), out)

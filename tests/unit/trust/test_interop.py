@@ -13,7 +13,7 @@ from concord.snapshots.refs import load_manifest
 from concord.snapshots.restore import restore
 from concord.snapshots.snapshot import snapshot
 from concord.stores import LocalDirStore
-from concord.trust import load_policy, load_public_key, load_signing_key, sign_root, signature_ids
+from concord.trust import load_policy, load_signing_key, sign_root, signature_ids
 from concord.trust.bundle import PREDICATE_TYPE, parse_bundle
 from concord.trust.signing import snapshot_signed
 

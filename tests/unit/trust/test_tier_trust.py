@@ -42,9 +42,9 @@ def test_tier_restore_refuses_an_unsigned_copy_and_restores_a_signed_one(tiers, 
     r = restore_checkpoint(tiers, "step-1", out, check_root=trust.restore_check)
     assert r.root == root and (out / "config.json").exists()
     # at the command line, the warm copy (not signed there) is refused in one line
-    from concord.cli import main
-
     import json
+
+    from concord.cli import main
 
     policy_file = tmp_path / "policy.yaml"
     policy_file.write_text(json.dumps(policy_doc(tmp_path)))  # JSON is YAML
