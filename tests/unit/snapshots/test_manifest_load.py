@@ -76,3 +76,12 @@ def test_a_wrong_part_field_is_one_manifest_error(field, value):
     doc["files"][3]["parts"][0][field] = value
     with pytest.raises(ManifestError):
         Manifest.from_json(json.dumps(doc).encode(), expected_root=m.root)
+
+
+@pytest.mark.parametrize("n", [0, 1, 1000, 2501])
+def test_to_json_writes_the_bytes_of_the_whole_document_in_runs(n):
+    files = [make_file(f"f{i:05d}", 1, "blob", [make_part("data", "data", 0, 1, ["%064x" % i])]) for i in range(n)]
+    m = Manifest.build(DEFAULT_CHUNK_SIZE, files)
+    whole = {"format": "concord/manifest@1", "root": m.root, "chunk_size": m.chunk_size, "files": [f.to_dict() for f in m.files]}
+    assert m.to_json() == json.dumps(whole, separators=(",", ":")).encode()
+    assert Manifest.from_json(m.to_json(), expected_root=m.root) == m
