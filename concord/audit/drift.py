@@ -635,7 +635,8 @@ def merge_moments(n: int, mean: float | None, m2: float | None, values: np.ndarr
     import numpy as np
 
     b_mean = float(values.mean())
-    b_m2 = float(np.square(values - b_mean).sum())
+    deviations = values - b_mean
+    b_m2 = float(np.square(deviations, out=deviations).sum())
     return combine_moments(n, mean, m2, values.size, b_mean, b_m2)
 
 
@@ -671,6 +672,7 @@ class _Column:
         self.label_parts: list = []  # labels: each batch's counts, merged from time to time
         self.label_pending = 0
         self.counts = None
+        self.scratch = None  # numeric, sampled: buffers of :meth:`_take`
 
     def add(self, s: pd.Series) -> None:
         import numpy as np
@@ -704,8 +706,10 @@ class _Column:
             return
         raw = _numbers(s, family)
         finite = np.isfinite(raw)
-        values = raw.copy() if finite.all() else raw[finite]
-        del finite, raw
+        # a view of the batch (read-only, or the caller's) unless nulls were dropped: copied only
+        # where it is kept as it is (:meth:`_take`)
+        values = raw if finite.all() else raw[finite]
+        del finite
         if not values.size or not self._same_family(family):
             return
         low, high = float(values.min()), float(values.max())
@@ -715,7 +719,7 @@ class _Column:
         if self.edges is not None:
             counts = _unsorted_bin_counts(values, self.edges)
             self.bin_counts = counts if self.bin_counts is None else self.bin_counts + counts
-        self._take(values)
+        self._take(values, owned=values is not raw)
 
     def _same_family(self, family: str) -> bool:
         if self.family is None:
@@ -726,14 +730,15 @@ class _Column:
             return False
         return True
 
-    def _take(self, values: np.ndarray) -> None:
-        """Keep ``values`` exactly, or in the uniform sample once there are more than ``sample_size``."""
+    def _take(self, values: np.ndarray, owned: bool = True) -> None:
+        """Keep ``values`` exactly, or in the uniform sample once there are more than ``sample_size``
+        (``owned``: ``values`` may be kept and sorted as they are, else a copy is kept)."""
         import numpy as np
 
         k, seen = self.sample_size, self.size
         self.size += values.size
         if k is None or self.size <= k:
-            self.parts.append(values)
+            self.parts.append(values if owned else values.copy())
             return
         if self.sample is None:  # the first k values fill the reservoir
             self.sample = np.concatenate([*self.parts, values[: k - seen]]) if seen < k else np.concatenate(self.parts)
@@ -745,15 +750,19 @@ class _Column:
             return
         # algorithm R: the value at (0-based) position i is taken with probability k / (i + 1), into
         # a slot drawn uniformly from 0..k-1; in stream order, so the last value taken into a slot stays
-        taken = self.rng.random(values.size)
-        taken *= np.arange(seen + 1, seen + values.size + 1, dtype=np.float64)
+        # (into buffers kept from batch to batch: fresh ones of a batch's size cost page faults)
+        n = values.size
+        if self.scratch is None or self.scratch[0].size < n:
+            self.scratch = (np.empty(n), np.empty(n), np.arange(n, dtype=np.float64), np.empty(k, dtype=np.int64))
+        (taken, position, steps), latest = (a[:n] for a in self.scratch[:3]), self.scratch[3]
+        self.rng.random(out=taken)
+        taken *= np.add(steps, seen + 1, out=position)  # seen + 1 .. seen + n, exactly (< 2**53)
         values = values[taken < k]
         if not values.size:
             return
         slot = self.rng.integers(0, k, size=values.size)
         order = np.arange(values.size)
-        latest = np.empty(k, dtype=np.int64)
-        latest[slot] = -1
+        latest[slot] = -1  # only these slots are read below: the others may hold anything
         np.maximum.at(latest, slot, order)  # the last value taken into each slot
         last = latest[slot] == order
         self.sample[slot[last]] = values[last]
@@ -792,7 +801,7 @@ class _Column:
                 values, side.sampled = self.sample, True
             else:
                 values = self.parts[0] if len(self.parts) == 1 else np.concatenate(self.parts)
-            self.parts, self.sample = [], None
+            self.parts, self.sample, self.scratch = [], None, None
             values.sort()
             side.values, side.size = values, self.size
             side.low, side.high = self.low, self.high

@@ -183,6 +183,24 @@ def columns_by_name(df: Any, which: str) -> dict[str, pd.Series]:
     return by_name
 
 
+def _arrow_frame(table: Any) -> pd.DataFrame:
+    """A pyarrow table of one column as ``to_pandas`` makes it; an integer or float column without
+    nulls wraps its numpy values (without a copy when it is one chunk), skipping pandas' conversion."""
+    import pyarrow as pa
+
+    column = table.column(0)
+    kind = column.type
+    if table.num_columns != 1 or column.null_count or not (pa.types.is_integer(kind) or pa.types.is_floating(kind)) or pa.types.is_float16(kind):
+        return table.to_pandas()
+    values = column.to_numpy()
+    written = (table.schema.pandas_metadata or {}).get("columns") or []
+    if any(c.get("numpy_type") != str(values.dtype) for c in written if c.get("field_name", c.get("name")) == table.column_names[0]):
+        return table.to_pandas()  # pandas wrote it with another dtype (e.g. a nullable Int64)
+    import pandas as pd
+
+    return pd.DataFrame({table.column_names[0]: values}, copy=False)
+
+
 def table_batches(path: str | os.PathLike, *, batch_bytes: int = BATCH_BYTES) -> TableBatches:
     """A parquet or CSV file as :class:`TableBatches`: read batch by batch, about
     ``batch_bytes`` at a time, so that memory does not grow with the file.
@@ -224,7 +242,7 @@ def table_batches(path: str | os.PathLike, *, batch_bytes: int = BATCH_BYTES) ->
                     groups.append(group)
                 for group in groups:
                     for name in names:
-                        yield pf.read_row_groups(group, columns=[name], use_threads=False).to_pandas()
+                        yield _arrow_frame(pf.read_row_groups(group, columns=[name], use_threads=False))
             except (ValueError, OSError) as exc:
                 raise DataFormatError(path, f"cannot read it as parquet ({exc})") from exc
 
