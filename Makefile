@@ -39,6 +39,7 @@ test-prereqs:
 # Each phase says what it runs and how long it took; pytest lists its slowest tests.
 test: install test-prereqs
 	@bash tests/phase.sh "lint" $(VENV)/bin/ruff check .
+	@bash tests/phase.sh "types" $(VENV)/bin/mypy
 	@bash tests/phase.sh "import contracts" $(VENV)/bin/lint-imports
 	@bash tests/phase.sh "unit and integration tests" $(VENV)/bin/pytest -q --durations=15 -n $(TEST_WORKERS) tests/unit tests/integration $(PYTEST_ARGS)
 	@bash tests/phase.sh "end-to-end tests" $(VENV)/bin/pytest -q --durations=10 tests/e2e $(PYTEST_ARGS)

@@ -58,7 +58,7 @@ PolicyLike = Union["TierPolicy", str, "os.PathLike[str]"]
 
 
 def open_store(
-    store: StoreLike, *, key_file: str | os.PathLike | None = None, create: bool = True, must_exist: bool = False
+    store: StoreLike, *, key_file: str | os.PathLike[str] | None = None, create: bool = True, must_exist: bool = False
 ) -> Store:
     """The store ``store`` names, as the CLI opens it (a :class:`~concord.stores.Store` is returned
     as it is).
@@ -78,7 +78,7 @@ def open_store(
     return _unlocked(open_spec(store, create=create, must_exist=must_exist), key_file)
 
 
-def _unlocked(store: Store, key_file: str | os.PathLike | None) -> Store:
+def _unlocked(store: Store, key_file: str | os.PathLike[str] | None) -> Store:
     """``store`` given the key in ``key_file`` (None: it reads ``$CONCORD_KEY_FILE`` when needed)."""
     if key_file is not None:
         from concord.stores.cipher import read_key_file
@@ -87,7 +87,7 @@ def _unlocked(store: Store, key_file: str | os.PathLike | None) -> Store:
     return store
 
 
-def _to_read(store: StoreLike, key_file: str | os.PathLike | None) -> Store:
+def _to_read(store: StoreLike, key_file: str | os.PathLike[str] | None) -> Store:
     """The store for a verb that only reads: never created; a path holding no store is an error."""
     from concord.stores import open_store_to_read
 
@@ -117,24 +117,25 @@ def _root(function: str, store: Store, ref: str | None, root: str | None) -> str
     from concord.errors import ApiArgumentError
     from concord.snapshots.refs import resolve_root
 
-    if (ref is None) == (root is None):
+    named = ref if root is None else root if ref is None else None
+    if named is None:
         raise ApiArgumentError(
             function, "give exactly one of ref= (e.g. 'models/x' or 'models/x~1') and root= (64 hex)"
         )
-    return resolve_root(store, ref if ref is not None else root)
+    return resolve_root(store, named)
 
 
 # ----------------------------------------------------------------------------- snapshots
 
 
 def snapshot(
-    source: str | os.PathLike,
+    source: str | os.PathLike[str],
     store: StoreLike,
     *,
     ref: str | None = None,
     chunk_size: int | None = None,
     message: str = "",
-    key_file: str | os.PathLike | None = None,
+    key_file: str | os.PathLike[str] | None = None,
     progress: ProgressLike = None,
 ) -> SnapshotResult:
     """Snapshot the checkpoint folder (or file) ``source`` into ``store``: ``concord snapshot``.
@@ -173,8 +174,8 @@ def sync(
     ref: str | None = None,
     root: str | None = None,
     trust: TrustLike = None,
-    key_file: str | os.PathLike | None = None,
-    target_key_file: str | os.PathLike | None = None,
+    key_file: str | os.PathLike[str] | None = None,
+    target_key_file: str | os.PathLike[str] | None = None,
     progress: ProgressLike = None,
 ) -> list[TargetResult]:
     """Replicate the snapshot ``ref`` (or ``root``) of ``source`` to every target: ``concord sync``.
@@ -214,8 +215,8 @@ def diff(
     b: str,
     *,
     against: StoreLike | None = None,
-    key_file: str | os.PathLike | None = None,
-    against_key_file: str | os.PathLike | None = None,
+    key_file: str | os.PathLike[str] | None = None,
+    against_key_file: str | os.PathLike[str] | None = None,
 ) -> DiffResult:
     """Which files, tensors and chunks differ from snapshot ``a`` to ``b``: ``concord diff``.
 
@@ -237,12 +238,12 @@ def diff(
 
 def restore(
     store: StoreLike,
-    out_dir: str | os.PathLike,
+    out_dir: str | os.PathLike[str],
     *,
     ref: str | None = None,
     root: str | None = None,
     trust: TrustLike = None,
-    key_file: str | os.PathLike | None = None,
+    key_file: str | os.PathLike[str] | None = None,
     progress: ProgressLike = None,
 ) -> RestoreResult:
     """Write the snapshot ``ref`` (or ``root``) of ``store`` into the new folder ``out_dir``:
@@ -271,8 +272,8 @@ def verify(
     ref: str | None = None,
     root: str | None = None,
     repair_from: StoreLike | None = None,
-    key_file: str | os.PathLike | None = None,
-    repair_key_file: str | os.PathLike | None = None,
+    key_file: str | os.PathLike[str] | None = None,
+    repair_key_file: str | os.PathLike[str] | None = None,
     progress: ProgressLike = None,
 ) -> VerifyResult:
     """Re-hash the chunks the snapshot ``ref``/``root`` needs (with neither: every ref's), and with
@@ -296,7 +297,7 @@ def verify(
 
 
 def rollback(
-    store: StoreLike, ref: str, *, to: str | None = None, key_file: str | os.PathLike | None = None
+    store: StoreLike, ref: str, *, to: str | None = None, key_file: str | os.PathLike[str] | None = None
 ) -> RollbackResult:
     """Move ``ref`` back to ``to`` (a root, or 8+ hex of one, from its history; default: the
     previous root), by compare-and-swap: ``concord rollback``.
@@ -314,14 +315,14 @@ def rollback(
 
 def sign(
     store: StoreLike,
-    key: SigningKey | str | os.PathLike,
+    key: SigningKey | str | os.PathLike[str],
     *,
     ref: str | None = None,
     root: str | None = None,
     name: str | None = None,
-    out: str | os.PathLike | None = None,
+    out: str | os.PathLike[str] | None = None,
     password: str | None = None,
-    key_file: str | os.PathLike | None = None,
+    key_file: str | os.PathLike[str] | None = None,
     progress: ProgressLike = None,
 ) -> SignResult:
     """Sign the snapshot ``ref`` (or ``root``) with an ECDSA key, as an OpenSSF Model Signing bundle
@@ -366,7 +367,7 @@ def signatures(
     ref: str | None = None,
     root: str | None = None,
     trust: TrustLike = None,
-    key_file: str | os.PathLike | None = None,
+    key_file: str | os.PathLike[str] | None = None,
 ) -> Verdict:
     """Who signed the snapshot ``ref`` (or ``root``), checked against the trust policy:
     ``concord signatures --trust``. Never raises for an untrusted root: read ``trusted``,
@@ -391,7 +392,7 @@ def signatures(
 
 def checkout(
     store: StoreLike,
-    dest: str | os.PathLike,
+    dest: str | os.PathLike[str],
     *,
     ref: str | None = None,
     root: str | None = None,
@@ -402,8 +403,8 @@ def checkout(
     wait: float = 600.0,
     fsync: bool = True,
     rehash: bool = False,
-    key_file: str | os.PathLike | None = None,
-    cache_key_file: str | os.PathLike | None = None,
+    key_file: str | os.PathLike[str] | None = None,
+    cache_key_file: str | os.PathLike[str] | None = None,
     progress: ProgressLike = None,
 ) -> CheckoutResult:
     """Write the snapshot ``ref`` (or ``root``) beside the link ``dest``, verify every byte, and flip
@@ -431,7 +432,7 @@ def checkout(
     shared = open_store(cache, key_file=cache_key_file) if cache is not None else None
     found = _root("checkout", source, ref, root)
     check_root(source, found, policy)  # an untrusted root: refused before its manifest is even read
-    return write(
+    result: CheckoutResult = write(
         source,
         load_manifest(source, found),
         dest,
@@ -444,9 +445,10 @@ def checkout(
         rehash=rehash,
         progress=_progress(progress),
     )
+    return result
 
 
-def rollback_checkout(dest: str | os.PathLike, *, wait: float = 600.0) -> CheckoutRollbackResult:
+def rollback_checkout(dest: str | os.PathLike[str], *, wait: float = 600.0) -> CheckoutRollbackResult:
     """Flip the link ``dest`` back to the version it served before, at once (no byte is fetched):
     ``concord checkout --rollback``.
 
@@ -470,7 +472,7 @@ def _tier_policy(policy: PolicyLike) -> TierPolicy:
 
 def tier_add(
     policy: PolicyLike,
-    checkpoint: str | os.PathLike,
+    checkpoint: str | os.PathLike[str],
     name: str | None = None,
     *,
     step: int | None = None,
@@ -501,7 +503,7 @@ def tier_sweep(policy: PolicyLike, *, dry_run: bool = False, progress: ProgressL
     return sweep(_tier_policy(policy), dry_run=dry_run, progress=_progress(progress))
 
 
-def tier_status(policy: PolicyLike) -> dict:
+def tier_status(policy: PolicyLike) -> dict[str, Any]:
     """Each checkpoint × tier: present, verified when and how, bytes, plus the copy-rule
     violations: ``concord tier status --json``. Only reads: a tier folder not there yet holds nothing.
 
@@ -527,7 +529,7 @@ def tier_status(policy: PolicyLike) -> dict:
 def tier_restore(
     policy: PolicyLike,
     name: str,
-    out_dir: str | os.PathLike,
+    out_dir: str | os.PathLike[str],
     *,
     tier: str | None = None,
     timeout: float | None = None,
@@ -583,13 +585,13 @@ def federate_round(
     robust: str = "none",
     out_name: str = "federated",
     ledger: StoreLike | None = None,
-    key: SigningKey | str | os.PathLike | None = None,
+    key: SigningKey | str | os.PathLike[str] | None = None,
     password: str | None = None,
     tracking_uri: str | None = None,
     track: bool = False,
     remember: bool = True,
     progress: ProgressLike = None,
-) -> dict:
+) -> dict[str, Any]:
     """One LoRA federation round: find each adapter ref of ``tenant`` in ``clusters``, aggregate
     (``method``: exact, stack or fedavg), snapshot the result into the first cluster as
     ``TENANT/OUT_NAME``, replicate it to the others and append the round to the ledger (in
@@ -721,8 +723,8 @@ def audit_cards(
 
 
 def audit_data(
-    reference: str | os.PathLike,
-    current: str | os.PathLike,
+    reference: str | os.PathLike[str],
+    current: str | os.PathLike[str],
     *,
     registry: StoreLike | None = None,
     profile: str = "use",
@@ -783,7 +785,7 @@ def register_model(
     description: str = "",
     registry: StoreLike | None = None,
     tracking_uri: str | None = None,
-) -> dict:
+) -> dict[str, Any]:
     """Register the snapshot ``ref`` (or ``root``) of ``store`` as a new version of model ``name``
     in MLflow, with the data snapshot and contract it was trained on and the other stores holding
     it: ``concord model register``. Returns the version's record.
@@ -810,7 +812,7 @@ def register_model(
     )
 
 
-def model_lineage(name: str, version: str | int, *, tracking_uri: str | None = None) -> dict:
+def model_lineage(name: str, version: str | int, *, tracking_uri: str | None = None) -> dict[str, Any]:
     """Everything recorded about version ``version`` of model ``name``: its root, data snapshots,
     contract, parents, replicas and aliases: ``concord lineage model``.
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any, cast
+
 #: the exit status of the ``concord`` CLI for an error of no more particular kind
 EXIT_GENERIC = 1
 
@@ -25,7 +27,7 @@ class ConcordError(Exception):
 
         super().__init__(*(redact(a) if isinstance(a, str) else a for a in args))
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[Any, tuple[type[BaseException], tuple[object, ...], dict[str, object]]]:
         from concord.redact import redact
 
         def hide(value: object) -> object:
@@ -36,12 +38,13 @@ class ConcordError(Exception):
         return _rebuild, (type(self), args, state)
 
 
-def _rebuild(cls: type, args: tuple, state: dict) -> BaseException:
+def _rebuild(cls: type[BaseException], args: tuple[object, ...], state: dict[str, object]) -> BaseException:
     """An instance of ``cls`` with these ``args`` and attributes, made without its ``__init__``."""
     # the first builtin base whose layout the class has (OSError's when it mixes in KeyError too)
-    for base in (b for b in cls.__mro__ if b.__module__ == "builtins"):
+    bases: list[Any] = [b for b in cls.__mro__ if b.__module__ == "builtins"]  # BaseException, object, …
+    for base in bases:
         try:
-            exc = base.__new__(cls, *args)
+            exc = cast(BaseException, base.__new__(cls, *args))  # a builtin base of cls: an instance of cls
             break
         except TypeError:
             continue

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from concord.errors.base import ConcordError
 from concord.errors.stores import StoreError
 
@@ -157,7 +159,7 @@ class LocalFileError(ConcordError, OSError):
 class ReplicationError(ConcordError):
     """One or more targets of a replication failed; the others completed."""
 
-    def __init__(self, results: list, failures: dict[str, BaseException]) -> None:
+    def __init__(self, results: list[Any], failures: dict[str, BaseException]) -> None:
         self.results = results
         self.failures = failures
         lines = "; ".join(f"{store}: {exc}" for store, exc in failures.items())

@@ -25,6 +25,8 @@ from concord.lineage import graph, registry, runs
 from concord.lineage.client import Tracking
 
 if TYPE_CHECKING:  # pragma: no cover
+    import pandas as pd
+
     from concord.lineage.data import DataSnapshot
     from concord.stores.base import Store
 
@@ -68,7 +70,7 @@ class Lineage(Tracking):
             texts=texts, files=files, description=description,
         )
 
-    def log_data_snapshot(self, snap: DataSnapshot, df=None, *, store: Store | None = None) -> str:
+    def log_data_snapshot(self, snap: DataSnapshot, df: pd.DataFrame | None = None, *, store: Store | None = None) -> str:
         """Log ``snap`` as the input of a run in experiment ``concord-data``; return the run id.
 
         Without ``df`` the table is loaded from ``store`` (default: the store ``snap`` names).

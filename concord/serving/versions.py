@@ -39,6 +39,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
+from typing import overload
 
 from concord.errors import CheckoutBusyError, CheckoutTargetError, NoPreviousVersionError
 from concord.files import atomic_write
@@ -317,7 +318,13 @@ class RollbackResult:
         return dict(self.__dict__)
 
 
-def rollback(dest: str | os.PathLike, *, expect: str | None = None, wait: float = DEFAULT_WAIT) -> RollbackResult | None:
+@overload
+def rollback(dest: str | os.PathLike[str], *, expect: None = None, wait: float = DEFAULT_WAIT) -> RollbackResult: ...
+@overload
+def rollback(dest: str | os.PathLike[str], *, expect: str, wait: float = DEFAULT_WAIT) -> RollbackResult | None: ...
+
+
+def rollback(dest: str | os.PathLike[str], *, expect: str | None = None, wait: float = DEFAULT_WAIT) -> RollbackResult | None:
     """Flip the link back to the version it named before the current one, at once (no byte is
     read: that version was verified when it was checked out). With ``expect``, only when the
     link names that root now (a rollout undoing its own flip); otherwise None, nothing touched."""

@@ -25,7 +25,7 @@ import uuid
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from concord.errors import ConcordError, IntegrityError, LocalFileError, RestoreTargetError, UnsafePathError
 from concord.files import OpenFiles, bounded_map
@@ -59,8 +59,9 @@ class DigestCheck(Protocol):
     def hasher(self, path: str, size: int) -> Hasher | None:
         """A new digest of file ``path`` (``size`` bytes), fed its bytes in order; None: not checked."""
 
-    def check(self, hashers: Mapping[str, Hasher]) -> None:
-        """Raise unless the digests (path → the hasher fed all its bytes) are the expected ones."""
+    def check(self, hashers: Mapping[str, Any]) -> None:
+        """Raise unless the digests (path → the hasher :meth:`hasher` gave, fed all its bytes) are the
+        expected ones."""
 
 
 class _InOrder:

@@ -25,6 +25,7 @@ from collections.abc import Iterable, Iterator
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
+from typing import TYPE_CHECKING
 
 from concord.errors import (
     ChunkNotFoundError,
@@ -34,6 +35,9 @@ from concord.errors import (
     RefConflictError,
 )
 from concord.hashing import chunk_id, is_digest
+
+if TYPE_CHECKING:  # pragma: no cover
+    from concord.stores.config import Encoding
 
 #: one part of a name (a ref's namespace or name, a tenant, a data set, an audit, a checkpoint):
 #: 1 to 128 letters, digits, '.', '_' or '-', not starting with '.', with no '..'. The text of a
@@ -293,7 +297,7 @@ class Store(ABC):
 
     # ------------------------------------------------------------------ configuration
 
-    def encoding(self):
+    def encoding(self) -> Encoding:
         """How this store keeps its objects (:class:`~concord.stores.config.Encoding`), read from
         its ``config`` object once. An encrypted store needs its key here: none, or the wrong
         one, raises :class:`~concord.errors.StoreKeyError` before anything is read or written."""
