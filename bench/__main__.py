@@ -1,4 +1,6 @@
-"""Run the benchmarks and print one table per benchmark: ``python -m bench [snapshot|sync|diff|lora|tier|drift|drift-power|verify|audit-memory|drift-profile|trust|checkout|lineage|formats|s3-scale|fanout|scale|scale-memory] ...``."""
+"""Run the benchmarks and print one table per benchmark: ``python -m bench [BENCHMARK ...]``, each BENCHMARK
+one of snapshot, sync, diff, lora, tier, drift, drift-power, verify, audit-memory, drift-profile,
+oci, compress, trust, checkout, lineage, formats, s3-scale, fanout, scale, scale-memory."""
 
 from __future__ import annotations
 
@@ -12,7 +14,10 @@ from pathlib import Path
 
 from bench.common import DEFAULT_OUT, Options, Table, machine_summary, parse_size
 
-BENCHMARKS = ("snapshot", "sync", "diff", "lora", "tier", "drift", "drift-power", "verify", "audit-memory", "drift-profile", "oci", "compress", "trust", "checkout", "lineage", "formats", "s3-scale", "fanout", "scale", "scale-memory")
+BENCHMARKS = (
+    "snapshot", "sync", "diff", "lora", "tier", "drift", "drift-power", "verify", "audit-memory", "drift-profile", "oci",
+    "compress", "trust", "checkout", "lineage", "formats", "s3-scale", "fanout", "scale", "scale-memory",
+)
 DEFAULT_SIZE_GB = 2.1
 QUICK_SIZE_GB = 0.1
 #: benchmarks whose checkpoint defaults to another size (when neither --size-gb nor --quick is given)
@@ -22,14 +27,17 @@ SIZE_GB_OF = {"tier": 1.1, "audit-memory": 0.5, "formats": 0.25}
 def parse_args(argv: list[str] | None) -> tuple[list[str], Options, dict[str, Options]]:
     """The benchmarks to run, the options, and the options of those whose default size differs."""
     p = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
-    p.add_argument("which", nargs="*", metavar="{snapshot,sync,diff,lora,tier,drift,drift-power,verify,audit-memory,drift-profile,oci,compress,trust,checkout,lineage,formats,s3-scale,fanout,scale,scale-memory}", help="benchmarks to run (default: all)")
+    p.add_argument("which", nargs="*", metavar="{" + ",".join(BENCHMARKS) + "}", help="benchmarks to run (default: all)")
     p.add_argument(
         "--size-gb",
         type=float,
         default=None,
         help="checkpoint size in GB of 10^9 bytes (default 2.1, tier 1.1, formats 0.25; audit-memory: each CSV file, default 0.5; 0.1 with --quick)",
     )
-    p.add_argument("--files", type=int, default=None, metavar="N", help="scale: files in the folder (default 20000; 500 with --quick); scale-memory: the larger folder (default 100000; 5000 with --quick)")
+    p.add_argument(
+        "--files", type=int, default=None, metavar="N",
+        help="scale: files in the folder (default 20000; 500 with --quick); scale-memory: the larger folder (default 100000; 5000 with --quick)",
+    )
     p.add_argument("--size", default=None, metavar="BYTES", help="scale: bytes of each file, e.g. 50k, 64ki, 1m (default 50k; scale-memory: 4096)")
     p.add_argument("--quick", action="store_true", help="small sizes and one run each: a smoke run in seconds")
     p.add_argument(

@@ -22,9 +22,9 @@ from __future__ import annotations
 import gc
 import json
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Iterator
 
 from concord.errors import ManifestError, UnsafePathError
 from concord.hashing import DIGEST_HEX, FILE, PART, SNAPSHOT, flat_canonical_json, is_digest, node_digest_raw, node_hash
@@ -242,13 +242,13 @@ class Manifest:
         return "".join((head[:-1], ',"files":[', ",".join(runs), "]}")).encode()
 
     @classmethod
-    def build(cls, chunk_size: int, files: list[FileEntry]) -> "Manifest":
+    def build(cls, chunk_size: int, files: list[FileEntry]) -> Manifest:
         files = sorted(files, key=lambda f: f.path)
         root = node_hash(SNAPSHOT, snapshot_meta(chunk_size), [f.hash for f in files])
         return cls(root, chunk_size, tuple(files))
 
     @classmethod
-    def from_json(cls, data: bytes, *, expected_root: str | None = None, verify: bool = True) -> "Manifest":
+    def from_json(cls, data: bytes, *, expected_root: str | None = None, verify: bool = True) -> Manifest:
         """Parse and check a manifest. With ``verify`` every node hash is recomputed."""
         where = expected_root or "(unnamed)"
         gc_was_on = gc.isenabled()
@@ -260,7 +260,7 @@ class Manifest:
                 gc.enable()
 
     @classmethod
-    def _from_json(cls, data, where: str, expected_root: str | None, verify: bool) -> "Manifest":
+    def _from_json(cls, data, where: str, expected_root: str | None, verify: bool) -> Manifest:
         from concord.documents import MAX_MANIFEST_BYTES, load_json_document
 
         doc = load_json_document(

@@ -41,10 +41,10 @@ def test_the_quick_path_check_agrees_on_every_join_of_three_segments():
 def _manifest() -> Manifest:
     files = []
     for i in range(50):
-        parts = [make_part("data", "data", 0, 100 + i, ["%064x" % i])]
+        parts = [make_part("data", "data", 0, 100 + i, [f"{i:064x}"])]
         files.append(make_file(f"shard-{i:03d}.dat", 100 + i, "blob", parts))
-    header = make_part("header", "header", 0, 8, ["%064x" % 1000])
-    tensor = make_part("tensor", "w", 8, 16, ["%064x" % 1001], dtype="F32", shape=[2, 2])
+    header = make_part("header", "header", 0, 8, [f"{1000:064x}"])
+    tensor = make_part("tensor", "w", 8, 16, [f"{1001:064x}"], dtype="F32", shape=[2, 2])
     files.append(make_file("model.safetensors", 24, "safetensors", [header, tensor]))
     return Manifest.build(DEFAULT_CHUNK_SIZE, files)
 
@@ -69,7 +69,7 @@ def test_a_wrong_file_field_is_one_manifest_error(field, value):
         Manifest.from_json(json.dumps(doc).encode(), expected_root=m.root)
 
 
-@pytest.mark.parametrize("field, value", [("kind", {"x": 1}), ("name", 5), ("chunks", "%064X" % 0xABCDEF), ("chunks", " " * 64)])
+@pytest.mark.parametrize("field, value", [("kind", {"x": 1}), ("name", 5), ("chunks", f"{0xABCDEF:064X}"), ("chunks", " " * 64)])
 def test_a_wrong_part_field_is_one_manifest_error(field, value):
     m = _manifest()
     doc = json.loads(m.to_json())
@@ -80,7 +80,7 @@ def test_a_wrong_part_field_is_one_manifest_error(field, value):
 
 @pytest.mark.parametrize("n", [0, 1, 1000, 2501])
 def test_to_json_writes_the_bytes_of_the_whole_document_in_runs(n):
-    files = [make_file(f"f{i:05d}", 1, "blob", [make_part("data", "data", 0, 1, ["%064x" % i])]) for i in range(n)]
+    files = [make_file(f"f{i:05d}", 1, "blob", [make_part("data", "data", 0, 1, [f"{i:064x}"])]) for i in range(n)]
     m = Manifest.build(DEFAULT_CHUNK_SIZE, files)
     whole = {"format": "concord/manifest@1", "root": m.root, "chunk_size": m.chunk_size, "files": [f.to_dict() for f in m.files]}
     assert m.to_json() == json.dumps(whole, separators=(",", ":")).encode()
