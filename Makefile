@@ -9,7 +9,7 @@ STAMP  := $(VENV)/.installed
 PYTEST_ARGS ?=
 TEST_WORKERS ?= 2
 
-.PHONY: install test-prereqs bench-prereqs demo test test-unit test-integration e2e bench clean serve stop status
+.PHONY: install test-prereqs bench-prereqs demo docs test test-unit test-integration e2e bench clean serve stop status
 
 install: $(STAMP)
 
@@ -43,6 +43,12 @@ test: install test-prereqs
 	@bash tests/phase.sh "import contracts" $(VENV)/bin/lint-imports
 	@bash tests/phase.sh "unit and integration tests" $(VENV)/bin/pytest -q --durations=15 -n $(TEST_WORKERS) tests/unit tests/integration $(PYTEST_ARGS)
 	@bash tests/phase.sh "end-to-end tests" $(VENV)/bin/pytest -q --durations=10 tests/e2e $(PYTEST_ARGS)
+
+# The API reference: one HTML page of what `import concord` exports, from the docstrings, in build/api
+API_DOCS ?= build/api
+docs: install
+	$(VENV)/bin/pdoc --docformat google -o $(API_DOCS) concord '!concord\..*'
+	@echo "API reference: $(API_DOCS)/concord.html"
 
 test-unit: install
 	$(VENV)/bin/pytest -q -n $(TEST_WORKERS) tests/unit $(PYTEST_ARGS)
