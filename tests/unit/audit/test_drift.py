@@ -719,3 +719,41 @@ def test_batches_refuse_bad_options():
         data_drift_batches(t, t, columns=["nope"])
     with pytest.raises(DriftConfigError, match="two columns are named 'x'"):
         data_drift_batches(TableBatches(("x", "x"), t.read), t)
+
+
+def test_the_streamed_sample_is_algorithm_r_and_the_tables_stay_as_they_were():
+    """The reservoir (kept in buffers from batch to batch, batches of any size) holds exactly what
+    algorithm R, value by value, keeps from the same seeded draws; reading never changes the table."""
+    from concord.audit.drift import _Column, _seed
+
+    rng = np.random.default_rng(3)
+    sizes = [30, 100, 7, 250, 40, 0, 600, 90]
+    batches = [rng.standard_normal(n) for n in sizes]
+    k = 50
+    column = _Column(sample_size=k, seed=_seed("x"))
+    kept = [b.copy() for b in batches]
+    for b in batches:
+        column.add(pd.Series(b))
+    side = column.finish()
+    for b, before in zip(batches, kept):
+        assert np.array_equal(b, before)
+    # algorithm R by hand: the first k values, then each value at position i taken with
+    # probability k / (i + 1) into a uniformly drawn slot, in stream order
+    draws = np.random.default_rng([0x5EED, _seed("x")])
+    values = np.concatenate(batches)
+    sample, seen, start = values[:k].copy(), k, 0
+    for b in batches:
+        rest = b[max(0, k - start):]
+        start += b.size
+        if not rest.size:
+            continue
+        taken = rest[draws.random(rest.size) * np.arange(seen + 1, seen + rest.size + 1) < k]
+        for value, slot in zip(taken, draws.integers(0, k, size=taken.size)):
+            sample[slot] = value
+        seen += rest.size
+    assert side.sampled and side.size == values.size
+    assert np.array_equal(side.values, np.sort(sample))
+    frame = pd.DataFrame({"x": values, "y": values[::-1].copy()})
+    before = frame.copy()
+    data_drift(frame, frame.iloc[::-1].reset_index(drop=True))
+    pd.testing.assert_frame_equal(frame, before)
