@@ -46,7 +46,6 @@ from concord.errors import (
     HealthCheckFailedError,
     IntegrityError,
     LocalFileError,
-    UnsafePathError,
 )
 from concord.files import OpenFiles, atomic_write, bounded_map
 from concord.hashing import chunk_id
@@ -54,8 +53,8 @@ from concord.progress import Progress, ensure
 from concord.serving.health import HealthCheck
 from concord.serving.versions import DEFAULT_WAIT, Layout, end_leftover_gate, fsync_dir, prune, remove_tree, swap_dirs
 from concord.snapshots.manifest import Manifest, safe_relpath
+from concord.snapshots.paths import target_paths
 from concord.stores.base import Store
-from concord.text import control_char
 
 if TYPE_CHECKING:
     from concord.trust import TrustPolicy
@@ -103,27 +102,6 @@ class _Tally:
     def add(self, what: str, n: int) -> None:
         with self.lock:
             setattr(self, what, getattr(self, what) + n)
-
-
-def _target_paths(manifest: Manifest, base: str, *, fresh: bool = False) -> list[str]:
-    """Where each file goes under ``base``. In a ``fresh`` folder (just made: nothing in it can
-    be a link) a checked relative path stays inside as it is written; elsewhere each path is
-    resolved (a link left in a partial version is followed before it is trusted)."""
-    real_base = os.path.realpath(base)
-    out = []
-    for f in manifest.files:
-        rel = safe_relpath(f.path)
-        if control_char(rel) is not None:
-            raise UnsafePathError(f.path, "it holds a control character, which a checkout never creates")
-        full = os.path.join(real_base, *rel.split("/"))
-        if fresh:  # relative, normalised, no '..': inside
-            out.append(full)
-            continue
-        full = os.path.realpath(full)
-        if os.path.commonpath([full, real_base]) != real_base or full == real_base:
-            raise UnsafePathError(f.path, "it resolves outside the version folder")
-        out.append(full)
-    return out
 
 
 def _stat_key(st: os.stat_result) -> list[int]:
@@ -313,7 +291,8 @@ def materialise(
     dst = OpenFiles(os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), fsync=fsync, mode=0o644)
     src = OpenFiles(os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
     try:
-        paths = _target_paths(manifest, part_dir, fresh=not resuming)
+        # a resumed partial version may hold links: each path is then resolved before it is trusted
+        paths = target_paths((f.path for f in manifest.files), part_dir, resolve=resuming)
         # every place each chunk goes: a chunk named twice is fetched or copied once
         places: dict[str, list[tuple[str, int, int]]] = {}
         folders: set[str] = set()

@@ -27,12 +27,12 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from concord.errors import ConcordError, IntegrityError, LocalFileError, RestoreTargetError, UnsafePathError
+from concord.errors import ConcordError, IntegrityError, LocalFileError, RestoreTargetError
 from concord.files import OpenFiles, bounded_map
 from concord.progress import Progress, ensure
-from concord.snapshots.manifest import Manifest, safe_relpath
+from concord.snapshots.manifest import Manifest
+from concord.snapshots.paths import target_paths
 from concord.stores.base import Store
-from concord.text import control_char
 
 
 @dataclass(frozen=True)
@@ -101,20 +101,6 @@ class _InOrder:
             self.cond.notify_all()
 
 
-def _target_paths(manifest: Manifest, base: str) -> list[str]:
-    """Where each file goes under ``base``, a folder this restore just made: nothing in it can be
-    a link yet, so a checked relative path (normalised, no ``..``) stays inside as it is written."""
-    out = []
-    real_base = os.path.realpath(base)
-    for f in manifest.files:
-        rel = safe_relpath(f.path)
-        if control_char(rel) is not None:
-            raise UnsafePathError(f.path, "it holds a control character, and restore never creates such a name "
-                                  "(it could forge terminal output); rename the file at its source and snapshot it again")
-        out.append(os.path.join(real_base, *rel.split("/")))
-    return out
-
-
 #: a check of a root before it is restored (a trust policy's ``restore_check``): raises to refuse
 #: it; may return digests the files must have, computed as they are written and checked before
 #: the final rename
@@ -148,7 +134,7 @@ def restore(
     # after its last, so a few files are open at once however many the snapshot holds
     files = OpenFiles(os.O_WRONLY | os.O_CREAT | getattr(os, "O_CLOEXEC", 0))
     try:
-        paths = _target_paths(manifest, tmp)
+        paths = target_paths((f.path for f in manifest.files), tmp)  # a folder just made: no link in it
         hashers: dict[int, Hasher] = {}
         if digests is not None:
             for i, f in enumerate(manifest.files):

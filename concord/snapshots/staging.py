@@ -36,6 +36,7 @@ from dataclasses import dataclass
 
 from concord.errors import InvalidStoreURIError, SourceChangedError, SourceNotFoundError, UnsafePathError
 from concord.progress import Progress, ensure
+from concord.snapshots.paths import relative_path, target_path
 
 log = logging.getLogger(__name__)
 
@@ -92,17 +93,6 @@ class _Object:
     mtime: float
 
 
-def _safe_rel(rel: str, key: str) -> str:
-    """``rel`` as a relative posix path that stays inside the staging folder, or refuse the key."""
-    if not rel or rel.startswith("/") or "\\" in rel:
-        raise UnsafePathError(key, "an S3 key under a checkpoint must be a relative name without '\\'")
-    if any(part in ("", ".", "..") for part in rel.split("/")):
-        raise UnsafePathError(key, "an S3 key under a checkpoint may not hold an empty, '.' or '..' segment")
-    if any(ord(ch) < 32 for ch in rel):
-        raise UnsafePathError(key, "an S3 key under a checkpoint may not hold a control character")
-    return rel
-
-
 def _listing(store) -> list[_Object]:
     """Every object under the store's prefix, checked; refuses the whole listing on one bad key."""
     base = f"{store.prefix}/"
@@ -113,7 +103,7 @@ def _listing(store) -> list[_Object]:
                 key = obj["Key"]
                 if key.endswith("/"):
                     continue  # a folder placeholder, not a file
-                rel = _safe_rel(key[len(base) :], key)
+                rel = relative_path(key[len(base) :], shown=key)
                 etag = obj.get("ETag")
                 objects.append(_Object(key, rel, int(obj.get("Size", 0)), etag, obj["LastModified"].timestamp()))
     names = {o.rel for o in objects}
@@ -191,10 +181,7 @@ def stage(source: str, into: str, *, endpoint_url: str | None = None, progress: 
                 f"point ${STAGING_DIR_ENV} at a larger disk",
             )
         root = os.path.realpath(into)
-        targets = [(o, os.path.join(root, *o.rel.split("/"))) for o in objects]
-        for o, dest in targets:  # belt and braces: every path inside the staging folder
-            if os.path.commonpath([root, os.path.realpath(dest)]) != root:
-                raise UnsafePathError(o.key, "it would be staged outside the staging folder")
+        targets = [(o, target_path(o.rel, root, resolve=True, shown=o.key)) for o in objects]
         prog = ensure(progress)
         prog.start(total, f"staging {os.path.basename(root)}")
         stop = threading.Event()
