@@ -652,7 +652,9 @@ class _Column:
     is marked ``conflict`` and no longer taken in: the caller reads it again ``as_text``.
     """
 
-    def __init__(self, *, sample_size: int | None = None, seed: int = 0, edges: np.ndarray | None = None, as_text: bool = False):
+    def __init__(
+        self, *, sample_size: int | None = None, seed: int = 0, edges: np.ndarray | None = None, as_text: bool = False, scratch: dict | None = None
+    ):
         self.sample_size = sample_size
         self.seed = seed
         self.edges = edges
@@ -672,7 +674,8 @@ class _Column:
         self.label_parts: list = []  # labels: each batch's counts, merged from time to time
         self.label_pending = 0
         self.counts = None
-        self.scratch = None  # numeric, sampled: buffers of :meth:`_take`
+        #: numeric, sampled: buffers of :meth:`_take`, which the columns of one pass may share
+        self.scratch = {} if scratch is None else scratch
 
     def add(self, s: pd.Series) -> None:
         import numpy as np
@@ -752,9 +755,12 @@ class _Column:
         # a slot drawn uniformly from 0..k-1; in stream order, so the last value taken into a slot stays
         # (into buffers kept from batch to batch: fresh ones of a batch's size cost page faults)
         n = values.size
-        if self.scratch is None or self.scratch[0].size < n:
-            self.scratch = (np.empty(n), np.empty(n), np.arange(n, dtype=np.float64), np.empty(k, dtype=np.int64))
-        (taken, position, steps), latest = (a[:n] for a in self.scratch[:3]), self.scratch[3]
+        pool = self.scratch
+        if pool.get("n", 0) < n:
+            pool.update(n=n, taken=np.empty(n), position=np.empty(n), steps=np.arange(n, dtype=np.float64))
+        if pool.get("latest") is None or pool["latest"].size < k:
+            pool["latest"] = np.empty(k, dtype=np.int64)
+        taken, position, steps, latest = pool["taken"][:n], pool["position"][:n], pool["steps"][:n], pool["latest"]
         self.rng.random(out=taken)
         taken *= np.add(steps, seen + 1, out=position)  # seen + 1 .. seen + n, exactly (< 2**53)
         values = values[taken < k]
@@ -801,7 +807,7 @@ class _Column:
                 values, side.sampled = self.sample, True
             else:
                 values = self.parts[0] if len(self.parts) == 1 else np.concatenate(self.parts)
-            self.parts, self.sample, self.scratch = [], None, None
+            self.parts, self.sample = [], None
             values.sort()
             side.values, side.size = values, self.size
             side.low, side.high = self.low, self.high
@@ -1459,7 +1465,8 @@ def _read_sides(
     file) is read again as text, alone, in a second pass.
     """
     def taken(names: list[str], as_text: bool) -> tuple[int, dict[str, _Column]]:
-        cols = {n: _Column(sample_size=sample_size, seed=_seed(n), edges=edges.get(n), as_text=as_text) for n in names}
+        scratch: dict = {}  # one set of sampling buffers for the pass: a batch is taken in at a time
+        cols = {n: _Column(sample_size=sample_size, seed=_seed(n), edges=edges.get(n), as_text=as_text, scratch=scratch) for n in names}
         asked = names or list(table.columns[:1])
         rows = 0
         for batch in table.read(asked, as_text):

@@ -447,8 +447,8 @@ def _read_column(entry: Any, rows: int, member, fail) -> ColumnProfile:
         raw = member(ref, f"column {name!r} values", 8 * n)
         if len(raw) != 8 * n:
             raise bad(f"holds {len(raw)} bytes of values, not {8 * n}")
-        values = np.frombuffer(raw, dtype=np.uint8).reshape(8, n).T.copy().view("<f8").ravel().astype(np.float64)
-        if not np.isfinite(values).all() or (n > 1 and (np.diff(values) < 0).any()):
+        values = np.frombuffer(raw, dtype=np.uint8).reshape(8, n).T.copy().view("<f8").ravel().astype(np.float64, copy=False)
+        if not np.isfinite(values).all() or (n > 1 and (values[1:] < values[:-1]).any()):
             raise bad("its values are not sorted finite numbers")
         if n > size or (n < size) != bool(side.sampled):
             raise bad(f"keeps {n} of {size} values but says sampled={side.sampled}")
