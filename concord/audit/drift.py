@@ -472,19 +472,19 @@ def _merged_ks_wasserstein(r: np.ndarray, c: np.ndarray) -> tuple[float, float]:
         own_cdf /= own.size
         other_cdf = other_before.astype(np.float64)
         other_cdf /= other.size
-        diff = own_cdf - other_cdf if own_is_reference else other_cdf - own_cdf
+        diff = np.subtract(own_cdf, other_cdf, out=own_cdf) if own_is_reference else np.subtract(other_cdf, own_cdf, out=other_cdf)
         del own_cdf, other_cdf
         np.abs(diff, out=diff)
-        # successor in the merge: the next own value or the first other value after this one
-        following = np.append(other, np.inf)[other_before]
+        # successor in the merge: the next own value or the first other value after this one (none:
+        # +inf, for the own values above every other one, at the end since ``other_before`` is sorted)
+        following = other.take(other_before, mode="clip")
+        following[np.searchsorted(other_before, other.size):] = np.inf
         np.minimum(following[:-1], own[1:], out=following[:-1])
         gap = np.subtract(following, own, out=following)
         if np.isinf(gap[-1]):  # the largest value of all: both CDFs are 1 there
             gap[-1] = 0.0
         wasserstein += float(np.dot(diff, gap))
-        run_ends = diff[gap > 0]
-        if run_ends.size:
-            ks = max(ks, float(run_ends.max()))
+        ks = max(ks, float(np.max(diff, where=gap > 0, initial=0.0)))  # at the runs' ends
     return ks, wasserstein
 
 
