@@ -22,6 +22,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import IO
 from urllib.parse import urlsplit
 
 #: the last characters of a failing command's output kept in the error
@@ -57,16 +58,16 @@ class HealthCheck:
         for attempt in range(self.attempts):
             if attempt:
                 time.sleep(self.interval)
-            problem = self._command(path, root, started) if self.cmd is not None else self._get()
+            problem = self._command(self.cmd, path, root, started) if self.cmd is not None else self._get(self.url or "")
             if problem is None:
                 return None
         return problem
 
-    def _command(self, path: str, root: str, started: Callable[[int], None] | None) -> str | None:
+    def _command(self, cmd: str, path: str, root: str, started: Callable[[int], None] | None) -> str | None:
         env = dict(os.environ, CONCORD_CHECKOUT_PATH=path, CONCORD_CHECKOUT_ROOT=root)
         with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
             proc = subprocess.Popen(
-                self.cmd, shell=True, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=err, start_new_session=True
+                cmd, shell=True, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=err, start_new_session=True
             )
             try:
                 if started is not None:
@@ -83,15 +84,15 @@ class HealthCheck:
             tail = _tail(err) or _tail(out)
         return f"exit status {code}" + (f": {tail}" if tail else "")
 
-    def _get(self) -> str | None:
+    def _get(self, url: str) -> str | None:
         """GET the URL within ``timeout`` for the whole answer: a timer shuts the socket when it
         runs out, so no read outlives it however slowly the bytes come."""
         import http.client
         import socket
 
-        parts = urlsplit(self.url)
+        parts = urlsplit(url)
         cls = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
-        conn = cls(parts.hostname, parts.port, timeout=self.timeout)
+        conn = cls(parts.hostname or "", parts.port, timeout=self.timeout)  # a host: __post_init__ checked
         expired = threading.Event()
 
         def expire() -> None:
@@ -124,7 +125,7 @@ class HealthCheck:
         return None if 200 <= code < 300 else f"{self.url} answered HTTP {code}"
 
 
-def _tail(f) -> str:
+def _tail(f: IO[bytes]) -> str:
     """The last characters of what a command wrote to ``f`` (only the end of the file is read)."""
     size = f.seek(0, os.SEEK_END)
     f.seek(max(0, size - 4 * _TAIL))

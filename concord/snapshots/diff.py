@@ -7,8 +7,9 @@ skipped whole, and inside a changed file only parts whose hashes differ are open
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
-from concord.snapshots.manifest import Manifest
+from concord.snapshots.manifest import Manifest, Part
 
 
 @dataclass(frozen=True)
@@ -17,7 +18,7 @@ class Change:
     tensor: str | None
     kind: str  # "added" | "removed" | "changed"
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {"file": self.file, "tensor": self.tensor, "kind": self.kind}
 
 
@@ -34,7 +35,7 @@ class DiffResult:
     chunks_differing: int
     bytes_differing: int
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {
             "a": self.a,
             "b": self.b,
@@ -61,8 +62,8 @@ def diff_manifests(a: Manifest, b: Manifest) -> DiffResult:
             continue
         if x is None:
             changes.append(Change(path, None, "added"))
-            for p in y.parts:
-                _collect(p, b.chunk_size, new_spans)
+            for part in y.parts:
+                _collect(part, b.chunk_size, new_spans)
             continue
         listed = False
         px, py = x.by_key, y.by_key
@@ -84,6 +85,6 @@ def diff_manifests(a: Manifest, b: Manifest) -> DiffResult:
     return DiffResult(a.root, b.root, False, tuple(changes), len(moved), sum(moved.values()))
 
 
-def _collect(part, chunk_size: int, out: dict[str, int]) -> None:
+def _collect(part: Part, chunk_size: int, out: dict[str, int]) -> None:
     for cid, _, n in part.chunk_spans(chunk_size):
         out[cid] = n

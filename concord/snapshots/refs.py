@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from concord.errors import HistoryError, RefNotFoundError
 from concord.hashing import is_digest
@@ -46,7 +47,7 @@ class RollbackResult:
     previous: str
     version: int
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
 
 

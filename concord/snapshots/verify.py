@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Any
 
 from concord.errors import (
     ChunkNotFoundError,
@@ -35,7 +36,7 @@ MAX_BATCH_CHUNKS = 4096
 RUN_CHUNKS = 32
 
 
-def _plain(obj) -> dict:
+def _plain(obj: object) -> dict[str, Any]:
     """A frozen result's fields as a dict of JSON types (tuples become lists)."""
     return {k: (list(v) if isinstance(v, tuple) else v) for k, v in obj.__dict__.items()}
 
@@ -66,7 +67,7 @@ class VerifyResult:
         broken = set(self.missing) | set(self.corrupt) | set(self.bad_manifests)
         return broken <= set(self.repaired) and not self.broken_refs
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return _plain(self) | {"ok": self.ok}
 
 
@@ -119,7 +120,7 @@ class Checked:
     chunks: int
     bytes_read: int
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return _plain(self)
 
 
@@ -149,8 +150,9 @@ def plan(store: Store, *, ref: str | None = None, root: str | None = None, repai
     ref_roots: dict[str, str] = {}
     broken: list[str] = []
     gaps: list[str] = []
-    if ref or root:
-        roots = [resolve_root(store, ref or root)]
+    named = ref or root
+    if named:
+        roots = [resolve_root(store, named)]
     else:
         held = set(store.iter_manifests())
         ref_roots, broken, gaps = _refs_of(store, held)
