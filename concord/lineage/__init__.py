@@ -52,7 +52,7 @@ class Lineage(Tracking):
         params: Mapping[str, Any] | None = None,
         metrics: Mapping[str, float] | None = None,
         texts: Mapping[str, str] | None = None,
-        files: Mapping[str, Iterable[str | os.PathLike]] | None = None,
+        files: Mapping[str, Iterable[str | os.PathLike[str]]] | None = None,
         description: str | None = None,
     ) -> str:
         """Log one finished run in the experiment ``experiment`` (created on first use) and return
@@ -92,7 +92,7 @@ class Lineage(Tracking):
         description: str = "",
         data_store: Store | None = None,
         contracts_store: Store | None = None,
-    ) -> dict:
+    ) -> dict[str, Any]:
         """Register snapshot ``root`` as a new version of model ``name``
         (:func:`concord.lineage.registry.register_model_version`): its description links to its
         parents and data snapshot, and the run that registered it holds its lineage picture,
@@ -108,18 +108,18 @@ class Lineage(Tracking):
         returns the ``name/version`` of each version updated."""
         return registry.record_replica(self, root, store, tier)
 
-    def promote(self, name: str, version: str | int, alias: str, *, data_store: Store, contracts: Store) -> dict:
+    def promote(self, name: str, version: str | int, alias: str, *, data_store: Store, contracts: Store) -> dict[str, Any]:
         """Point ``alias`` at ``name``/``version`` only if the promotion gate passes
         (:func:`concord.lineage.registry.promote`); else :class:`~concord.errors.PromotionRefused`."""
         return registry.promote(self, name, version, alias, data_store=data_store, contracts=contracts)
 
     # ------------------------------------------------------------------ queries
 
-    def model_lineage(self, name: str, version: str | int) -> dict:
+    def model_lineage(self, name: str, version: str | int) -> dict[str, Any]:
         """Everything recorded about one version (:func:`concord.lineage.registry.model_lineage`)."""
         return registry.model_lineage(self, name, version)
 
-    def data_lineage(self, snapshot_id: str) -> list[dict]:
+    def data_lineage(self, snapshot_id: str) -> list[dict[str, Any]]:
         """Every model version that records ``snapshot_id`` as its data, ordered by name and version."""
         return registry.data_lineage(self, snapshot_id)
 
@@ -127,10 +127,10 @@ class Lineage(Tracking):
         """The snapshot roots of every model version that holds an alias (e.g. champion)."""
         return registry.promoted_roots(self)
 
-    def version_graph(self, name: str, version: str | int) -> dict:
+    def version_graph(self, name: str, version: str | int) -> dict[str, Any]:
         """Nodes and edges of one version's lineage (:func:`concord.lineage.graph.version_graph`)."""
         return graph.version_graph(self, name, version)
 
-    def lineage_graph(self, name: str) -> dict:
+    def lineage_graph(self, name: str) -> dict[str, Any]:
         """Nodes and edges of model ``name``'s lineage (:func:`concord.lineage.graph.lineage_graph`)."""
         return graph.lineage_graph(self, name)
