@@ -132,7 +132,10 @@ def run(opts: Options) -> list[Table]:
 
         # export: every layer uploaded
         export = [
-            Case("concord export", lambda: export_oci(store, m1, parse_reference(repo("concord") + ":v1"), plain_http=True, memo=DigestMemo(work / f"memo-{uuid.uuid4().hex[:8]}"))),
+            Case("concord export", lambda: export_oci(
+                store, m1, parse_reference(repo("concord") + ":v1"), plain_http=True,
+                memo=DigestMemo(work / f"memo-{uuid.uuid4().hex[:8]}"),
+            )),
             Case("oras push", lambda: oras_push(v1, repo("oras") + ":v1")),
         ]
         race(opts.runs, *export, wait_idle=opts.wait_idle)
@@ -197,7 +200,8 @@ def run(opts: Options) -> list[Table]:
         "oras 0.2 reads each file whole into memory to upload it and hashes every file before asking the registry; "
         "concord streams each layer from the store's checked chunks and computes every digest from them, or remembers it from an earlier "
         "export on this machine (never taking one from the registry), then asks; a remembered digest's upload is hashed on the way",
-        "concord import also snapshots what it downloads into a staging store (hash and write every chunk), checks it, then copies the chunks the target lacks; oras pull only writes the files",
+        "concord import also snapshots what it downloads into a staging store (hash and write every chunk), checks it, "
+        "then copies the chunks the target lacks; oras pull only writes the files",
         times_note(export + second + imports),
     ]
     return [table]

@@ -144,7 +144,10 @@ class TierPolicyBlock(Block):
     hot_compress: Compression | None = Field(
         default=None,
         title="Hot compression",
-        description="How the hot store keeps chunks: none, zstd, or auto (byte planes for float tensors); empty to leave the store as it is. Applied when the store is first opened empty.",
+        description=(
+            "How the hot store keeps chunks: none, zstd, or auto (byte planes for float tensors); empty to leave the "
+            "store as it is. Applied when the store is first opened empty."
+        ),
     )
     hot_rto: str | None = Field(
         default=None,
@@ -188,7 +191,10 @@ class TierPolicyBlock(Block):
     warm_compress: Compression | None = Field(
         default=None,
         title="Warm compression",
-        description="How the warm store keeps chunks: none, zstd, or auto (byte planes for float tensors); empty to leave the store as it is. Applied when the store is first opened empty.",
+        description=(
+            "How the warm store keeps chunks: none, zstd, or auto (byte planes for float tensors); empty to leave the "
+            "store as it is. Applied when the store is first opened empty."
+        ),
     )
     warm_rto: str | None = Field(
         default=None,

@@ -61,7 +61,8 @@ def nightly_drift(
     reference data snapshot with a stored profile is audited against the profile alone, without
     reading the table (memory flat in its size); with "create", one without is profiled tonight,
     as it is read, and the profile stored beside it (and written, as ``reference.profile``, beside
-    the PNGs, for the audit's MLflow run), so that the next nights read only the current table. A table file's profile is kept in ``history_store``, keyed by the BLAKE3 of its bytes.
+    the PNGs, for the audit's MLflow run), so that the next nights read only the current table. A
+    table file's profile is kept in ``history_store``, keyed by the BLAKE3 of its bytes.
 
     Returns ``{name, night, drift: DriftReport.to_dict(), reference, current: TableSource dicts,
     history, history_key, plots: {column: path}}``.

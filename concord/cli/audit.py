@@ -410,7 +410,10 @@ def register(sub, common: list) -> None:
     s.add_argument("--out", metavar="FILE", help="write the profile here (conventionally NAME.profile); needed unless one data snapshot is profiled")
     s.add_argument("--data-store", metavar="STORE", help="store holding data snapshots named by id or data/NAME, where their profile is stored (default: the registry)")
     s.add_argument("--no-store", action="store_true", help="do not store a data snapshot's profile beside it (write --out only)")
-    s.add_argument("--sample-size", type=positive_int, default=500_000, metavar="N", help="numeric values kept per column, a uniform sample above (default 500000, as the audit keeps)")
+    s.add_argument(
+        "--sample-size", type=positive_int, default=500_000, metavar="N",
+        help="numeric values kept per column, a uniform sample above (default 500000, as the audit keeps)",
+    )
     s.add_argument("--max-labels", type=positive_int, default=100_000, metavar="K", help="labels kept per categorical column, the most frequent; the rest pooled (default 100000)")
     s.set_defaults(func=cmd_audit_profile)
 

@@ -13,7 +13,8 @@ renamed into place, overlapping the writes still to come, and each of its folder
 once, at the end. Smaller objects (the chunks of a folder of many small files) are flushed all
 at once, at the end, by one ``syncfs`` of each filesystem they were written to, which writes
 their bytes and names, and their folders', in one journal commit instead of one per file; on a
-system without ``syncfs`` they are flushed as the large ones are. The ref itself is written flushed, and its folder after it. Ref updates take an ``flock`` only for the read-compare-write of the
+system without ``syncfs`` they are flushed as the large ones are. The ref itself is written flushed,
+and its folder after it. Ref updates take an ``flock`` only for the read-compare-write of the
 compare-and-swap (and the compare-and-delete of a ref); correctness of everything else comes from
 atomic renames and content addressing.
 """

@@ -382,5 +382,6 @@ def test_a_data_snapshots_profile_is_stored_beside_it_and_found_again(tmp_path):
         folder.mkdir()
         (folder / name).write_bytes(content)
         snapshot(folder, store, ref=f"profiles/{other.id}")
-        with pytest.raises(ProfileError, match=f"profiles/{other.id} in {store.uri}: " + ("is not a profile" if name == "reference.profile" else "its snapshot .* holds no reference.profile")):
+        problem = "is not a profile" if name == "reference.profile" else "its snapshot .* holds no reference.profile"
+        with pytest.raises(ProfileError, match=f"profiles/{other.id} in {store.uri}: {problem}"):
             stored_profile(store, other.id)

@@ -362,7 +362,8 @@ def test_cli_aggregate_refuses_bad_input(tmp_path, capsys):
 
 def test_cli_run_verify_and_log(clusters, tenant_adapters, capsys):
     stores = [a for s in clusters for a in ("--cluster", s.uri)]
-    code, r, err = _run(capsys, "federate", "run", "--tenant", "acme", *stores, "--adapter", "adapter-0", "adapter-1", "--adapter", "acme/adapter-2", "--weights", "1,1,2", "--json")
+    adapters = ["--adapter", "adapter-0", "adapter-1", "--adapter", "acme/adapter-2"]
+    code, r, err = _run(capsys, "federate", "run", "--tenant", "acme", *stores, *adapters, "--weights", "1,1,2", "--json")
     assert code == 0, err
     assert {"tenant", "round", "hash", "root", "method", "rank", "clients", "relative_error", "replicas"} <= set(r)
     assert r["round"] == 1 and [c["weight"] for c in r["clients"]] == pytest.approx([0.25, 0.25, 0.5])

@@ -95,7 +95,8 @@ def test_the_model_config_says_what_the_checkpoint_says(tmp_path):
 
 
 def _manifest(layers: list[dict], artifact_type: str = mp.ARTIFACT_TYPE, config_type: str = mp.CONFIG_TYPE) -> dict:
-    return {"schemaVersion": 2, "mediaType": mp.MANIFEST_TYPE, "artifactType": artifact_type, "config": {"mediaType": config_type, "digest": "sha256:" + "1" * 64, "size": 2}, "layers": layers}
+    config = {"mediaType": config_type, "digest": "sha256:" + "1" * 64, "size": 2}
+    return {"schemaVersion": 2, "mediaType": mp.MANIFEST_TYPE, "artifactType": artifact_type, "config": config, "layers": layers}
 
 
 def _layer(path: str, media_type: str = mp.WEIGHT) -> dict:
