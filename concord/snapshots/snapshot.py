@@ -414,7 +414,9 @@ def snapshot(
         finally:
             prog.close()
         manifest = Manifest.build(chunk_size, entries)
-        store.put_manifest(manifest.root, manifest.to_json())
+        # an unchanged folder's manifest is there already: not worth encoding 20,000 files again
+        if snap.new_chunks or not store.has_manifest(manifest.root):
+            store.put_manifest(manifest.root, manifest.to_json())
         if before_ref is not None:
             before_ref(store, manifest.root)
         version = None

@@ -426,3 +426,22 @@ def test_the_names_a_format_claims_are_those_its_reader_looks_at():
     for name in ["m.safetensors", "M.SafeTensors", "__0_0.distcp", "q.gguf", "w.pt", "w.pth", "pytorch_model.bin",
                  "last.ckpt", "shard.dat", "config.json", "tokenizer.model", "dir.pt/file", "x.safetensors.part"]:
         assert claims(name) == (looks_like_safetensors(name) or _kind(name) is not None), name
+
+
+def test_a_re_snapshot_encodes_the_manifest_only_when_the_store_lacks_it(tmp_path, monkeypatch):
+    src = tmp_path / "shards"
+    src.mkdir()
+    for i in range(20):
+        (src / f"shard-{i:03d}.dat").write_bytes(os.urandom(3000))
+    store = LocalDirStore(tmp_path / "s")
+    first = snapshot(src, store, chunk_size=CHUNK, ref="x")
+    encoded = []
+    real = Manifest.to_json
+    monkeypatch.setattr(Manifest, "to_json", lambda self: encoded.append(self.root) or real(self))
+    again = snapshot(src, store, chunk_size=CHUNK, ref="x")
+    assert again.root == first.root and again.new_chunks == 0 and encoded == []
+    (src / "shard-000.dat").rename(src / "renamed.dat")  # no new chunk, a new root
+    moved = snapshot(src, store, chunk_size=CHUNK, ref="x")
+    assert moved.new_chunks == 0 and encoded == [moved.root]
+    assert Manifest.from_json(store.get_manifest_bytes(moved.root), expected_root=moved.root).n_files == 20
+    assert store.read_ref("x").root == moved.root
