@@ -13,39 +13,39 @@ command's start-up. The verbs are in :mod:`concord.api` (see docs/python.md); th
 come from their wings and the errors from :mod:`concord.errors`.
 """
 
+#: the verbs, in the order docs/python.md gives them (each is in :mod:`concord.api`)
+VERBS = (
+    "open_store",
+    "snapshot",
+    "sync",
+    "diff",
+    "restore",
+    "verify",
+    "rollback",
+    "sign",
+    "signatures",
+    "checkout",
+    "rollback_checkout",
+    "tier_add",
+    "tier_sweep",
+    "tier_status",
+    "tier_restore",
+    "tier_drill",
+    "federate_round",
+    "federate_verify",
+    "audit_replicas",
+    "audit_cards",
+    "audit_data",
+    "open_lineage",
+    "register_data",
+    "register_model",
+    "model_lineage",
+)
+
 #: each exported name → (module, name there); imported on first use
 _LAZY = {
     # the verbs
-    **{
-        name: ("concord.api", name)
-        for name in (
-            "open_store",
-            "snapshot",
-            "sync",
-            "diff",
-            "restore",
-            "verify",
-            "rollback",
-            "sign",
-            "signatures",
-            "checkout",
-            "rollback_checkout",
-            "tier_add",
-            "tier_sweep",
-            "tier_status",
-            "tier_restore",
-            "tier_drill",
-            "federate_round",
-            "federate_verify",
-            "audit_replicas",
-            "audit_cards",
-            "audit_data",
-            "open_lineage",
-            "register_data",
-            "register_model",
-            "model_lineage",
-        )
-    },
+    **{name: ("concord.api", name) for name in VERBS},
     # what they take and return
     "Store": ("concord.stores.base", "Store"),
     "StoreAddress": ("concord.stores.address", "StoreAddress"),

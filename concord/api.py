@@ -25,6 +25,8 @@ import os
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Union
 
+from concord import VERBS
+
 if TYPE_CHECKING:  # pragma: no cover
     from concord.audit.report import AuditReport
     from concord.federation.seen import RememberedReport
@@ -822,33 +824,5 @@ def model_lineage(name: str, version: str | int, *, tracking_uri: str | None = N
     return open_lineage(tracking_uri).model_lineage(name, version)
 
 
-#: the verbs, as ``concord`` exports them (the types come from their own modules)
-VERBS = (
-    "open_store",
-    "snapshot",
-    "sync",
-    "diff",
-    "restore",
-    "verify",
-    "rollback",
-    "sign",
-    "signatures",
-    "checkout",
-    "rollback_checkout",
-    "tier_add",
-    "tier_sweep",
-    "tier_status",
-    "tier_restore",
-    "tier_drill",
-    "federate_round",
-    "federate_verify",
-    "audit_replicas",
-    "audit_cards",
-    "audit_data",
-    "open_lineage",
-    "register_data",
-    "register_model",
-    "model_lineage",
-)
-
+#: the verbs (listed once, in :mod:`concord`), then the types of their arguments
 __all__ = [*VERBS, "PolicyLike", "ProgressLike", "StoreLike", "TrustLike"]
