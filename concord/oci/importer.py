@@ -38,12 +38,12 @@ from concord.oci.reference import Reference
 from concord.oci.registry import ATTEMPTS, BACKOFF, Registry, document
 from concord.oci.signatures import check_holds, keep_signatures, pull_signatures
 from concord.progress import Progress, ensure
-from concord.snapshots.gc import write_lease
 from concord.snapshots.manifest import DEFAULT_CHUNK_SIZE, check_chunk_size
 from concord.snapshots.refs import load_manifest
 from concord.snapshots.snapshot import snapshot
 from concord.snapshots.sync import chunk_dtypes, copy_chunks, missing_chunks
 from concord.stores.base import Store, check_writable_ref
+from concord.stores.leases import write_lease
 from concord.stores.local import LocalDirStore
 from concord.trust import (
     TrustPolicy,

@@ -31,7 +31,6 @@ from concord.files import open_files_limit
 from concord.hashing import chunk_id
 from concord.progress import Progress, ensure
 from concord.snapshots.formats import claims, file_layout
-from concord.snapshots.gc import write_lease
 from concord.snapshots.manifest import (
     DEFAULT_CHUNK_SIZE,
     FileEntry,
@@ -42,6 +41,7 @@ from concord.snapshots.manifest import (
 )
 from concord.snapshots.walk import walk_sized
 from concord.stores.base import Store, check_writable_ref
+from concord.stores.leases import write_lease
 from concord.text import control_char
 
 #: chunks in flight at once, across files: bounds memory (futures, ids) whatever the checkpoint size

@@ -36,7 +36,6 @@ from concord.snapshots.formats.common import Unreadable
 from concord.snapshots.formats.dcp import METADATA, SUFFIX
 from concord.snapshots.formats.dcp import storage_files as dcp_storage_files
 from concord.snapshots.formats.safepickle import MAX_PICKLE_BYTES
-from concord.snapshots.gc import write_lease
 from concord.snapshots.manifest import (
     DEFAULT_CHUNK_SIZE,
     FileEntry,
@@ -46,6 +45,7 @@ from concord.snapshots.manifest import (
 )
 from concord.snapshots.snapshot import SnapshotResult, _Snapshotter, collect_files
 from concord.stores.base import Store, check_writable_ref
+from concord.stores.leases import write_lease
 from concord.text import control_char
 
 __all__ = ["NodePart", "assemble", "snapshot_part"]

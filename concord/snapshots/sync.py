@@ -34,10 +34,10 @@ from dataclasses import dataclass
 from concord.errors import ChunkNotFoundError, IntegrityError, ReplicationError
 from concord.hashing import chunk_id
 from concord.progress import Progress, ensure
-from concord.snapshots.gc import write_lease
 from concord.snapshots.manifest import Manifest
 from concord.snapshots.refs import resolve_root
 from concord.stores.base import Store, check_writable_ref
+from concord.stores.leases import write_lease
 
 HAS_BATCH = 1000
 #: threads copying chunks, for any number of targets (each reads a chunk once and writes it to

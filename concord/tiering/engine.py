@@ -28,9 +28,9 @@ from concord.errors import (
     CopyRuleError,
 )
 from concord.progress import Progress
-from concord.snapshots.gc import write_lease
 from concord.snapshots.ready import checkpoint_ready, checkpoint_time, step_of
 from concord.stores.base import Store, check_writable_ref, validate_segment
+from concord.stores.leases import write_lease
 from concord.tiering.catalog import (
     CopyRecord,
     copies,

@@ -8,9 +8,10 @@ import time
 import pytest
 from toy_checkpoints import SMALL_CHUNK, fine_tune, make_checkpoint
 
-from concord.snapshots.gc import LEASE_PREFIX, collect_garbage, write_lease
+from concord.snapshots.gc import collect_garbage
 from concord.snapshots.snapshot import snapshot
 from concord.snapshots.verify import verify
+from concord.stores.leases import LEASE_PREFIX, write_lease
 
 pytestmark = pytest.mark.integration
 

@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 from toy_checkpoints import SMALL_CHUNK, make_checkpoint
 
-from concord.snapshots.gc import LEASE_PREFIX, LOCK_PREFIX
 from concord.snapshots.snapshot import snapshot
 from concord.snapshots.verify import verify
 from concord.stores import LocalDirStore, open_store
+from concord.stores.leases import LEASE_PREFIX, LOCK_PREFIX
 
 pytestmark = pytest.mark.integration
 

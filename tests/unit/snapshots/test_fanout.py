@@ -11,11 +11,11 @@ from counting import CountingStore, ThreadPeak
 from toy_checkpoints import SMALL_CHUNK, fine_tune
 
 from concord.errors import ReplicationError
-from concord.snapshots.gc import LEASE_PREFIX
 from concord.snapshots.snapshot import snapshot
 from concord.snapshots.sync import replicate
 from concord.snapshots.verify import verify
 from concord.stores import LocalDirStore
+from concord.stores.leases import LEASE_PREFIX
 
 TARGETS = 16
 

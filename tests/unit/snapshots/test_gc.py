@@ -18,13 +18,14 @@ from toy_checkpoints import SMALL_CHUNK, fine_tune
 from concord.errors import GcRefusedError
 from concord.federation.ledger import append_round, head_ref, verify_ledger
 from concord.hashing import chunk_id
-from concord.snapshots.gc import DEFAULT_LEASE_TTL, LEASE_PREFIX, GcResult, collect_garbage, read_leases, write_lease
+from concord.snapshots.gc import GcResult, collect_garbage
 from concord.snapshots.refs import load_manifest
 from concord.snapshots.snapshot import snapshot
 from concord.snapshots.sync import replicate
 from concord.snapshots.verify import verify
 from concord.stores import LocalDirStore
 from concord.stores.base import manifest_key
+from concord.stores.leases import DEFAULT_LEASE_TTL, LEASE_PREFIX, read_leases, write_lease
 
 HOUR = 3600.0
 
@@ -167,7 +168,7 @@ def _lease_of_a_killed_writer(store: LocalDirStore) -> str:
     code = (
         "import sys, time\n"
         "from concord.stores import LocalDirStore\n"
-        "from concord.snapshots.gc import write_lease\n"
+        "from concord.stores.leases import write_lease\n"
         "with write_lease(LocalDirStore(sys.argv[1]), 'killed sync') as key:\n"
         "    print(key, flush=True)\n"
         "    time.sleep(600)\n"
@@ -496,10 +497,10 @@ def test_a_manifest_written_during_the_mark_keeps_its_chunks(ckpt, tmp_path):
 
 def test_a_writer_waits_while_a_collection_holds_the_store(store):
     from concord.errors import StoreLockedError
-    from concord.snapshots.gc import LOCK_PREFIX, _collecting
+    from concord.stores.leases import LOCK_PREFIX, collection_lock
 
     slept = []
-    with _collecting(store, "garbage collection by test"):
+    with collection_lock(store, "garbage collection by test"):
         assert len(store.list_documents(LOCK_PREFIX)) == 1
         with pytest.raises(StoreLockedError, match="garbage-collected.*run again"):
             with write_lease(store, "a snapshot", wait_seconds=1.0, sleep=slept.append):
@@ -514,8 +515,8 @@ def test_a_collection_killed_midway_does_not_hold_writers(store):
     code = (
         "import sys, time\n"
         "from concord.stores import LocalDirStore\n"
-        "from concord.snapshots.gc import _collecting\n"
-        "with _collecting(LocalDirStore(sys.argv[1]), 'garbage collection'):\n"
+        "from concord.stores.leases import collection_lock\n"
+        "with collection_lock(LocalDirStore(sys.argv[1]), 'garbage collection'):\n"
         "    print('held', flush=True)\n"
         "    time.sleep(600)\n"
     )
@@ -528,7 +529,7 @@ def test_a_collection_killed_midway_does_not_hold_writers(store):
     with write_lease(store, "a snapshot", wait_seconds=0) as key:
         assert store.get_document(key) is not None
     collect_garbage(store, grace_seconds=0)  # removes the dead collection's lock
-    from concord.snapshots.gc import LOCK_PREFIX
+    from concord.stores.leases import LOCK_PREFIX
 
     assert store.list_documents(LOCK_PREFIX) == []
 

@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 
 from concord.errors import StoreLockedError
-from concord.snapshots.gc import DEFAULT_LEASE_TTL, LOCK_PREFIX, _collecting, collect_garbage, read_locks, write_lease
+from concord.snapshots.gc import collect_garbage
 from concord.stores import LocalDirStore
+from concord.stores.leases import DEFAULT_LEASE_TTL, LOCK_PREFIX, collection_lock, read_locks, write_lease
 
 GARBAGE = {
     "garbage bytes": b"\x00\xff not json at all",
@@ -39,7 +40,7 @@ def _scribble(store: LocalDirStore, data: bytes, age: float = 0.0) -> Path:
 @pytest.mark.parametrize("data", list(GARBAGE.values()), ids=list(GARBAGE))
 def test_a_writer_names_an_unreadable_lock_and_how_to_remove_it(store, data, caplog):
     path = _scribble(store, data)
-    caplog.set_level(logging.WARNING, logger="concord.gc")
+    caplog.set_level(logging.WARNING, logger="concord.leases")
     with pytest.raises(StoreLockedError) as err, write_lease(store, "a snapshot", wait_seconds=0.3):
         pass
     assert f"rm {path}" in str(err.value)
@@ -65,9 +66,9 @@ def test_a_fresh_unreadable_lock_holds_writers_only_until_it_is_stale(store):
 
 
 def test_a_collection_in_progress_is_still_waited_for(store, caplog):
-    caplog.set_level(logging.WARNING, logger="concord.gc")
+    caplog.set_level(logging.WARNING, logger="concord.leases")
     with (
-        _collecting(store, "garbage collection by test"),
+        collection_lock(store, "garbage collection by test"),
         pytest.raises(StoreLockedError, match="garbage collection by test"),
         write_lease(store, "a sync", wait_seconds=0.3),
     ):

@@ -49,7 +49,7 @@ def test_a_young_unreferenced_root_keeps_its_signatures(snap, model, keydir):
 
 
 def test_a_live_lease_postpones_the_signatures_too(snap, model, keydir):
-    from concord.snapshots.gc import write_lease
+    from concord.stores.leases import write_lease
 
     store, live, dead = _two_signed(snap, model, keydir)
     with write_lease(store, "a writer at work"):
