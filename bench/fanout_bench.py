@@ -171,7 +171,7 @@ def _folders(opts: Options, work: Path, folder: Path, files: int, size: int) -> 
 
 def _s3(opts: Options, work: Path, folder: Path, files: int, size: int) -> Table:
     from bench.s3_scale_bench import _proxy_class, _rclone
-    from demo.servers import MotoServer, aws_environment
+    from concord.localservers import MotoServer, aws_environment
 
     rclone = shutil.which("rclone")
     table = Table(f"fanout to S3: a snapshot of {files} files of {size // 1024} KB synced to N S3 stores (buckets of one moto_server) at once")

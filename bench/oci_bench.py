@@ -92,12 +92,12 @@ def _model_folder(ckpt_folder: Path, ckpt_file: Path, dst: Path) -> Path:
 def run(opts: Options) -> list[Table]:
     import oras.client
 
+    from concord.localservers import RegistryServer
     from concord.oci import export_oci, import_oci, parse_reference
     from concord.oci.memo import DigestMemo
     from concord.snapshots.refs import load_manifest
     from concord.snapshots.snapshot import snapshot
     from concord.stores import LocalDirStore
-    from demo.servers import RegistryServer
 
     base = ensure_checkpoint(opts.data_dir, opts.size_gb)
     work = fresh_dir(opts.work_dir / "oci")

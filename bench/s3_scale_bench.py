@@ -54,7 +54,7 @@ def _folder(root: Path, n: int) -> Path:
 
 
 def run(opts: Options) -> list[Table]:
-    from demo.servers import MotoServer, aws_environment
+    from concord.localservers import MotoServer, aws_environment
 
     n = QUICK_FILES if opts.quick else FILES
     work = fresh_dir(opts.work_dir / "s3-scale")

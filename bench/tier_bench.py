@@ -62,7 +62,7 @@ SAVED_TARGET = 0.90
 
 
 def run(opts: Options) -> list[Table]:
-    from demo.servers import MotoServer, aws_environment
+    from concord.localservers import MotoServer, aws_environment
 
     base = ensure_checkpoint(opts.data_dir, opts.size_gb)
     work = fresh_dir(opts.work_dir / "tier")

@@ -15,7 +15,7 @@ The chapters, in the order they run, each a module that sequences the project's 
 - :mod:`demo.federation`: one exact LoRA federation round over three clusters' adapters, and its
   hash-chained ledger;
 - :mod:`demo.tiering`: a LoRA run's checkpoints (:mod:`demo.training`) kept hot, warm and cold,
-  S3 being a ``moto_server`` (:mod:`demo.servers`);
+  S3 being a ``moto_server`` (:mod:`concord.localservers`);
 - :mod:`demo.audit`: the nightly drift audit on the penguins and on MiniLM's replicas;
 - :mod:`demo.release`: ``concord`` commands a release team types: sign the release (OpenSSF Model
   Signing, checked with the ``model_signing`` command too), refuse a forged root under a trust
@@ -28,6 +28,6 @@ from clean stores; lineage goes to the MLflow database ``make serve`` uses too (
 or ``MLFLOW_TRACKING_URI``), which is kept: a re-run adds runs and versions to it. ``-v`` shows Prefect's and MLflow's own
 logs on the console too.
 
-:mod:`demo.servers` (real servers on 127.0.0.1 and the environment they run in) is shared with
+:mod:`concord.localservers` (real servers on 127.0.0.1 and the environment they run in) is shared with
 the tests and the benchmarks.
 """

@@ -18,9 +18,9 @@ import json
 import shutil
 from pathlib import Path
 
+from concord.localservers import MotoServer, aws_environment
 from demo._common import human as _human
 from demo._common import quiet_training, same_files
-from demo.servers import MotoServer, aws_environment
 from demo.story import Story
 from demo.training import LORA_RANK, MARKER, STEPS, TrainingRun
 

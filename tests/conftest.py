@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 from servers import free_port, patched_environ, running_moto_server, running_server
 
+from concord.localservers import AWS_CLEARED, AWS_TEST_CREDENTIALS
 from concord.stores.local import LocalDirStore
-from demo.servers import AWS_CLEARED, AWS_TEST_CREDENTIALS
 
 
 @pytest.fixture(scope="session")

@@ -1,7 +1,7 @@
 """Starting real servers for the tests (moto_server, mlflow server, prefect server) on 127.0.0.1,
 and patching the environment for a session. Shared by the conftest files.
 
-The implementation is the demo's (``demo.servers``); here a server that does not start fails the
+The implementation is :mod:`concord.localservers`; here a server that does not start fails the
 test (``pytest.fail``) instead of raising.
 """
 
@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from demo import servers as _servers
-from demo.servers import answers_http, free_port, patched_environ, stop  # noqa: F401  (the tests import them from here)
+from concord import localservers as _servers
+from concord.localservers import answers_http, free_port, patched_environ, stop  # noqa: F401  (the tests import them from here)
 
 
 def running_server(

@@ -6,7 +6,7 @@ for an endpoint that does not answer), carries its context as attributes, and sa
 message what to do next.
 
 One module per area (``api``, ``base``, ``stores``, ``snapshots``, ``lineage``, ``federation``,
-``tiering``, ``audit``, ``serving``, ``trust``, ``prefect``); every error is imported from here: ``from concord.errors import X``.
+``tiering``, ``audit``, ``serving``, ``trust``, ``prefect``, ``localservers``); every error is imported from here: ``from concord.errors import X``.
 """
 
 from __future__ import annotations
@@ -41,6 +41,7 @@ from concord.errors.lineage import (
     LineageUnreachableError,
     PromotionRefused,
 )
+from concord.errors.localservers import LocalServerError
 from concord.errors.oci import (
     OciAuthError,
     OciDigestMismatchError,
@@ -208,6 +209,7 @@ __all__ = [
     "TrustPolicyError",
     "UntrustedRootError",
     "PrefectUnavailableError",
+    "LocalServerError",
     "OciAuthError",
     "OciDigestMismatchError",
     "OciDocumentError",

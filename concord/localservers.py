@@ -1,14 +1,17 @@
-"""Real servers on 127.0.0.1 for the demo, the tests and the benchmarks, and the environment they run in.
+"""Real servers on 127.0.0.1 that the demo, the tests and the benchmarks start, and the environment they run in.
+
+This is development infrastructure, not part of the library: no other module of Concord imports it
+(the import-linter contracts keep it so), and ``import concord`` does not load it.
 
 A server (``moto_server``, ``mlflow server``, ``prefect server``) runs in a process group of its
 own, on a free port, its output in a log file; it is ready once its health URL answers, and
 stopping it stops the whole group (servers fork workers). When a server cannot start, ``fail``
-is called with what went wrong (the tests pass ``pytest.fail``); by default :class:`ServerError`
-is raised.
+is called with what went wrong (the tests pass ``pytest.fail``); by default
+:class:`~concord.errors.localservers.LocalServerError` is raised.
 
 S3 is ``moto_server`` with its data in memory. :data:`AWS_TEST_CREDENTIALS` are the dummy
 credentials it accepts, and :data:`AWS_CLEARED` what a developer's shell may point at that must
-not reach it (or send anything to AWS). Only the standard library is imported here.
+not reach it (or send anything to AWS). Only the standard library and :mod:`concord.home` are imported here.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import NoReturn
 
+from concord.errors.localservers import LocalServerError
 from concord.home import patched_environ
 
 AWS_TEST_CREDENTIALS = {
@@ -45,12 +49,8 @@ AWS_CLEARED = (
 )
 
 
-class ServerError(RuntimeError):
-    """A server did not start: its executable is missing, it exited, or it never answered."""
-
-
 def _raise(message: str) -> NoReturn:
-    raise ServerError(message)
+    raise LocalServerError(message)
 
 
 def free_port() -> int:
@@ -123,7 +123,7 @@ class Server:
     def wait(self, timeout: float = 60) -> None:
         """Block until the server answers on its health URL."""
         if self.proc is None:
-            raise ServerError(f"{self.name}: wait() before start(): the server is not started")
+            raise LocalServerError(f"{self.name}: wait() before start(): the server is not started")
         deadline = time.monotonic() + timeout
         while not answers_http(self.health_url, need_ok=self.need_ok):
             if self.proc.poll() is not None:
