@@ -22,7 +22,7 @@ Errors are :class:`~concord.errors.ConcordError` subclasses, each one line namin
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Union
 
 from concord import VERBS
@@ -670,16 +670,19 @@ def federate_verify(
 # ----------------------------------------------------------------------------- audits
 
 
-def _labelled(stores: Sequence[StoreLike]) -> dict[str, Store]:
-    """Each store under its cluster label (its short name when unique, else its address)."""
+def _labelled(stores: Sequence[StoreLike] | Mapping[str, StoreLike]) -> dict[str, Store]:
+    """Each store under its cluster label: the mapping's keys, else its short name when unique,
+    else its address."""
     from concord.audit.inputs import store_labels
 
+    if isinstance(stores, Mapping):
+        return {label: _to_read(s, None) for label, s in stores.items()}
     opened = [_to_read(s, None) for s in stores]
     return dict(zip(store_labels([s.uri for s in opened]), opened))
 
 
 def audit_replicas(
-    stores: Sequence[StoreLike],
+    stores: Sequence[StoreLike] | Mapping[str, StoreLike],
     ref: str,
     *,
     reference: str | None = None,
@@ -690,7 +693,8 @@ def audit_replicas(
 ) -> AuditReport:
     """Compare the snapshot ``ref`` (a ref or root) across cluster ``stores``, tensor by tensor,
     with the one of cluster ``reference`` (default the first): ``concord audit replicas``. Under
-    a trust policy (default ``$CONCORD_TRUSTED_KEYS``) an unsigned replica is critical.
+    a trust policy (default ``$CONCORD_TRUSTED_KEYS``) an unsigned replica is critical. A mapping
+    of ``stores`` names each cluster by its key; a list, by its store's short name.
 
     Returns the :class:`AuditReport` (``severity``, findings; ``to_dict()`` is the CLI's ``--json``).
 
@@ -708,10 +712,10 @@ def audit_replicas(
 
 
 def audit_cards(
-    stores: Sequence[StoreLike], ref: str, *, reference: str | None = None, required: Sequence[str] | None = None
+    stores: Sequence[StoreLike] | Mapping[str, StoreLike], ref: str, *, reference: str | None = None, required: Sequence[str] | None = None
 ) -> AuditReport:
     """Compare the model cards of the snapshot ``ref`` across cluster ``stores``: ``concord audit
-    cards``; ``required`` fields must be present on every card.
+    cards``; ``required`` fields must be present on every card. ``stores`` as in :func:`audit_replicas`.
 
     Raises:
         ReplicaConfigError, StoreNotFoundError.

@@ -278,21 +278,18 @@ def store_labels(specs):
 
 
 def _compare_replicas(labels, stores, snapshot, args, out):
-    from concord.audit.replicas import compare_replicas
-    from concord.trust import load_policy
+    from concord.api import audit_replicas
 
-    return compare_replicas(
-        {label: (store, snapshot) for label, store in zip(labels, stores)},
-        reference=args.reference or None, max_ulps=args.max_ulps, top=args.top, progress=out.progress,
-        trust=load_policy(getattr(args, "trust", None)),
-    )
+    return audit_replicas(
+        dict(zip(labels, stores)), snapshot, reference=args.reference or None, max_ulps=args.max_ulps, top=args.top,
+        trust=getattr(args, "trust", None), progress=out.progress,
+    ).replicas
 
 
 def _compare_cards(labels, stores, snapshot, args):
-    from concord.audit.model_cards import compare_cards
+    from concord.api import audit_cards
 
-    kwargs = {"required": tuple(args.require)} if args.require else {}
-    return compare_cards({label: (store, snapshot) for label, store in zip(labels, stores)}, reference=args.reference or None, **kwargs)
+    return audit_cards(dict(zip(labels, stores)), snapshot, reference=args.reference or None, required=args.require).cards
 
 
 def _track_ref(lineage, report, args) -> dict:
