@@ -804,10 +804,11 @@ def register_model(
     lineage = open_lineage(tracking_uri)
     lineage.ensure_ready()  # an unreachable server fails before any store is touched
     source = open_store(store)
+    named = _root("register_model", source, ref, root)
     reg = open_store(registry if registry is not None else default_registry())
     return lineage.register_model_version(
         name,
-        _root("register_model", source, ref, root),
+        named,
         [source, *(open_store(h) for h in holders)],
         data_snapshot=data,
         contract=contract,

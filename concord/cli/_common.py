@@ -108,13 +108,16 @@ def peek_store(spec: str):
     return open_store(spec, create=False)
 
 
+def quiet_mlflow() -> None:
+    """MLflow prints run URLs on stdout, which must hold nothing but our output (one JSON object)."""
+    os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
+
+
 def open_lineage(tracking_uri: str | None):
     """Lineage in MLflow at ``tracking_uri`` (None: :func:`concord.home.default_tracking_uri`)."""
     from concord.lineage import Lineage
 
-    # MLflow prints run URLs on stdout, which must hold nothing but our output (one JSON object)
-    os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
-
+    quiet_mlflow()
     return Lineage(tracking_uri)
 
 

@@ -13,6 +13,7 @@ import os
 from concord.cli._common import (
     fail,
     open_lineage,
+    quiet_mlflow,
     ref_arg,
     registry_parent,
     root_arg,
@@ -30,13 +31,13 @@ def _registry(args):
 
 
 def cmd_data_register(args, out) -> int:
-    from concord.lineage.data import register_data
+    from concord.api import register_data
 
     lineage = None if args.no_track else open_lineage(args.tracking_uri)
     if lineage is not None:
         lineage.ensure_ready()  # an unreachable tracking server fails before the store is touched
     store = _registry(args)
-    snap = register_data(args.file, store, name=args.name, progress=out.progress)
+    snap = register_data(args.file, name=args.name, registry=store, progress=out.progress)
     result = snap.to_dict()
     if lineage is not None:
         result["run_id"] = lineage.log_data_snapshot(snap, store=store)
@@ -123,25 +124,15 @@ def cmd_contract_list(args, out) -> int:
 
 
 def cmd_model_register(args, out) -> int:
-    from concord.snapshots.refs import resolve_root
+    from concord.api import register_model
 
-    lineage = open_lineage(args.tracking_uri)
-    lineage.ensure_ready()
-    store = writable_store(args.store)
-    root = resolve_root(store, args.ref or args.root)
-    registry = _registry(args)
-    mv = lineage.register_model_version(
-        args.name,
-        root,
-        [store, *(writable_store(h) for h in args.holder or [])],
-        data_snapshot=args.data,
-        contract=args.contract,
-        parents=args.parent or [],
-        description=args.description or "",
-        data_store=registry,
-        contracts_store=registry,
+    quiet_mlflow()
+    mv = register_model(
+        args.name, args.store, ref=args.ref, root=args.root, holders=args.holder or [], data=args.data, contract=args.contract,
+        parents=args.parent or [], description=args.description or "", registry=args.registry or default_registry(),
+        tracking_uri=args.tracking_uri,
     )
-    lines = [f"{mv['name']} version {mv['version']} → {root[:12]}", f"  source {mv['source']}"]
+    lines = [f"{mv['name']} version {mv['version']} → {mv['root'][:12]}", f"  source {mv['source']}"]
     out.emit(mv, lines)
     return 0
 
@@ -157,7 +148,9 @@ def cmd_model_promote(args, out) -> int:
 
 
 def cmd_lineage_model(args, out) -> int:
-    info = open_lineage(args.tracking_uri).model_lineage(args.name, args.version)
+    from concord.api import model_lineage
+
+    info = model_lineage(args.name, args.version, tracking_uri=args.tracking_uri)
     lines = [f"{args.name} version {args.version}: root {info.get('root')}"]
     for key in ("data_snapshots", "contract", "parents", "replicas", "aliases"):
         lines.append(f"  {key}: {info.get(key)}")
