@@ -45,6 +45,7 @@ def cmd_sign(args, out) -> int:
 def cmd_signatures(args, out) -> int:
     import sys
 
+    from concord.api import signatures
     from concord.errors import UntrustedRootError
     from concord.snapshots.refs import resolve_root
     from concord.trust import load_policy, signature_ids
@@ -60,7 +61,7 @@ def cmd_signatures(args, out) -> int:
         lines += [f"  unchecked signature claiming key id {k}" for k in ids]
         out.emit(d, lines)
         return 0
-    v = policy.report(store, root)
+    v = signatures(store, root=root, trust=policy)
     d.update(signed_by=list(v.signed_by), trusted=v.trusted, trusted_by=v.trusted_by, problems=dict(v.problems))
     lines = [f"{root}: signed by {len(v.signed_by)} trusted key(s) ({policy.threshold} needed), {len(v.documents)} signature document(s)"]
     lines += [f"  {line}" for line in v.lines()]
