@@ -18,9 +18,9 @@ from concord.cli._common import (
     fail,
     key_file_options,
     keyed_store,
-    open_lineage,
     positive_float,
     positive_int,
+    quiet_mlflow,
     readable_store,
     writable_store,
 )
@@ -104,15 +104,14 @@ def _signing_key(args):
 
 
 def cmd_run(args, out) -> int:
-    from concord.federation.rounds import run_round
-    from concord.federation.seen import LedgerMemory
+    from concord.api import federate_round
 
     key = _signing_key(args)  # a bad key fails before any store is opened
-    clusters = [writable_store(c) for c in args.cluster]
-    lineage = open_lineage(args.tracking_uri) if args.track else None
-    r = run_round(
+    if args.track:
+        quiet_mlflow()
+    r = federate_round(
         args.tenant,
-        clusters,
+        args.cluster,
         args.adapter,
         method=args.method,
         rank=args.rank,
@@ -120,11 +119,12 @@ def cmd_run(args, out) -> int:
         clip_norm=args.clip_norm,
         robust=args.robust,
         out_name=args.out_name,
-        ledger_store=keyed_store(writable_store(args.ledger), args.ledger_key_file, "--ledger-key-file") if args.ledger else None,
-        lineage=lineage,
-        progress=out.progress,
+        ledger=keyed_store(writable_store(args.ledger), args.ledger_key_file, "--ledger-key-file") if args.ledger else None,
         key=key,
-        memory=None if args.no_remember else LedgerMemory(),
+        tracking_uri=args.tracking_uri,
+        track=args.track,
+        remember=not args.no_remember,
+        progress=out.progress,
     )
     lines = [
         f"round {r['round']} of {r['tenant']}: {r['method']} over {len(r['clients'])} adapter(s) → {r['ref']} {r['root'][:12]} (rank {r['rank']})",
