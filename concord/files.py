@@ -11,8 +11,9 @@ checkpoint watcher's state, the record of ``deployments.serve``, an audit's PNGs
 specialised path is a folder store's chunk copied in the kernel (``copy_file_range`` from the
 checkpoint file into a :func:`temp_path`, then ``os.replace``), which never holds the bytes.
 
-Restore and checkout write their many files through :class:`OpenFiles`, which keeps a bounded
-number of them open (each closed, and flushed if asked, after its last piece), and feed one
+Restore and checkout write their files of several chunks through :class:`OpenFiles`, which keeps
+a bounded number of them open (each closed, and flushed if asked, after its last piece); a file of
+one chunk is opened, written and closed at once by the thread that has its bytes. They feed one
 queue of chunks across all files to their threads with :func:`bounded_map`.
 """
 

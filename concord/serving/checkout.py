@@ -36,7 +36,9 @@ import shutil
 import stat
 import threading
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -47,13 +49,14 @@ from concord.errors import (
     IntegrityError,
     LocalFileError,
 )
-from concord.files import OpenFiles, atomic_write, bounded_map
+from concord.files import OpenFiles, atomic_write, bounded_map, pwrite_all
 from concord.hashing import chunk_id
 from concord.progress import Progress, ensure
 from concord.serving.health import HealthCheck
 from concord.serving.versions import DEFAULT_WAIT, Layout, end_leftover_gate, fsync_dir, prune, remove_tree, swap_dirs
 from concord.snapshots.manifest import Manifest, safe_relpath
 from concord.snapshots.paths import target_paths
+from concord.stores import local as local_store
 from concord.stores.base import Store
 
 if TYPE_CHECKING:
@@ -290,6 +293,13 @@ def materialise(
     # chunk, so a few files are open at once however many the version holds
     dst = OpenFiles(os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), fsync=fsync, mode=0o644)
     src = OpenFiles(os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    # new files of one chunk are opened, written and closed at once by the thread that places it
+    # (no bookkeeping); with ``fsync`` they are flushed together by one ``syncfs`` of the version's
+    # filesystem before the rename, through a descriptor opened before any of them is written, so
+    # that a failed write-back of any is reported there (no ``syncfs``: each is flushed as it closes)
+    single: set[str] = set()
+    fs_fd = os.open(part_dir, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)) if fsync and local_store._SYNCFS is not None else None
+    flush_each = fsync and fs_fd is None
     try:
         # a resumed partial version may hold links: each path is then resolved before it is trusted
         paths = target_paths((f.path for f in manifest.files), part_dir, resolve=resuming)
@@ -314,6 +324,8 @@ def materialise(
                 finally:
                     os.close(fd)
             whole = f.path in intact
+            if not resuming and f.size and sum(p.n_chunks for p in f.parts) == 1:
+                single.add(path)
             pieces = 0
             for p in f.parts:
                 for cid, offset, length in p.chunk_spans(manifest.chunk_size):
@@ -322,7 +334,7 @@ def materialise(
                         continue
                     places.setdefault(cid, []).append((path, offset, length))
                     pieces += 1
-            if pieces:
+            if pieces and path not in single:
                 dst.expect(path, pieces)
         local = _local_sources(layout, sources, rehash)
         in_cache = cache.has_chunks([c for c in places if c not in local]) if cache is not None else set()
@@ -332,20 +344,48 @@ def materialise(
         def read(path: str, offset: int, length: int) -> bytes:
             return dst.read(path, length, offset)
 
-        def place_all(cids: list[str]) -> None:
-            for cid in cids:
-                place(cid)
-                for t in places[cid]:
-                    dst.done(t[0])  # a file is closed after its last chunk
+        @contextmanager
+        def target(path: str) -> Iterator[int]:
+            """The fd of ``path`` to write: a new file of one chunk is opened here and closed after."""
+            if path not in single:
+                with dst.use(path) as fd:
+                    yield fd
+                return
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
+            try:
+                yield fd
+                if flush_each:
+                    os.fsync(fd)
+            finally:
+                os.close(fd)
 
-        def place(cid: str) -> None:
+        def write(path: str, data: bytes, offset: int) -> None:
+            if path in single:
+                with target(path) as fd:
+                    pwrite_all(fd, data, offset)
+            else:
+                dst.write(path, data, offset)
+
+        def place_all(cids: list[str]) -> None:
+            counts = _Tally()  # this run's, added to the whole once (one lock round-trip a run)
+            for cid in cids:
+                place(cid, counts)
+                for t in places[cid]:
+                    if t[0] not in single:
+                        dst.done(t[0])  # a file is closed after its last chunk
+            with tally.lock:
+                tally.fetched += counts.fetched
+                tally.reused += counts.reused
+                tally.cached += counts.cached
+            prog.advance(sum(t[2] for cid in cids for t in places[cid]))
+
+        def place(cid: str, counts: _Tally) -> None:
             todo = places[cid]
             if resuming:  # what a killed run already wrote is kept when it hashes right
                 left = [t for t in todo if chunk_id(read(*t)) != cid]
-                tally.add("reused", sum(t[2] for t in todo) - sum(t[2] for t in left))
+                counts.reused += sum(t[2] for t in todo) - sum(t[2] for t in left)
                 todo = left
             if not todo:
-                prog.advance(sum(t[2] for t in places[cid]))
                 return
             data = None
             path, offset, length = todo[0]
@@ -354,16 +394,15 @@ def materialise(
                 try:
                     if verified:  # unchanged since it was verified: copied in the kernel, not read
                         for t in todo:
-                            with src.use(spath) as sfd, dst.use(t[0]) as dfd:
+                            with src.use(spath) as sfd, target(t[0]) as dfd:
                                 _copy(sfd, soff, dfd, t[1], t[2])
-                            tally.add("reused", t[2])
-                        prog.advance(sum(t[2] for t in places[cid]))
+                            counts.reused += t[2]
                         return
-                    with src.use(spath) as sfd, dst.use(path) as dfd:
+                    with src.use(spath) as sfd, target(path) as dfd:
                         _copy(sfd, soff, dfd, offset, length)
-                    data = read(path, offset, length)
+                        data = os.pread(dfd, length, offset)
                     if chunk_id(data) == cid:
-                        tally.add("reused", length)
+                        counts.reused += length
                     else:
                         data = None  # the old version's copy is damaged: fetch a good one
                 except OSError as exc:
@@ -373,19 +412,18 @@ def materialise(
             if data is None:
                 if cid in in_cache:
                     data = cache.read_chunk(cid, verify=True)  # transient: written at once
-                    tally.add("cached", length)
+                    counts.cached += length
                 else:
                     data = store.read_chunk(cid, verify=True)
-                    tally.add("fetched", length)
+                    counts.fetched += length
                     if cache is not None:
                         cache.put_chunk(cid, data, verify=False)
                 if len(data) != length:
                     raise IntegrityError(f"chunk {cid} in {store.uri}", f"{length} bytes", f"{len(data)} bytes")
-                dst.write(path, data, offset)
+                write(path, data, offset)
             for path2, offset2, length2 in todo[1:]:
-                dst.write(path2, data, offset2)
-                tally.add("reused", length2)
-            prog.advance(sum(t[2] for t in places[cid]))
+                write(path2, data, offset2)
+                counts.reused += length2
 
         workers = max(4, store.parallelism)
         # runs of chunks, one task each (a small file's chunk costs the queue little), a few per thread at least
@@ -395,6 +433,8 @@ def materialise(
             for _ in bounded_map(pool, place_all, (ids[i : i + per] for i in range(0, len(ids), per)), WINDOW):
                 pass
         dst.close()  # with fsync, each file is flushed as it is closed
+        if fs_fd is not None:
+            local_store.syncfs(fs_fd)  # and every new file of one chunk, with the folders, all at once
         atomic_write(layout.manifest_path(root), manifest.to_json(), fsync=fsync)
         if kept_dir is None:
             _record_files(layout, root, part_dir, manifest, fsync)
@@ -419,6 +459,8 @@ def materialise(
     finally:
         dst.abandon()  # closed above unless something failed
         src.abandon()
+        if fs_fd is not None:
+            os.close(fs_fd)
         prog.close()
     return tally
 

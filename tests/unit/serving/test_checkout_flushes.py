@@ -1,0 +1,111 @@
+"""A checkout of many small files flushes them all before the rename that makes the version and the
+flip that serves it: by one ``syncfs`` of the version's filesystem begun after the last of them was
+written (no ``fsync`` each), or, where the system has no ``syncfs``, by an ``fsync`` each; a file of
+several chunks is flushed by its own ``fsync`` as before. Told ``fsync=False``, nothing is flushed."""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+
+import pytest
+from toy_checkpoints import SMALL_CHUNK
+
+from concord.serving.checkout import checkout
+from concord.serving.versions import Layout
+from concord.snapshots.snapshot import snapshot
+from concord.stores import LocalDirStore, local
+
+SMALL = 40  # files of one chunk each
+
+
+class Recorder:
+    """Every write, fsync and syncfs (by the path of its descriptor) and every rename, in order, from all threads."""
+
+    def __init__(self, monkeypatch, under: Path) -> None:
+        self.under = str(under)
+        self.events: list[tuple[str, str]] = []
+        self._lock = threading.Lock()
+        real_pwrite, real_fsync, real_rename, real_syncfs = os.pwrite, os.fsync, os.rename, local.syncfs
+
+        def pwrite(fd, data, offset):
+            n = real_pwrite(fd, data, offset)
+            self._add("write", self._path(fd))
+            return n
+
+        def fsync(fd):
+            real_fsync(fd)
+            self._add("fsync", self._path(fd))
+
+        def syncfs(fd):
+            self._add("syncfs-begin", self._path(fd))
+            real_syncfs(fd)
+            self._add("syncfs", self._path(fd))
+
+        def rename(src, dst, *a, **kw):
+            real_rename(src, dst, *a, **kw)
+            self._add("rename", os.fspath(dst))
+
+        monkeypatch.setattr(os, "pwrite", pwrite)
+        monkeypatch.setattr(os, "fsync", fsync)
+        monkeypatch.setattr(os, "rename", rename)
+        monkeypatch.setattr(local, "syncfs", syncfs)
+
+    @staticmethod
+    def _path(fd: int) -> str:
+        return os.readlink(f"/proc/self/fd/{fd}")
+
+    def _add(self, what: str, path: str) -> None:
+        if path.startswith(self.under):
+            with self._lock:
+                self.events.append((what, path))
+
+    def index(self, what: str, path: str) -> int:
+        return self.events.index((what, path))
+
+    def of(self, what: str) -> list[str]:
+        return [p for w, p in self.events if w == what]
+
+
+@pytest.fixture
+def folder(tmp_path: Path) -> Path:
+    src = tmp_path / "src"
+    for i in range(SMALL):
+        (src / f"d{i % 4}").mkdir(parents=True, exist_ok=True)
+        (src / f"d{i % 4}" / f"f{i:03d}.bin").write_bytes(os.urandom(1000 + 97 * i))
+    (src / "big.bin").write_bytes(os.urandom(3 * SMALL_CHUNK + 5))  # four chunks
+    return src
+
+
+@pytest.mark.parametrize("how", ["syncfs", "no syncfs on this system", "no fsync"])
+def test_every_new_file_is_flushed_before_the_version_is_renamed_into_place(folder, tmp_path, monkeypatch, how):
+    if how == "no syncfs on this system":
+        monkeypatch.setattr(local, "_SYNCFS", None)
+    store = LocalDirStore(tmp_path / "store")
+    m = snapshot(folder, store, chunk_size=SMALL_CHUNK).manifest
+    dest = tmp_path / "srv" / "current"
+    rec = Recorder(monkeypatch, tmp_path / "srv")
+    checkout(store, m, dest, fsync=how != "no fsync")
+    layout = Layout.of(dest)
+    vdir = layout.version_dir(m.root)
+    part = layout.partial_dir(m.root)
+    assert sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*.bin")) == sorted(f.path for f in m.files)
+    for f in m.files:
+        assert Path(vdir, f.path).read_bytes() == (folder / f.path).read_bytes()
+    renamed = rec.index("rename", vdir)
+    small = [os.path.join(part, f.path) for f in m.files if f.path != "big.bin"]
+    big = os.path.join(part, "big.bin")
+    writes = {p: max(i for i, (w, q) in enumerate(rec.events) if w == "write" and q == p) for p in [*small, big]}
+    if how == "no fsync":
+        assert not [p for p in rec.of("fsync") if p in writes] and not rec.of("syncfs")
+        return
+    assert writes[big] < rec.index("fsync", big) < renamed  # a file of several chunks: its own fsync
+    if how == "syncfs":  # one syncfs, begun after the last small file was written, over before the rename
+        assert not [p for p in rec.of("fsync") if p in small]
+        assert rec.of("syncfs") == [part]
+        assert max(writes[p] for p in small) < rec.index("syncfs-begin", part) < rec.index("syncfs", part) < renamed
+    else:  # each small file flushed by its own fsync, after its write, before the rename
+        assert not rec.of("syncfs")
+        for p in small:
+            assert writes[p] < rec.index("fsync", p) < renamed
