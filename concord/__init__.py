@@ -22,6 +22,8 @@ VERBS = (
     "restore",
     "verify",
     "rollback",
+    "refs",
+    "log",
     "sign",
     "signatures",
     "checkout",

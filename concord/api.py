@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Union
+from typing import TYPE_CHECKING, Any, TypedDict, Union, cast
 
 from concord import VERBS
 
@@ -310,6 +310,81 @@ def rollback(
     from concord.snapshots.refs import rollback as move
 
     return move(open_store(store, key_file=key_file), ref, to)
+
+
+class RefSummary(TypedDict):
+    """One ref of a store, as ``concord refs --json`` lists it: its name, the root it names, its
+    version and when it last moved."""
+
+    ref: str
+    root: str
+    version: int
+    time: str
+
+
+class LogEntry(TypedDict, total=False):
+    """One move of a ref, as ``concord log --json`` lists it: the root it named and who signed
+    that root. Without a trust policy ``signed_by`` is None and ``unchecked`` lists the key ids
+    the signature documents claim; under one, ``signed_by`` lists the verified signers and
+    ``invalid`` each signature that did not hold (key id → why)."""
+
+    root: str
+    version: int
+    time: str
+    message: str
+    signed_by: list[str] | None
+    unchecked: list[str]
+    invalid: dict[str, str]
+
+
+def refs(store: StoreLike, *, key_file: str | os.PathLike[str] | None = None) -> list[RefSummary]:
+    """Every ref of ``store``, with the root it names: ``concord refs``.
+
+    Raises:
+        StoreNotFoundError: ``store`` holds no store.
+    """
+    target = _to_read(store, key_file)
+    found: list[RefSummary] = []
+    for name in target.list_refs():
+        ref = target.read_ref(name)
+        if ref is not None:
+            found.append({"ref": name, "root": ref.root, "version": ref.version, "time": ref.history[-1].time})
+    return found
+
+
+def log(
+    store: StoreLike, ref: str, *, trust: TrustLike = None, key_file: str | os.PathLike[str] | None = None
+) -> list[LogEntry]:
+    """The history of ``ref`` in ``store``, newest first, each root with who signed it (checked
+    against the trust policy, default ``$CONCORD_TRUSTED_KEYS``; with none, nothing is checked):
+    ``concord log``.
+
+    Raises:
+        RefNotFoundError: ``store`` has no such ref. TrustPolicyError: the policy does not read.
+    """
+    from concord.errors import RefNotFoundError
+    from concord.stores import canonical_ref
+    from concord.trust import signature_ids
+
+    policy = _policy(trust)  # an empty list fails before the store is read
+    target = _to_read(store, key_file)
+    found = target.read_ref(ref)
+    if found is None:
+        raise RefNotFoundError(target.uri, canonical_ref(ref))
+    signers: dict[str, dict[str, Any]] = {}
+    history: list[LogEntry] = []
+    for e in reversed(found.history):
+        if e.root not in signers:
+            if policy is None:
+                signers[e.root] = {"signed_by": None, "unchecked": signature_ids(target, e.root)}
+            elif not target.has_manifest(e.root):
+                signers[e.root] = {"signed_by": [], "invalid": {}}
+            else:
+                v = policy.report(target, e.root)
+                signers[e.root] = {"signed_by": list(v.signed_by), "invalid": dict(v.problems)}
+        entry = {"root": e.root, "version": e.version, "time": e.time, "message": e.message, **signers[e.root]}
+        history.append(cast(LogEntry, entry))
+    return history
 
 
 # ----------------------------------------------------------------------------- trust
@@ -830,4 +905,4 @@ def model_lineage(name: str, version: str | int, *, tracking_uri: str | None = N
 
 
 #: the verbs (listed once, in :mod:`concord`), then the types of their arguments
-__all__ = [*VERBS, "PolicyLike", "ProgressLike", "StoreLike", "TrustLike"]
+__all__ = [*VERBS, "LogEntry", "PolicyLike", "ProgressLike", "RefSummary", "StoreLike", "TrustLike"]

@@ -282,39 +282,20 @@ def cmd_rollback(args, out) -> int:
 
 
 def cmd_refs(args, out) -> int:
+    from concord.api import refs as list_refs
+
     store = readable_store(args.store)
-    refs = []
-    for name in store.list_refs():
-        ref = store.read_ref(name)
-        if ref is not None:
-            refs.append({"ref": name, "root": ref.root, "version": ref.version, "time": ref.history[-1].time})
+    refs = list_refs(store)
     lines = [f"{r['ref']:40} {r['root'][:12]}  v{r['version']}  {r['time']}" for r in refs] or ["(no refs)"]
     out.emit({"store": store.uri, "refs": refs}, lines)
     return 0
 
 
 def cmd_log(args, out) -> int:
-    from concord.errors import RefNotFoundError
+    from concord.api import log
     from concord.stores import canonical_ref
 
-    policy = _policy(args)  # an empty list fails before the store is read
-    store = readable_store(args.store)
-    ref = store.read_ref(args.ref)
-    if ref is None:
-        raise RefNotFoundError(store.uri, canonical_ref(args.ref))
-    from concord.trust import signature_ids
-
-    hist = [dict(e.__dict__) for e in reversed(ref.history)]
-    seen: dict[str, dict] = {}
-    for e in hist:
-        if e["root"] not in seen:
-            if policy is None or not store.has_manifest(e["root"]):
-                ids = signature_ids(store, e["root"])
-                seen[e["root"]] = {"signed_by": None, "unchecked": ids} if policy is None else {"signed_by": [], "invalid": {}}
-            else:
-                v = policy.report(store, e["root"])
-                seen[e["root"]] = {"signed_by": list(v.signed_by), "invalid": dict(v.problems)}
-        e.update(seen[e["root"]])
+    hist = log(args.store, args.ref, trust=getattr(args, "trust", None))
 
     def signs(e: dict) -> str:
         if e["signed_by"] is None:  # nothing is verified without a policy: no key is named
@@ -323,7 +304,7 @@ def cmd_log(args, out) -> int:
         return text + "".join(f"  [invalid signature from key id {k[:12]}]" for k in e["invalid"])
 
     lines = [f"v{e['version']:<4} {e['root'][:12]}  {e['time']}  {e['message']}" + signs(e) for e in hist]
-    out.emit({"ref": ref.name, "history": hist}, lines)
+    out.emit({"ref": canonical_ref(args.ref), "history": hist}, lines)
     return 0
 
 

@@ -197,6 +197,17 @@ def test_rollback(world):
     assert isinstance(r, concord.RollbackResult) and r.root == before == _root(world, "models/llama")
 
 
+def test_refs_and_log(world):
+    names, printed = run_example("concord.refs and concord.log", world)
+    (llama,) = [r for r in names["refs"] if r["ref"] == "models/llama"]
+    assert llama["version"] == 2 and llama["root"] == _root(world, "models/llama")
+    history = names["history"]
+    assert [e["version"] for e in history] == [2, 1]
+    assert [e["root"] for e in history] == [_root(world, "models/llama"), _root(world, "models/llama~1")]
+    # the newer root is signed with keys/release.pem; the older one by nobody
+    assert [e["signed_by"] for e in history] == [[world["key_id"]], []] and "models/llama" in printed
+
+
 def test_sign_and_signatures(world):
     names, _ = run_example("concord.sign and concord.signatures", world)
     assert isinstance(names["s"], concord.SignResult) and names["s"].key_id == world["key_id"]
