@@ -37,6 +37,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from concord.serving.health import HealthCheck
     from concord.serving.versions import RollbackResult as CheckoutRollbackResult
     from concord.snapshots.diff import DiffResult
+    from concord.snapshots.gc import GcResult
     from concord.snapshots.refs import RollbackResult
     from concord.snapshots.restore import RestoreResult
     from concord.snapshots.snapshot import SnapshotResult
@@ -646,6 +647,28 @@ def tier_drill(policy: PolicyLike, *, sample: int = 1, progress: ProgressLike = 
 
     return run_drill(_tier_policy(policy), sample=sample, progress=_progress(progress))
 
+
+
+def tier_gc(policy: PolicyLike, *, tier: str | None = None, dry_run: bool = False) -> dict[str, GcResult]:
+    """Delete, in every tier (or only ``tier``), the manifests and chunks no ref reaches any more
+    and older than the policy's ``gc_grace_seconds``: ``concord tier gc``. Returns each tier's
+    result by tier; a tier a writer holds is postponed (its ``postponed_by``), not raised.
+
+    Raises:
+        PolicyError. GcRefusedError: a ref names a manifest that is missing or damaged.
+    """
+    from concord.snapshots.gc import collect_garbage
+    from concord.tiering.policy import TIERS
+
+    checked = _tier_policy(policy)
+    found: dict[str, GcResult] = {}
+    for name in [tier] if tier else list(TIERS):
+        store = checked.tier(name).open()
+        try:
+            found[name] = collect_garbage(store, grace_seconds=checked.gc_grace_seconds, dry_run=dry_run)
+        finally:
+            store.close()
+    return found
 
 # ----------------------------------------------------------------------------- federation
 

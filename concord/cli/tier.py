@@ -287,20 +287,13 @@ def _finding(f) -> str:
 
 
 def cmd_gc(args, out) -> int:
-    from concord.snapshots.gc import collect_garbage
+    from concord.api import tier_gc
 
     policy = _policy(args)
-    tiers = [args.tier] if args.tier else list(TIERS)
-    result = {"namespace": policy.namespace, "dry_run": args.dry_run, "grace_seconds": policy.gc_grace_seconds, "tiers": {}}
+    found = {t: g.to_dict() for t, g in tier_gc(policy, tier=args.tier, dry_run=args.dry_run).items()}
+    result = {"namespace": policy.namespace, "dry_run": args.dry_run, "grace_seconds": policy.gc_grace_seconds, "tiers": found}
     lines = [f"garbage collection{' (dry run: nothing deleted)' if args.dry_run else ''}, grace {_seconds(policy.gc_grace_seconds)}"]
-    for t in tiers:
-        store = policy.tier(t).open()
-        try:
-            g = collect_garbage(store, grace_seconds=policy.gc_grace_seconds, dry_run=args.dry_run).to_dict()
-        finally:
-            store.close()
-        result["tiers"][t] = g
-        lines.append(f"  {t} ({store.uri}): {_gc_summary(g)}")
+    lines += [f"  {t} ({g['store']}): {_gc_summary(g)}" for t, g in found.items()]
     out.emit(result, lines)
     return 0
 

@@ -32,7 +32,7 @@ from typing import Any
 from concord.errors import InvalidStoreURIError, PolicyError
 from concord.plugins import Plugins
 from concord.stores.address import FOLDER, S3, StoreAddress
-from concord.stores.base import validate_segment
+from concord.stores.base import Store, validate_segment
 from concord.stores.codec import COMPRESS_MODES
 
 TIERS = ("hot", "warm", "cold")
@@ -149,7 +149,7 @@ class TierSpec:
             return bool(self.offsite)
         return self.address.kind == S3
 
-    def open(self):
+    def open(self) -> Store:
         """The tier's store (the storage class applied to the chunks it writes)."""
         store = self.address.open()
         if self.storage_class:

@@ -246,8 +246,11 @@ def test_rollback_checkout(world):
 
 
 def test_tiering(world):
-    _, printed = run_example("Tiering: concord.tier_add, tier_status, tier_sweep, tier_restore, tier_drill", world)
+    names, printed = run_example("Tiering: concord.tier_add, tier_status, tier_sweep, tier_restore, tier_drill, tier_gc", world)
     assert "{'step-1000': ['hot', 'warm', 'cold']}" in printed and "[] True" in printed
+    gc = names["gc"]
+    assert set(gc) == {"hot", "warm", "cold"} and all(isinstance(g, concord.GcResult) and g.dry_run for g in gc.values())
+    assert all(g.live_roots >= 1 for g in gc.values())  # the checkpoint's snapshot is live in every tier
     assert files_equal(world["dir"] / "restored" / "step-1000", world["v1"])
 
 
