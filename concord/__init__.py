@@ -36,6 +36,7 @@ VERBS = (
     "tier_gc",
     "federate_round",
     "federate_verify",
+    "federate_log",
     "audit_replicas",
     "audit_cards",
     "audit_data",

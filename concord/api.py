@@ -765,6 +765,31 @@ def federate_verify(
     )
 
 
+
+class LedgerLog(TypedDict):
+    """A tenant's federation ledger as ``concord federate log --json`` prints it: the head (the
+    last round's hash, None before the first round) and every round document by round number, as
+    stored (:func:`federate_verify` checks them)."""
+
+    tenant: str
+    store: str
+    head: str | None
+    rounds: list[dict[str, Any]]
+
+
+def federate_log(store: StoreLike, tenant: str) -> LedgerLog:
+    """The rounds of ``tenant``'s ledger in ``store``, oldest first, unverified: ``concord federate
+    log``.
+
+    Raises:
+        InvalidNameError: ``tenant`` cannot name a tenant. StoreNotFoundError: ``store`` holds no store.
+    """
+    from concord.federation.ledger import list_rounds, read_head, validate_tenant
+
+    validate_tenant(tenant)
+    target = _to_read(store, None)
+    return {"tenant": tenant, "store": target.uri, "head": read_head(target, tenant), "rounds": list_rounds(target, tenant)}
+
 # ----------------------------------------------------------------------------- audits
 
 
@@ -928,4 +953,4 @@ def model_lineage(name: str, version: str | int, *, tracking_uri: str | None = N
 
 
 #: the verbs (listed once, in :mod:`concord`), then the types of their arguments
-__all__ = [*VERBS, "LogEntry", "PolicyLike", "ProgressLike", "RefSummary", "StoreLike", "TrustLike"]
+__all__ = [*VERBS, "LedgerLog", "LogEntry", "PolicyLike", "ProgressLike", "RefSummary", "StoreLike", "TrustLike"]

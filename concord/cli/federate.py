@@ -21,7 +21,6 @@ from concord.cli._common import (
     positive_float,
     positive_int,
     quiet_mlflow,
-    readable_store,
     writable_store,
 )
 
@@ -173,13 +172,11 @@ def cmd_verify(args, out) -> int:
 
 
 def cmd_log(args, out) -> int:
-    from concord.federation.ledger import list_rounds, read_head, validate_tenant
+    from concord.api import federate_log
 
-    validate_tenant(args.tenant)
-    store = readable_store(args.store)
-    rounds = list_rounds(store, args.tenant)
+    ledger = federate_log(args.store, args.tenant)
     lines = []
-    for r in reversed(rounds):
+    for r in reversed(ledger["rounds"]):
         # the record's own fields are the writer's: shown as far as they have the expected shape
         listed = r.get("inputs") if isinstance(r.get("inputs"), list) else []
         inputs = ", ".join(str(i.get("adapter", "?")) if isinstance(i, dict) else "?" for i in listed)
@@ -189,7 +186,7 @@ def cmd_log(args, out) -> int:
             f"round {r.get('round')}  {str(r.get('hash'))[:12]}  {r.get('time')}  {r.get('method')}  "
             f"[{inputs}] → {result[:12]}"
         )
-    out.emit({"tenant": args.tenant, "store": store.uri, "head": read_head(store, args.tenant), "rounds": rounds}, lines or ["(no rounds)"])
+    out.emit(ledger, lines or ["(no rounds)"])
     return 0
 
 

@@ -255,7 +255,10 @@ def test_tiering(world):
 
 
 def test_federation(world):
-    names, _ = run_example("Federation: concord.federate_round and concord.federate_verify", world)
+    names, _ = run_example("Federation: concord.federate_round, federate_verify and federate_log", world)
+    ledger = names["ledger"]
+    assert ledger["tenant"] == "acme" and [r["round"] for r in ledger["rounds"]] == [1]
+    assert ledger["head"] == ledger["rounds"][0]["hash"] and ledger["rounds"][0]["result"]["root"] == names["r"]["root"]
     assert names["r"]["round"] == 1 and names["r"]["ref"] == "acme/federated"
     assert isinstance(names["v"], concord.RememberedReport) and names["v"].report.ok and names["v"].error is None
     assert _root(world, "acme/federated", REPLICA) == names["r"]["root"]
