@@ -37,6 +37,7 @@ VERBS = (
     "federate_round",
     "federate_verify",
     "federate_log",
+    "federate_aggregate",
     "audit_replicas",
     "audit_cards",
     "audit_data",

@@ -766,6 +766,31 @@ def federate_verify(
 
 
 
+def federate_aggregate(
+    adapters: Sequence[str | os.PathLike[str]],
+    out_dir: str | os.PathLike[str],
+    *,
+    method: str = "exact",
+    weights: Sequence[float] | None = None,
+    rank: int | None = None,
+    clip_norm: float | None = None,
+    robust: str = "none",
+) -> dict[str, Any]:
+    """Aggregate the PEFT LoRA adapter folders ``adapters`` into the new adapter folder
+    ``out_dir``, with no store and no ledger (``method``, ``weights``, ``rank``, ``clip_norm`` and
+    ``robust`` as in :func:`federate_round`): ``concord federate aggregate``. Returns what
+    ``--json`` prints: the method, the ranks, each client's weight and verdict, the relative error.
+
+    Raises:
+        AdapterNotFoundError, AggregationError.
+    """
+    from concord.federation.rounds import aggregate_folders
+
+    return aggregate_folders(
+        adapters, out_dir, method=method, weights=weights, rank=rank, clip_norm=clip_norm, robust=robust
+    )
+
+
 class LedgerLog(TypedDict):
     """A tenant's federation ledger as ``concord federate log --json`` prints it: the head (the
     last round's hash, None before the first round) and every round document by round number, as

@@ -70,9 +70,9 @@ def _error(value) -> str:
 
 
 def cmd_aggregate(args, out) -> int:
-    from concord.federation.rounds import aggregate_folders
+    from concord.api import federate_aggregate
 
-    r = aggregate_folders(
+    r = federate_aggregate(
         args.adapters,
         args.out,
         method=args.method,

@@ -255,7 +255,8 @@ def test_tiering(world):
 
 
 def test_federation(world):
-    names, _ = run_example("Federation: concord.federate_round, federate_verify and federate_log", world)
+    names, _ = run_example("Federation: concord.federate_round, federate_verify, federate_log and federate_aggregate", world)
+    assert names["a"]["method"] == "exact" and (world["dir"] / "adapters" / "merged" / "adapter_model.safetensors").is_file()
     ledger = names["ledger"]
     assert ledger["tenant"] == "acme" and [r["round"] for r in ledger["rounds"]] == [1]
     assert ledger["head"] == ledger["rounds"][0]["hash"] and ledger["rounds"][0]["result"]["root"] == names["r"]["root"]
