@@ -33,6 +33,8 @@ class TrustBlock(Block):
 
     Attributes:
         trusted_keys: PEM text of each trusted public key (ECDSA P-256, P-384 or P-521).
+        key_names: A name per trusted key (the cluster holding it), in the same order; optional.
+        threshold: How many distinct trusted keys must sign a root or a federation round.
         signing_key: A Secret block holding this deployment's PEM private key.
         signing_key_password: The private key's password, if it has one.
     """
@@ -48,6 +50,14 @@ class TrustBlock(Block):
             "PEM text of each trusted public key (`openssl ec -in KEY.pem -pubout`, or KEY.pub.pem from "
             "`concord keys generate`). With any, roots no trusted key signed are refused."
         ),
+    )
+    key_names: list[str] = Field(
+        default_factory=list,
+        description="A name for each trusted key, in the same order (e.g. its cluster: us-east); empty to name them by number.",
+    )
+    threshold: int = Field(
+        default=1, ge=1,
+        description="How many distinct trusted keys must have signed a root (or a federation round) for it to be trusted.",
     )
     signing_key: Secret | None = Field(
         default=None,
@@ -77,7 +87,7 @@ class TrustBlock(Block):
                 where, "the block lists no trusted key",
                 "Add the public keys (PEM) to trust to its trusted_keys, or do not name it where a trust policy is read",
             )
-        return TrustPolicy.from_pems(self.trusted_keys, where)
+        return TrustPolicy.from_pems(self.trusted_keys, where, self.threshold, self.key_names or None)
 
     def get_signing_key(self):
         """The deployment's signing key, or None when the block has none."""
@@ -116,9 +126,9 @@ def _load(name: str, error: Callable[..., ConcordError]) -> TrustBlock:
     return block
 
 
-def trusted_keys_of_block(name: str) -> list[str]:
-    """The PEM texts of the trusted keys of the saved block ``name`` (what ``--trust block:NAME``
-    trusts); one line naming the block when it lists none."""
+def trusted_keys_of_block(name: str):
+    """The trust policy of the saved block ``name`` (what ``--trust block:NAME`` trusts): its
+    trusted keys, their names and its threshold; one line naming the block when it lists none."""
     block = _load(name, TrustPolicyError)
     if not block.trusted_keys:
         raise TrustPolicyError(
@@ -126,7 +136,7 @@ def trusted_keys_of_block(name: str) -> list[str]:
             "the block lists no trusted key",
             "Add the public keys (PEM) to trust to its trusted_keys, or give PEM paths instead",
         )
-    return list(block.trusted_keys)
+    return block.get_policy()
 
 
 def signing_key_of_block(name: str):

@@ -16,7 +16,7 @@ import os
 import sys
 
 from concord.cli import audit, federate, lineage, oci, serving, snapshots, stores, tier, trust
-from concord.cli._common import Output, Parser, fail, quiet_libraries
+from concord.cli._common import Output, Parser, add_trust_threshold, fail, quiet_libraries, resolve_trust
 
 #: the nouns, in the order ``concord --help`` lists their commands
 NOUNS = (stores, snapshots, trust, lineage, federate, tier, audit, serving, oci)
@@ -38,6 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for noun in NOUNS:
         noun.register(sub, [common])
+    add_trust_threshold(p)
     return p
 
 
@@ -53,6 +54,7 @@ def main(argv: list[str] | None = None) -> int:
         os.environ["CONCORD_KEY_FILE"] = key_file
     try:
         with quiet_libraries():
+            resolve_trust(args)
             return args.func(args, Output(args.json))
     except KeyboardInterrupt:
         print("concord: interrupted; re-run the same command to finish (stores are left consistent)", file=sys.stderr)

@@ -22,10 +22,37 @@ from concord.home import patched_environ
 
 STORE_HELP = "a folder, file:///path, s3://bucket/prefix or block:NAME"
 TRUST_HELP = "trusted public keys: comma-separated PEM paths and block:NAME (a saved Concord Trust block) entries (default: $CONCORD_TRUSTED_KEYS)"
+TRUST_THRESHOLD_HELP = (
+    "how many distinct trusted keys must have signed (default: the policy file's or block's threshold, "
+    "else $CONCORD_TRUST_THRESHOLD, else 1)"
+)
 TRACKING_URI_HELP = "MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else sqlite in $CONCORD_HOME)"
 REGISTRY_HELP = "store of data snapshots and contracts (default: $CONCORD_REGISTRY, else $CONCORD_HOME/registry)"
 
 # ----------------------------------------------------------------------------- answering
+
+
+def add_trust_threshold(parser: argparse.ArgumentParser) -> None:
+    """Give every command of ``parser`` (and its subcommands) that takes ``--trust`` a
+    ``--trust-threshold K`` beside it, so every consumer of a trust policy reads K the same way."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for child in dict.fromkeys(action.choices.values()):
+                add_trust_threshold(child)
+    if "--trust" in parser._option_string_actions and "--trust-threshold" not in parser._option_string_actions:
+        parser.add_argument("--trust-threshold", type=positive_int, metavar="K", help=TRUST_THRESHOLD_HELP)
+
+
+def resolve_trust(args: argparse.Namespace) -> None:
+    """With ``--trust-threshold K``, replace ``args.trust`` by the policy it makes (``--trust``
+    or ``$CONCORD_TRUSTED_KEYS`` needing K keys), resolved before any store is opened; the text
+    given stays in ``args.trust_spec``."""
+    args.trust_spec = getattr(args, "trust", None)
+    threshold = getattr(args, "trust_threshold", None)
+    if threshold is not None:
+        from concord.trust import load_policy
+
+        args.trust = load_policy(args.trust, threshold=threshold)
 
 
 class Output:

@@ -143,7 +143,12 @@ def cmd_verify(args, out) -> int:
 
     from concord.api import federate_verify
 
-    again = ["concord", "federate", "verify", args.tenant, "--store", args.store, *(["--trust", args.trust] if args.trust else []), "--forget"]
+    again = [
+        "concord", "federate", "verify", args.tenant, "--store", args.store,
+        *(["--trust", args.trust_spec] if args.trust_spec else []),
+        *(["--trust-threshold", str(args.trust_threshold)] if args.trust_threshold else []),
+        "--forget",
+    ]
     result = federate_verify(
         args.store,
         args.tenant,

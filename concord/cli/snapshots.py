@@ -39,7 +39,10 @@ def _policy(args):
 def cmd_snapshot(args, out) -> int:
     from concord.snapshots.manifest import DEFAULT_CHUNK_SIZE
 
-    options = dict(ref=args.ref, chunk_size=args.chunk_size or DEFAULT_CHUNK_SIZE, message=args.message or "", progress=out.progress)
+    options = dict(
+        ref=args.ref, chunk_size=args.chunk_size or DEFAULT_CHUNK_SIZE, message=args.message or "", progress=out.progress,
+        base=args.base, delta=not args.no_delta,
+    )
     signed = None
     if args.signature:
         from concord.errors import TrustPolicyError
@@ -261,7 +264,7 @@ def _trust_lines(store, args, payload: dict, lines: list[str], policy) -> list[s
     for name, root in roots.items():
         v = policy.report(store, root)
         report.append({"ref": name, **v.to_dict()})
-        lines.append(f"  {name}: {root[:12]} trusted: {'yes' if v.trusted else 'no'} ({len(v.signed_by)} of {policy.threshold} trusted key(s) needed)")
+        lines.append(f"  {name}: {root[:12]} trusted: {'yes' if v.trusted else 'no'} (signed by {v.quorum})")
         lines += [f"    {line}" for line in v.lines()]
         if not v.trusted:
             untrusted.append(
@@ -318,6 +321,11 @@ def register(sub, common: list) -> None:
     s.add_argument("--ref", type=ref_arg, help="point this ref ([namespace/]name) at the new snapshot")
     s.add_argument("--chunk-size", type=chunk_size, help="chunk size (default 4M; 64K to 64M)")
     s.add_argument("--message", help="note kept in the ref's history")
+    s.add_argument(
+        "--base", metavar="REF|ROOT", type=ref_arg,
+        help="store new chunks as deltas of this version's (compressed or encrypted stores; default: the ref's current version)",
+    )
+    s.add_argument("--no-delta", action="store_true", help="store every new chunk whole, never as a delta")
     s.add_argument("--signature", metavar="FILE", help="an OpenSSF Model Signing bundle of the folder (model_signing sign key): kept once it verifies with a --trust key")
     s.add_argument("--trust", metavar="PUB.pem|block:NAME[,...]", help=TRUST_HELP)
     s.set_defaults(func=cmd_snapshot)

@@ -62,9 +62,12 @@ def cmd_signatures(args, out) -> int:
         out.emit(d, lines)
         return 0
     v = signatures(store, root=root, trust=policy)
-    d.update(signed_by=list(v.signed_by), trusted=v.trusted, trusted_by=v.trusted_by, problems=dict(v.problems))
-    lines = [f"{root}: signed by {len(v.signed_by)} trusted key(s) ({policy.threshold} needed), {len(v.documents)} signature document(s)"]
-    lines += [f"  {line}" for line in v.lines()]
+    d.update(
+        signed_by=list(v.signed_by), trusted=v.trusted, trusted_by=v.trusted_by, problems=dict(v.problems),
+        quorum=v.quorum, threshold=policy.threshold, names={k: policy.name_of(k) for k in v.signed_by},
+    )
+    lines = [f"{root}: signed by {v.quorum}; {len(v.documents)} signature document(s)"]
+    lines += [f"  {line}" for line in v.lines(policy.name_of)]
     lines.append(f"  trusted: {'yes' if v.trusted else 'no'}")
     out.emit(d, lines)
     if not v.trusted:
