@@ -65,13 +65,13 @@ e2e: install
 # watcher; it ends by printing the Prefect UI's address and the `mlflow ui` command of data/mlflow.db
 # (the database `make demo` writes too). `make stop` ends what `make serve` started, and only that.
 serve: install
-	$(PY) -m deployments.serve start
+	$(PY) -m concord_pipelines.deployments.serve start
 
 stop:
-	@if [ -x $(PY) ]; then $(PY) -m deployments.serve stop; else echo "nothing to stop (no $(VENV))"; fi
+	@if [ -x $(PY) ]; then $(PY) -m concord_pipelines.deployments.serve stop; else echo "nothing to stop (no $(VENV))"; fi
 
 status:
-	$(PY) -m deployments.serve status
+	$(PY) -m concord_pipelines.deployments.serve status
 
 # The baselines benchmarks time beside Concord that pip cannot install: rsync, b3sum, restic and
 # rclone. Installed with apt when root; otherwise a message, and their rows fall back or are left out.

@@ -70,8 +70,8 @@ def run(opts: Options) -> list[Table]:
     from concord.snapshots.snapshot import snapshot
     from concord.snapshots.verify import verify
     from concord.stores import LocalDirStore
-    from flows._runner import task_runner
-    from flows.verify import verify_store
+    from concord_pipelines.flows._runner import task_runner
+    from concord_pipelines.flows.verify import verify_store
 
     ckpt = ensure_checkpoint(opts.data_dir, opts.size_gb)
     work = fresh_dir(opts.work_dir / "verify")

@@ -21,12 +21,12 @@ from prefect.blocks.core import Block
 from prefect.blocks.system import Secret
 from pydantic import ConfigDict, Field, PrivateAttr, SecretStr, field_validator, model_validator
 
-from blocks.api import load_block, where_blocks_live
 from concord.errors import InvalidStoreURIError
 from concord.redact import redact
 from concord.stores.base import Ref, Store
 from concord.stores.local import LocalDirStore
 from concord.stores.s3 import S3ObjectStore, validate_bucket_name
+from concord_pipelines.blocks.api import load_block, where_blocks_live
 
 __all__ = ["LocalStore", "S3Store", "S3StorageClass", "StoreBlockMixin", "load_store_block"]
 
@@ -175,16 +175,16 @@ class LocalStore(StoreBlockMixin, Block):
     _logo_url = "https://raw.githubusercontent.com/PrefectHQ/prefect/420d0d6a78bb6df1fc18bcf188fdad43c1d22ea9/assets/block-logos/filesystem.png"  # noqa: E501
     _documentation_url = _DOCUMENTATION_URL
     _code_example = """
-    Save a store once (or create it in the UI after `prefect block register -m blocks.stores`):
+    Save a store once (or create it in the UI after `prefect block register -m concord_pipelines.blocks.stores`):
     ```python
-    from blocks.stores import LocalStore
+    from concord_pipelines.blocks.stores import LocalStore
 
     LocalStore(path="/data/concord/cluster-a").save("cluster-a")
     ```
 
     Load it by name in a flow or task, or name it `block:cluster-a` anywhere Concord takes a store:
     ```python
-    from blocks.stores import LocalStore
+    from concord_pipelines.blocks.stores import LocalStore
 
     local_store = LocalStore.load("BLOCK_NAME")
     store = local_store.get_store()
@@ -252,9 +252,9 @@ class S3Store(StoreBlockMixin, Block):
     _logo_url = "https://cdn.sanity.io/images/3ugk85nk/production/d74b16fe84ce626345adf235a47008fea2869a60-225x225.png"  # noqa: E501
     _documentation_url = _DOCUMENTATION_URL
     _code_example = """
-    Save a store once (or create it in the UI after `prefect block register -m blocks.stores`):
+    Save a store once (or create it in the UI after `prefect block register -m concord_pipelines.blocks.stores`):
     ```python
-    from blocks.stores import S3Store
+    from concord_pipelines.blocks.stores import S3Store
 
     S3Store(
         bucket="models",
@@ -267,7 +267,7 @@ class S3Store(StoreBlockMixin, Block):
 
     Load it by name in a flow or task, or name it `block:cluster-b` anywhere Concord takes a store:
     ```python
-    from blocks.stores import S3Store
+    from concord_pipelines.blocks.stores import S3Store
 
     s3_store = S3Store.load("BLOCK_NAME")
     store = s3_store.get_store()
@@ -525,5 +525,5 @@ def _how_to_create(name: str) -> str:
     return (
         f"Create it with `from blocks import LocalStore; LocalStore(path=...).save({name!r})` "
         "(or S3Store(bucket=..., prefix=...)), or in the Prefect UI after "
-        "`prefect block register -m blocks.stores`"
+        "`prefect block register -m concord_pipelines.blocks.stores`"
     )

@@ -19,10 +19,10 @@ from typing import Any, Literal
 from prefect.blocks.core import Block
 from pydantic import Field, field_validator
 
-from blocks.api import load_block, where_blocks_live
 from concord.errors import InvalidStoreURIError, PolicyError
 from concord.stores.address import FOLDER, StoreAddress
 from concord.tiering.policy import TierPolicy, format_duration, parse_duration
+from concord_pipelines.blocks.api import load_block, where_blocks_live
 
 __all__ = ["ColdStorageClass", "Compression", "RestoreTier", "TierPolicyBlock", "WarmStorageClass", "load_policy_block"]
 
@@ -81,9 +81,9 @@ class TierPolicyBlock(Block):
     _logo_url = "https://raw.githubusercontent.com/PrefectHQ/prefect/420d0d6a78bb6df1fc18bcf188fdad43c1d22ea9/assets/block-logos/filesystem.png"  # noqa: E501
     _documentation_url = _DOCUMENTATION_URL
     _code_example = """
-    Save a policy once (or create it in the UI after `prefect block register -m blocks.tiers`):
+    Save a policy once (or create it in the UI after `prefect block register -m concord_pipelines.blocks.tiers`):
     ```python
-    from blocks.tiers import TierPolicyBlock
+    from concord_pipelines.blocks.tiers import TierPolicyBlock
 
     TierPolicyBlock(
         namespace="llama-lora",
@@ -100,7 +100,7 @@ class TierPolicyBlock(Block):
 
     Load it by name in a flow or task, or name it `block:llama-lora` anywhere Concord takes a policy:
     ```python
-    from blocks.tiers import TierPolicyBlock
+    from concord_pipelines.blocks.tiers import TierPolicyBlock
 
     tier_policy_block = TierPolicyBlock.load("BLOCK_NAME")
     policy = tier_policy_block.get_policy()
@@ -422,7 +422,7 @@ def load_policy_block(name: str) -> TierPolicy:
             [
                 f"there is no {TierPolicyBlock.get_block_type_slug()} block named {name!r} in {where_blocks_live()}; create it with "
                 f"`TierPolicyBlock(...).save({name!r})` or in the Prefect UI after "
-                "`prefect block register -m blocks.tiers`"
+                "`prefect block register -m concord_pipelines.blocks.tiers`"
             ],
         )
     return block.get_policy()

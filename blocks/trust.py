@@ -20,8 +20,8 @@ from prefect.blocks.core import Block
 from prefect.blocks.system import Secret
 from pydantic import Field, SecretStr, field_validator
 
-from blocks.api import load_block, where_blocks_live
 from concord.errors import ConcordError, KeyFileError, KeyPasswordError, TrustPolicyError
+from concord_pipelines.blocks.api import load_block, where_blocks_live
 
 __all__ = ["TrustBlock", "load_trust_block", "signing_key_of_block", "trusted_keys_of_block"]
 
@@ -121,7 +121,7 @@ def _load(name: str, error: Callable[..., ConcordError]) -> TrustBlock:
             where,
             f"there is no {TrustBlock.get_block_type_slug()} block named {name!r} in {where_blocks_live()}",
             f"Create it with `TrustBlock(trusted_keys=[PEM, ...], signing_key=Secret.load(...)).save({name!r})` or in the Prefect UI "
-            "after `prefect block register -m blocks.trust`, or check PREFECT_API_URL",
+            "after `prefect block register -m concord_pipelines.blocks.trust`, or check PREFECT_API_URL",
         )
     return block
 

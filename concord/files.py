@@ -7,7 +7,7 @@ flushed (and fsynced unless told otherwise), then renamed into place with ``os.r
 temporary file is removed in ``finally`` whatever happened.
 
 Every small file is written through :func:`atomic_write`: store objects, refs and documents, the
-checkpoint watcher's state, the record of ``deployments.serve``, an audit's PNGs. The one
+checkpoint watcher's state, the record of ``concord_pipelines.deployments.serve``, an audit's PNGs. The one
 specialised path is a folder store's chunk copied in the kernel (``copy_file_range`` from the
 checkpoint file into a :func:`temp_path`, then ``os.replace``), which never holds the bytes.
 

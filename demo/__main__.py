@@ -71,7 +71,7 @@ def run(home: Path, story: Story) -> None:
 def start_prefect() -> None:
     """The Prefect API the flows report to: the configured one, or Prefect's temporary server,
     started here deliberately (within CONCORD_PREFECT_START_TIMEOUT) rather than by the first flow."""
-    from blocks.api import configured_api, ensure_api, start_timeout
+    from concord_pipelines.blocks.api import configured_api, ensure_api, start_timeout
 
     api = configured_api()
     if api:

@@ -15,7 +15,7 @@ REF = "models/minilm"
 
 
 def human(n: float) -> str:
-    from flows._report import human
+    from concord_pipelines.flows._report import human
 
     return human(n)
 

@@ -90,7 +90,7 @@ def audit_story(home: Path, story: Story, stores: dict[str, str], base_folder: P
     from concord.lineage.data import read_table
     from concord.snapshots.snapshot import snapshot
     from concord.stores import open_store
-    from flows.audit import nightly_drift_audit
+    from concord_pipelines.flows.audit import nightly_drift_audit
 
     folder = home / "audit"
     for path in audit_folders(home):  # a re-run starts afresh (the registry and MLflow are the lineage chapter's)
@@ -199,7 +199,7 @@ def audit_story(home: Path, story: Story, stores: dict[str, str], base_folder: P
 
 def _report(state) -> dict:
     """What an audit run returned, or, for a failed run, the report its failure carries."""
-    from flows.audit import AuditFailed
+    from concord_pipelines.flows.audit import AuditFailed
 
     try:
         return state.result()

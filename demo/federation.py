@@ -70,8 +70,8 @@ def _federation(home: Path, story: Story, stores: dict[str, str], base_folder: P
     from concord.snapshots.refs import load_manifest
     from concord.snapshots.restore import restore
     from concord.stores import open_store
-    from flows.federation import lora_federation
-    from flows.snapshot import snapshot_checkpoint
+    from concord_pipelines.flows.federation import lora_federation
+    from concord_pipelines.flows.snapshot import snapshot_checkpoint
 
     story.step(f"Each cluster trains a LoRA adapter on MiniLM for tenant {TENANT} and snapshots it as {TENANT}/adapter-<cluster>")
     base_model = AutoModel.from_pretrained(str(base_folder)).eval()

@@ -39,14 +39,14 @@ def lineage_story(home: Path, story: Story, stores: dict[str, str], base_root: s
     from concord.lineage.data import write_parquet
     from concord.lineage.graph import render_png, to_mermaid
     from concord.stores import open_store
-    from flows.lineage import (
+    from concord_pipelines.flows.lineage import (
         describe_checks,
         promote_model,
         register_data_snapshot,
         register_model_version,
         validate_contract,
     )
-    from flows.replicate import replicate_snapshot
+    from concord_pipelines.flows.replicate import replicate_snapshot
 
     us, eu, ap = (stores[c] for c in CLUSTERS)
     registry = str(home / "registry")

@@ -66,9 +66,9 @@ def snapshots_story(home: Path, story: Story, stores: dict[str, str], base: Path
     """The chapter; the roots of the base model and of the fine-tune."""
     from concord.snapshots.refs import load_manifest
     from concord.stores import open_store
-    from flows.replicate import replicate_snapshot
-    from flows.snapshot import diff_snapshots, restore_snapshot, rollback_ref, snapshot_checkpoint
-    from flows.verify import StoreDamaged, verify_store
+    from concord_pipelines.flows.replicate import replicate_snapshot
+    from concord_pipelines.flows.snapshot import diff_snapshots, restore_snapshot, rollback_ref, snapshot_checkpoint
+    from concord_pipelines.flows.verify import StoreDamaged, verify_store
 
     us, eu, ap = (stores[c] for c in CLUSTERS)
     tuned_dir, restored_dir = snapshots_folders(home)

@@ -85,7 +85,7 @@ def _tiering(folder: Path, story: Story, s3: MotoServer, training: TrainingRun) 
     from concord.snapshots.refs import load_manifest
     from concord.stores.base import ARCHIVED
     from concord.tiering import load_policy, stored_bytes
-    from flows.tiering import restore_checkpoint_flow, restore_drill, tier_checkpoints
+    from concord_pipelines.flows.tiering import restore_checkpoint_flow, restore_drill, tier_checkpoints
 
     story.step(f"Tier policy for a LoRA run's checkpoints, in {folder / 'policy.yaml'}; S3 for warm and cold is a moto_server")
     policy_path = write_policy(folder)

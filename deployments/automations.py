@@ -1,6 +1,6 @@
 """Concord's Prefect automations, declared as code.
 
-    python -m deployments.automations [--dry-run | --apply] [--notify BLOCK] [--zombie-after SECONDS]
+    python -m concord_pipelines.deployments.automations [--dry-run | --apply] [--notify BLOCK] [--zombie-after SECONDS]
 
 Three automations, one per event that needs a person:
 
@@ -13,7 +13,7 @@ and one that cleans up after a lost machine:
     concord: crash zombie flow runs   no prefect.flow-run.heartbeat from a running flow run for
                                       --zombie-after seconds (default 90, or $CONCORD_ZOMBIE_AFTER)
 
-A flow run sends a heartbeat every ``HEARTBEAT_SECONDS`` (30; ``deployments.serve`` sets
+A flow run sends a heartbeat every ``HEARTBEAT_SECONDS`` (30; ``concord_pipelines.deployments.serve`` sets
 ``PREFECT_FLOWS_HEARTBEAT_FREQUENCY`` for its worker). When the process running it dies with no
 chance to report (its machine lost, the worker and the run killed), the run would stay Running
 forever; this automation moves it to Crashed once its heartbeats stop, and a completed, failed,
@@ -48,7 +48,14 @@ from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
 # the events that need a person, and the resources they are about, named where the tasks emit them
-from tasks.events import DRIFT_DETECTED, DRILL_FAILED, REPLICA_FAILED, audit_resource, store_resource, tiers_resource
+from concord_pipelines.tasks.events import (
+    DRIFT_DETECTED,
+    DRILL_FAILED,
+    REPLICA_FAILED,
+    audit_resource,
+    store_resource,
+    tiers_resource,
+)
 
 if TYPE_CHECKING:
     from prefect.client.orchestration import SyncPrefectClient
@@ -263,7 +270,7 @@ def apply(client: SyncPrefectClient, wanted: list[AutomationCore]) -> list[dict[
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m deployments.automations", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m concord_pipelines.deployments.automations", description=__doc__.split("\n\n")[0])
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--apply", action="store_true", help="create or update the automations on the Prefect server")
     mode.add_argument("--dry-run", action="store_true", help="print the automations as JSON (the default)")

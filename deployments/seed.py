@@ -1,8 +1,8 @@
 """What the deployments' default parameters name, seeded once into a project folder.
 
-    python -m deployments.seed [--project-dir .] [--from CHECKPOINT_DIR] [--watcher-state FILE]
+    python -m concord_pipelines.deployments.seed [--project-dir .] [--from CHECKPOINT_DIR] [--watcher-state FILE]
 
-``make serve`` runs this before it deploys (``deployments.serve start``), so that every deployment
+``make serve`` runs this before it deploys (``concord_pipelines.deployments.serve start``), so that every deployment
 of ``prefect.yaml`` run with its defaults, and the first run of every schedule, completes on a fresh
 clone. Each item is made only when it is missing, and nothing that exists is changed: a second run,
 or a project where some of it is yours already, seeds only what is still missing. What it seeds,
@@ -402,7 +402,7 @@ def write_adapter(out: Path, base_config: dict, rank: int, alpha: int, seed: int
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m deployments.seed", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m concord_pipelines.deployments.seed", description=__doc__.split("\n\n")[0])
     p.add_argument("--project-dir", type=Path, default=Path(__file__).resolve().parent.parent,
                    help="the folder whose data/ is seeded (default: this project)")
     p.add_argument("--from", dest="source", type=Path, default=None,

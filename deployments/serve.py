@@ -1,20 +1,20 @@
 """Run Concord for real on one machine, and stop exactly what was started.
 
-    python -m deployments.serve [--dir data/serve] start [--port 4200] [--watch DIR ...] [--interval 30]
+    python -m concord_pipelines.deployments.serve [--dir data/serve] start [--port 4200] [--watch DIR ...] [--interval 30]
                                                          [--project-dir .] [--seed-from CHECKPOINT_DIR]
-    python -m deployments.serve [--dir data/serve] status
-    python -m deployments.serve [--dir data/serve] restart NAME [NAME ...] [--timeout 15]
-    python -m deployments.serve [--dir data/serve] stop [--timeout 15]
+    python -m concord_pipelines.deployments.serve [--dir data/serve] status
+    python -m concord_pipelines.deployments.serve [--dir data/serve] restart NAME [NAME ...] [--timeout 15]
+    python -m concord_pipelines.deployments.serve [--dir data/serve] stop [--timeout 15]
 
 ``start`` seeds what the deployments' default parameters name into ``<project>/data``
-where it is missing (while the Prefect server it starts comes up) (:mod:`deployments.seed`; ``--seed-from DIR`` for another checkpoint than
+where it is missing (while the Prefect server it starts comes up) (:mod:`concord_pipelines.deployments.seed`; ``--seed-from DIR`` for another checkpoint than
 all-MiniLM-L6-v2), and gives every process it starts ``MLFLOW_TRACKING_URI`` (``$MLFLOW_TRACKING_URI``,
 else ``<project>/data/mlflow.db``, the database ``make demo`` writes too). Then it uses the
 Prefect server at ``$PREFECT_API_URL`` when it is set, otherwise starts
 ``prefect server start`` on 127.0.0.1 (its home, database included, under ``<dir>/prefect``,
 analytics off) and waits until it is healthy. Then it creates the ``concord-process`` work pool
 and ``concord-serving`` work pools if missing, registers the project's blocks, deploys everything
-in ``prefect.yaml`` (their triggers included), applies the automations (``deployments.automations``,
+in ``prefect.yaml`` (their triggers included), applies the automations (``concord_pipelines.deployments.automations``,
 notifying the block named by ``$CONCORD_NOTIFY_BLOCK`` if set), and starts a process worker, the
 checkpoint watcher and one serving node (``node-local``: a worker of ``concord-serving`` polling its
 own queue; the serving deployments' defaults check out into ``<project>/data/serving/node-local``).
@@ -29,7 +29,7 @@ and is recorded (pid, start time, command, folder, log) in ``<dir>/processes.jso
 starts, so ``stop`` can end it even after a failed start; the environment variables it sets for
 them are recorded there too. Flow runs send a heartbeat every 30 s (Prefect's shortest;
 ``$PREFECT_FLOWS_HEARTBEAT_FREQUENCY`` overrides it), which the zombie automation of
-``deployments.automations`` watches.
+``concord_pipelines.deployments.automations`` watches.
 
 ``restart NAME`` ends the recorded process NAME (``server``, ``worker``, ``watcher``, ``node-local``
 or ``registry``) if it still
@@ -64,7 +64,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from concord.files import atomic_write
-from deployments.automations import HEARTBEAT_SECONDS
+from concord_pipelines.deployments.automations import HEARTBEAT_SECONDS
 
 PROJECT_DIR = Path(__file__).resolve().parent.parent
 DEFAULT_DIR = PROJECT_DIR / "data" / "serve"
@@ -425,14 +425,14 @@ def start(state_dir: Path, *, port: int = 4200, watch: Sequence[str] = (), inter
     deployed and is where flow runs start, so the relative store paths of the deployments'
     parameters resolve under it; the code is imported from this project whatever it is. First,
     what the deployments' defaults name is seeded into ``<project_dir>/data`` where missing
-    (:mod:`deployments.seed`; ``seed_from`` is the checkpoint seeded, default all-MiniLM-L6-v2)."""
+    (:mod:`concord_pipelines.deployments.seed`; ``seed_from`` is the checkpoint seeded, default all-MiniLM-L6-v2)."""
     state_dir, project_dir = Path(state_dir).resolve(), Path(project_dir).resolve()
     data = read_record(state_dir)
     running = [p for p in data["processes"] if is_alive(p)]
     if running:
         dead = [p.name for p in data["processes"] if not is_alive(p)]
         print(f"already running ({', '.join(p.name for p in running)}); UI at {data.get('ui_url')}. "
-              + (f"Not running: {', '.join(dead)}: `python -m deployments.serve --dir {state_dir} restart "
+              + (f"Not running: {', '.join(dead)}: `python -m concord_pipelines.deployments.serve --dir {state_dir} restart "
                  f"{' '.join(dead)}` starts them again." if dead else "`make stop` first to start again."), file=out)
         return 0
     if data["processes"]:  # a stale record: everything in it has exited
@@ -481,7 +481,7 @@ def start(state_dir: Path, *, port: int = 4200, watch: Sequence[str] = (), inter
 
         print("registering blocks", file=out)
         _concurrently([lambda pool=pool: pool_step(pool) for pool in (WORK_POOL, SERVING_POOL)]
-                      + [lambda: _run(state_dir, "setup-blocks", [prefect, "block", "register", "-m", "blocks"], env)])
+                      + [lambda: _run(state_dir, "setup-blocks", [prefect, "block", "register", "-m", "concord_pipelines.blocks"], env)])
         print("deploying everything in prefect.yaml", file=out)
         _run(state_dir, "setup", [prefect, "--no-prompt", "deploy", "--all"], env, cwd=project_dir)
 
@@ -495,7 +495,7 @@ def start(state_dir: Path, *, port: int = 4200, watch: Sequence[str] = (), inter
                                                            "--param", f"repository={json.dumps(repository)}"],
                                       env, cwd=project_dir))
         print("applying the automations", file=out)
-        steps.append(lambda: _run(state_dir, "setup-automations", [sys.executable, "-m", "deployments.automations", "--apply"],
+        steps.append(lambda: _run(state_dir, "setup-automations", [sys.executable, "-m", "concord_pipelines.deployments.automations", "--apply"],
                                   env))
         _concurrently(steps)
 
@@ -511,7 +511,7 @@ def start(state_dir: Path, *, port: int = 4200, watch: Sequence[str] = (), inter
                 Path(w).mkdir(parents=True, exist_ok=True)
         print(f"starting the checkpoint watcher on {', '.join(watched)}", file=out)
         spawn(state_dir, "watcher",
-              [sys.executable, "-m", "deployments.watcher", *(a for w in watched for a in ("--watch", w)),
+              [sys.executable, "-m", "concord_pipelines.deployments.watcher", *(a for w in watched for a in ("--watch", w)),
                "--state", str(state_dir / WATCHER_STATE), "--interval", str(interval)],
               env=env, cwd=project_dir)
         if registry:
@@ -533,7 +533,7 @@ def start(state_dir: Path, *, port: int = 4200, watch: Sequence[str] = (), inter
 
 def _seed(project_dir: Path, source: Path | None, uri: str, watcher_state: Path, out) -> None:
     from concord.errors import ConcordError
-    from deployments.seed import Seeder
+    from concord_pipelines.deployments.seed import Seeder
 
     try:
         Seeder(project_dir, source=source, tracking_uri=uri, watcher_state=watcher_state,
@@ -543,7 +543,7 @@ def _seed(project_dir: Path, source: Path | None, uri: str, watcher_state: Path,
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m deployments.serve", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m concord_pipelines.deployments.serve", description=__doc__.split("\n\n")[0])
     p.add_argument("--dir", type=Path, default=DEFAULT_DIR,
                    help="where the record, the logs, the watcher state and the server's home go (default data/serve)")
     sub = p.add_subparsers(dest="action", required=True)

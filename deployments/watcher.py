@@ -1,6 +1,6 @@
 """The checkpoint watcher: a long-running process that announces completed checkpoints to Prefect.
 
-    python -m deployments.watcher --watch runs/llama --watch s3://bucket/runs/mistral \\
+    python -m concord_pipelines.deployments.watcher --watch runs/llama --watch s3://bucket/runs/mistral \\
         [--state FILE] [--interval S] [--marker COMPLETE] [--settle S] [--model NAME] [--once]
 
 Every ``--interval`` seconds it scans the watched folders and S3 prefixes
@@ -45,7 +45,7 @@ def event_id(a: Announcement) -> uuid.UUID:
 
 def event_of(a: Announcement) -> dict[str, Any]:
     """The keyword arguments of ``emit_event`` for an announcement."""
-    from tasks import events
+    from concord_pipelines.tasks import events
 
     resource = events.checkpoint(a.model, a.name)
     resource.update({"concord.store": a.store, "concord.path": a.path})
@@ -104,7 +104,7 @@ def run(watcher: Watcher, *, interval: float, once: bool, stop: threading.Event)
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m deployments.watcher", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m concord_pipelines.deployments.watcher", description=__doc__.split("\n\n")[0])
     p.add_argument("--watch", action="append", required=True, metavar="PATH_OR_S3_PREFIX",
                    help="a folder or s3://bucket/prefix whose subfolders are checkpoints (repeatable)")
     p.add_argument("--state", default=DEFAULT_STATE, help=f"what was announced, kept across restarts (default {DEFAULT_STATE})")

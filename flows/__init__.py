@@ -10,27 +10,27 @@ import importlib
 from typing import Any
 
 _WHERE = {
-    "snapshot_checkpoint": "flows.snapshot",
-    "diff_snapshots": "flows.snapshot",
-    "restore_snapshot": "flows.snapshot",
-    "rollback_ref": "flows.snapshot",
-    "snapshot_spread": "flows.spread",
-    "replicate_snapshot": "flows.replicate",
-    "snapshot_and_replicate": "flows.replicate",
-    "verify_store": "flows.verify",
-    "register_data_snapshot": "flows.lineage",
-    "validate_contract": "flows.lineage",
-    "register_model_version": "flows.lineage",
-    "promote_model": "flows.lineage",
-    "publish_oci": "flows.oci",
-    "lora_federation": "flows.federation",
-    "tier_checkpoints": "flows.tiering",
-    "restore_checkpoint_flow": "flows.tiering",
-    "restore_drill": "flows.tiering",
-    "nightly_drift_audit": "flows.audit",
-    "checkout_node": "flows.rollout",
-    "rollback_node": "flows.rollout",
-    "rollout_flow": "flows.rollout",
+    "snapshot_checkpoint": "concord_pipelines.flows.snapshot",
+    "diff_snapshots": "concord_pipelines.flows.snapshot",
+    "restore_snapshot": "concord_pipelines.flows.snapshot",
+    "rollback_ref": "concord_pipelines.flows.snapshot",
+    "snapshot_spread": "concord_pipelines.flows.spread",
+    "replicate_snapshot": "concord_pipelines.flows.replicate",
+    "snapshot_and_replicate": "concord_pipelines.flows.replicate",
+    "verify_store": "concord_pipelines.flows.verify",
+    "register_data_snapshot": "concord_pipelines.flows.lineage",
+    "validate_contract": "concord_pipelines.flows.lineage",
+    "register_model_version": "concord_pipelines.flows.lineage",
+    "promote_model": "concord_pipelines.flows.lineage",
+    "publish_oci": "concord_pipelines.flows.oci",
+    "lora_federation": "concord_pipelines.flows.federation",
+    "tier_checkpoints": "concord_pipelines.flows.tiering",
+    "restore_checkpoint_flow": "concord_pipelines.flows.tiering",
+    "restore_drill": "concord_pipelines.flows.tiering",
+    "nightly_drift_audit": "concord_pipelines.flows.audit",
+    "checkout_node": "concord_pipelines.flows.rollout",
+    "rollback_node": "concord_pipelines.flows.rollout",
+    "rollout_flow": "concord_pipelines.flows.rollout",
 }
 
 __all__ = sorted(_WHERE)
@@ -39,4 +39,4 @@ __all__ = sorted(_WHERE)
 def __getattr__(name: str) -> Any:
     if name in _WHERE:
         return getattr(importlib.import_module(_WHERE[name]), name)
-    raise AttributeError(f"module 'flows' has no attribute {name!r}")
+    raise AttributeError(f"module 'concord_pipelines.flows' has no attribute {name!r}")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from tasks.progress import human_bytes as human
+from concord_pipelines.tasks.progress import human_bytes as human
 
 __all__ = ["MiB", "human", "md_table", "short"]
 

@@ -13,7 +13,7 @@ from contextlib import contextmanager
 from dataclasses import asdict
 
 from concord.snapshots.staging import StagedCheckpoint, staging_folder
-from tasks import stage_checkpoint_task
+from concord_pipelines.tasks import stage_checkpoint_task
 
 
 @contextmanager

@@ -36,8 +36,8 @@ from concord.audit.render import column_rows, render_markdown, replica_rows, wor
 from concord.audit.report import AuditReport
 from concord.audit.tracking import audit_params, run_markdown
 from concord.home import default_registry
-from flows._params import NAME_PATTERN, ModelName, StoreAddress
-from tasks.audit import (
+from concord_pipelines.flows._params import NAME_PATTERN, ModelName, StoreAddress
+from concord_pipelines.tasks.audit import (
     AUDIT_EXPERIMENT,
     audit_cards_task,
     audit_contract_task,

@@ -13,9 +13,9 @@ from prefect import flow
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from pydantic import Field
 
-from flows._params import NAME_PATTERN
-from flows._report import human, md_table, short
-from tasks import federate_task, verify_ledger_task
+from concord_pipelines.flows._params import NAME_PATTERN
+from concord_pipelines.flows._report import human, md_table, short
+from concord_pipelines.tasks import federate_task, verify_ledger_task
 
 Tenant = Annotated[str, Field(pattern=NAME_PATTERN, description="The tenant: its adapters are the refs TENANT/NAME.")]
 Clusters = Annotated[

@@ -16,10 +16,10 @@ from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from pydantic import Field
 
-from flows._params import NAME_PATTERN, ModelName, RefName, StoreAddress
-from flows._report import human, md_table, short
-from flows.snapshot import DEFAULT_REF, DEFAULT_STORE
-from tasks import (
+from concord_pipelines.flows._params import NAME_PATTERN, ModelName, RefName, StoreAddress
+from concord_pipelines.flows._report import human, md_table, short
+from concord_pipelines.flows.snapshot import DEFAULT_REF, DEFAULT_STORE
+from concord_pipelines.tasks import (
     model_lineage_task,
     promote_task,
     record_replica_task,

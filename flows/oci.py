@@ -16,9 +16,9 @@ from prefect import flow
 from prefect.artifacts import create_markdown_artifact
 from pydantic import AfterValidator, Field
 
-from flows._params import ModelName
-from flows._report import human
-from tasks.oci import publish_oci_task
+from concord_pipelines.flows._params import ModelName
+from concord_pipelines.flows._report import human
+from concord_pipelines.tasks.oci import publish_oci_task
 
 DEFAULT_REPOSITORY = "127.0.0.1:5000/models"
 #: what a run without a repository says (``make serve`` deploys publish-oci so when it found no registry to start)

@@ -9,7 +9,7 @@ from prefect.artifacts import create_markdown_artifact, create_progress_artifact
 from prefect.futures import as_completed
 from pydantic import Field
 
-from flows._arguments import (
+from concord_pipelines.flows._arguments import (
     BadArguments,
     checkpoint_problems,
     ref_problems,
@@ -17,14 +17,14 @@ from flows._arguments import (
     store_problems,
     targets_problems,
 )
-from flows._params import RefName, StoreAddress
-from flows._policy import final
-from flows._report import human, md_table, short
-from flows._runner import task_runner
-from flows._staging import staged
-from flows.lineage import record_holders
-from flows.snapshot import DEFAULT_REF, ChunkSizeMiB, snapshot_checkpoint
-from tasks import check_trust_task, replicate_task
+from concord_pipelines.flows._params import RefName, StoreAddress
+from concord_pipelines.flows._policy import final
+from concord_pipelines.flows._report import human, md_table, short
+from concord_pipelines.flows._runner import task_runner
+from concord_pipelines.flows._staging import staged
+from concord_pipelines.flows.lineage import record_holders
+from concord_pipelines.flows.snapshot import DEFAULT_REF, ChunkSizeMiB, snapshot_checkpoint
+from concord_pipelines.tasks import check_trust_task, replicate_task
 
 Targets = Annotated[list[str], Field(min_length=1, description="Stores to bring up to date, one per cluster.")]
 

@@ -18,9 +18,9 @@ from prefect.states import Completed
 from pydantic import AfterValidator, Field
 
 from concord.stores.base import NAME_SEGMENT
-from flows._params import RefName, StoreAddress
-from flows._report import md_table, short
-from tasks import checkout_task, node_run_task, rollback_link_task
+from concord_pipelines.flows._params import RefName, StoreAddress
+from concord_pipelines.flows._report import md_table, short
+from concord_pipelines.tasks import checkout_task, node_run_task, rollback_link_task
 
 Node = Annotated[str, Field(pattern=re.compile(rf"^{NAME_SEGMENT}$"))]
 

@@ -13,9 +13,9 @@ from prefect import flow
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from pydantic import Field
 
-from flows._params import RefName, StoreAddress
-from flows._report import MiB, human, md_table, short
-from tasks import diff_task, restore_task, rollback_task, sign_snapshot_task, snapshot_task
+from concord_pipelines.flows._params import RefName, StoreAddress
+from concord_pipelines.flows._report import MiB, human, md_table, short
+from concord_pipelines.tasks import diff_task, restore_task, rollback_task, sign_snapshot_task, snapshot_task
 
 DEFAULT_STORE = "data/stores/us-east"
 DEFAULT_REF = "models/minilm"

@@ -4,7 +4,7 @@ One ``snapshot-part`` task per node stores the chunks of that node's files in th
 hands back a manifest of them; ``assemble-spread`` runs last, in the flow run's process, and writes
 the one manifest of all of them (the root one snapshot of the whole folder would have) and moves
 the ref. The part tasks run on the flow's task runner (``CONCORD_TASK_RUNNER``, see
-``flows._runner``): on a running Dask scheduler each goes to the Dask worker that offers a resource
+``concord_pipelines.flows._runner``): on a running Dask scheduler each goes to the Dask worker that offers a resource
 named after its node (``dask worker … --resources NODE=1``), so it reads that node's own disk; on
 threads or a Dask cluster of this machine they all run here.
 """
@@ -20,11 +20,11 @@ from prefect.artifacts import create_markdown_artifact
 from prefect.context import FlowRunContext
 from pydantic import AfterValidator, BaseModel, Field
 
-from flows._params import NAME_PATTERN, RefName, StoreAddress
-from flows._report import MiB, human, md_table, short
-from flows._runner import describe, task_runner
-from flows.snapshot import DEFAULT_REF, DEFAULT_STORE, ChunkSizeMiB
-from tasks import assemble_task, snapshot_part_task
+from concord_pipelines.flows._params import NAME_PATTERN, RefName, StoreAddress
+from concord_pipelines.flows._report import MiB, human, md_table, short
+from concord_pipelines.flows._runner import describe, task_runner
+from concord_pipelines.flows.snapshot import DEFAULT_REF, DEFAULT_STORE, ChunkSizeMiB
+from concord_pipelines.tasks import assemble_task, snapshot_part_task
 
 
 class SpreadNode(BaseModel):

@@ -19,12 +19,12 @@ from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from pydantic import Field
 
 from concord.tiering.engine import opened_tiers
-from flows._arguments import BadArguments, checkpoint_problems, started_by_event
-from flows._params import NAME_PATTERN
-from flows._policy import final
-from flows._report import human, md_table, short
-from flows._staging import staged
-from tasks import (
+from concord_pipelines.flows._arguments import BadArguments, checkpoint_problems, started_by_event
+from concord_pipelines.flows._params import NAME_PATTERN
+from concord_pipelines.flows._policy import final
+from concord_pipelines.flows._report import human, md_table, short
+from concord_pipelines.flows._staging import staged
+from concord_pipelines.tasks import (
     add_checkpoint_task,
     drill_task,
     log_drill_task,

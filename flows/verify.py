@@ -2,7 +2,7 @@
 
 The hashing fans out: the chunks to check are cut into batches of ``batch_mib`` and one task
 re-hashes each batch, on the task runner ``CONCORD_TASK_RUNNER`` chooses (threads, or a Dask
-cluster that may span machines; see ``flows._runner``).
+cluster that may span machines; see ``concord_pipelines.flows._runner``).
 """
 
 from __future__ import annotations
@@ -14,11 +14,11 @@ from prefect.artifacts import create_markdown_artifact, create_progress_artifact
 from prefect.context import FlowRunContext
 from pydantic import Field
 
-from flows._params import RefName, StoreAddress
-from flows._report import MiB, human, md_table, short
-from flows._runner import describe, fan_out, in_flight, task_runner
-from flows.snapshot import DEFAULT_STORE
-from tasks import signatures_task, verify_batch_task, verify_conclude_task, verify_plan_task
+from concord_pipelines.flows._params import RefName, StoreAddress
+from concord_pipelines.flows._report import MiB, human, md_table, short
+from concord_pipelines.flows._runner import describe, fan_out, in_flight, task_runner
+from concord_pipelines.flows.snapshot import DEFAULT_STORE
+from concord_pipelines.tasks import signatures_task, verify_batch_task, verify_conclude_task, verify_plan_task
 
 #: chunk ids listed in the report at most (the counts are always complete)
 LISTED = 50

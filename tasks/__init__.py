@@ -3,8 +3,8 @@ and events live. Every task takes store specs as strings (the tiering tasks take
 policy) and returns a plain dict.
 
 The tasks are imported on first use (``from tasks import snapshot_task`` imports
-``tasks.snapshots`` then), so that ``from tasks import events`` stays light: the checkpoint watcher,
-the automations and ``deployments.serve`` name events without loading Prefect's task machinery.
+``concord_pipelines.tasks.snapshots`` then), so that ``from tasks import events`` stays light: the checkpoint watcher,
+the automations and ``concord_pipelines.deployments.serve`` name events without loading Prefect's task machinery.
 """
 
 from __future__ import annotations
@@ -65,8 +65,8 @@ __all__ = sorted(_WHERE)
 def __getattr__(name: str) -> Any:
     module = _WHERE.get(name)
     if module is None:
-        raise AttributeError(f"module 'tasks' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"tasks.{module}"), name)
+        raise AttributeError(f"module 'concord_pipelines.tasks' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"concord_pipelines.tasks.{module}"), name)
     globals()[name] = value
     return value
 

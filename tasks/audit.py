@@ -9,7 +9,7 @@ does not answer; recording a night twice replaces the first record.
 Logging an audit to MLflow never fails the audit: when MLflow cannot be written, a warning is
 logged and the report stands on its Prefect artifacts.
 
-Events (an automation notifies on ``concord.drift.detected``; every name is in :mod:`tasks.events`)::
+Events (an automation notifies on ``concord.drift.detected``; every name is in :mod:`concord_pipelines.tasks.events`)::
 
     concord.drift.detected   resource concord.audit.<name>   severity warning (P1) or critical (P0)
     concord.drift.audited    resource concord.audit.<name>   severity ok
@@ -28,9 +28,9 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from concord.audit.tracking import AUDIT_EXPERIMENT
-from tasks import events
-from tasks.common import RETRIED, open_stores
-from tasks.progress import PrefectProgress, run_logger
+from concord_pipelines.tasks import events
+from concord_pipelines.tasks.common import RETRIED, open_stores
+from concord_pipelines.tasks.progress import PrefectProgress, run_logger
 
 if TYPE_CHECKING:  # pragma: no cover
     from concord.lineage import Lineage
@@ -157,7 +157,7 @@ def audit_replicas_task(
     any cluster, is critical. Returns ``ReplicaReport.to_dict()``: differences are reported, not raised."""
     from concord.audit.inputs import store_labels
     from concord.audit.replicas import compare_replicas
-    from tasks.trust import trust_policy
+    from concord_pipelines.tasks.trust import trust_policy
 
     specs = list(stores)
     labels = store_labels(specs)

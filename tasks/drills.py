@@ -9,7 +9,7 @@ need not reach warm, and a drill reports a tier it cannot open as a finding.
 A drill is logged to MLflow (``log-drill``, experiment ``concord-restore-drills``); MLflow being
 down leaves a warning, never fails the drill.
 
-Events (an automation pages on ``concord.drill.failed``; every name is in :mod:`tasks.events`):
+Events (an automation pages on ``concord.drill.failed``; every name is in :mod:`concord_pipelines.tasks.events`):
 ``concord.tier.restored`` per restore, ``concord.drill.completed`` or ``concord.drill.failed``
 per drill.
 """
@@ -22,9 +22,9 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from concord.tiering.tracking import DRILL_EXPERIMENT
-from tasks import events
-from tasks.common import RETRIED
-from tasks.progress import PrefectProgress, run_logger
+from concord_pipelines.tasks import events
+from concord_pipelines.tasks.common import RETRIED
+from concord_pipelines.tasks.progress import PrefectProgress, run_logger
 
 if TYPE_CHECKING:  # pragma: no cover
     from concord.tiering.policy import TierPolicy
@@ -48,7 +48,7 @@ def restore_checkpoint_task(
     ``$CONCORD_TRUSTED_KEYS``) a copy no trusted key signed is refused before anything is asked
     of an archive or written. Emits ``concord.tier.restored``; returns ``TierRestoreResult.to_dict()``."""
     from concord.tiering.restore import restore_checkpoint
-    from tasks.trust import trust_policy
+    from concord_pipelines.tasks.trust import trust_policy
 
     ns = policy.namespace
     trust = trust_policy(trust_block)

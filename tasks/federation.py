@@ -22,9 +22,9 @@ from collections.abc import Sequence
 from prefect import task
 
 from concord.federation.rounds import DEFAULT_OUT
-from tasks import events
-from tasks.common import RETRIED, open_stores
-from tasks.progress import PrefectProgress, run_logger
+from concord_pipelines.tasks import events
+from concord_pipelines.tasks.common import RETRIED, open_stores
+from concord_pipelines.tasks.progress import PrefectProgress, run_logger
 
 
 @task(name="federate", task_run_name="federate-{tenant}", **RETRIED)
@@ -63,7 +63,7 @@ def federate_task(
     specs = list(clusters)
     key = None
     if trust_block:
-        from blocks.trust import load_trust_block
+        from concord_pipelines.blocks.trust import load_trust_block
 
         key = load_trust_block(trust_block).get_signing_key()
     lineage = None
@@ -127,7 +127,7 @@ def verify_ledger_task(store: str, tenant: str, trust_block: str | None = None, 
     than raising: the caller decides what tampering means. Emits ``concord.ledger.verified`` or
     ``concord.ledger.tampered``."""
     from concord.federation.seen import LedgerMemory, verify_remembered
-    from tasks.trust import trust_policy
+    from concord_pipelines.tasks.trust import trust_policy
 
     policy = trust_policy(trust_block)
     with open_stores(store) as (s,):

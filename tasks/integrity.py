@@ -13,9 +13,9 @@ from typing import TYPE_CHECKING
 
 from prefect import task
 
-from tasks import events
-from tasks.common import RETRIED, open_stores
-from tasks.progress import PrefectProgress, human_bytes, run_logger
+from concord_pipelines.tasks import events
+from concord_pipelines.tasks.common import RETRIED, open_stores
+from concord_pipelines.tasks.progress import PrefectProgress, human_bytes, run_logger
 
 if TYPE_CHECKING:
     from concord.snapshots.verify import VerifyResult

@@ -6,13 +6,13 @@ and returns a plain, JSON-serialisable dict. Tasks that write lineage take ``tra
 (``None``: ``$MLFLOW_TRACKING_URI``, else the sqlite database in ``$CONCORD_HOME``) and check the
 tracking backend first (:func:`checked_lineage`), so an unreachable server fails the task before
 any store is touched. Model versions (register, promote, holders, lineage) are in
-:mod:`tasks.models`.
+:mod:`concord_pipelines.tasks.models`.
 
 Data snapshots and contracts are named the way a person types them: a data snapshot by its
 64-hex id or its ref (``data/<name>``, ``data/<name>~1``), a contract as ``name@version``.
 
 Events (a ``concord.contract.failed`` is what an automation pages on; every name is in
-:mod:`tasks.events`): ``concord.data.registered``, ``concord.contract.validated``,
+:mod:`concord_pipelines.tasks.events`): ``concord.data.registered``, ``concord.contract.validated``,
 ``concord.contract.failed``.
 """
 
@@ -24,9 +24,9 @@ from typing import TYPE_CHECKING
 from prefect import task
 
 from concord.lineage.client import shown_uri
-from tasks import events
-from tasks.common import RETRIED, open_stores
-from tasks.progress import PrefectProgress, run_logger
+from concord_pipelines.tasks import events
+from concord_pipelines.tasks.common import RETRIED, open_stores
+from concord_pipelines.tasks.progress import PrefectProgress, run_logger
 
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd

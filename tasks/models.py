@@ -1,13 +1,13 @@
 """Model version tasks: register a snapshot as a version, promote it through the gate, record
 which stores hold it, and read its lineage.
 
-Thin wrappers over ``concord.lineage.Lineage``, as the tasks of :mod:`tasks.lineage` are: each
+Thin wrappers over ``concord.lineage.Lineage``, as the tasks of :mod:`concord_pipelines.tasks.lineage` are: each
 checks the tracking backend first, opens the stores from their specs, calls the core, emits an
 event and returns a plain dict. A model version is named ``name/version``; a snapshot as a ref,
-``ref~N`` or a 64-hex root; data and contracts as :mod:`tasks.lineage` names them.
+``ref~N`` or a 64-hex root; data and contracts as :mod:`concord_pipelines.tasks.lineage` names them.
 
 Events (a ``concord.promotion.refused`` is what an automation pages on; every name is in
-:mod:`tasks.events`): ``concord.model.registered``, ``concord.model.promoted``,
+:mod:`concord_pipelines.tasks.events`): ``concord.model.registered``, ``concord.model.promoted``,
 ``concord.promotion.refused``.
 """
 
@@ -20,10 +20,10 @@ from collections.abc import Sequence
 from prefect import task
 
 from concord.lineage.client import shown_uri, sqlite_file
-from tasks import events
-from tasks.common import RETRIED, open_stores
-from tasks.lineage import checked_lineage, data_snapshot_id
-from tasks.progress import run_logger
+from concord_pipelines.tasks import events
+from concord_pipelines.tasks.common import RETRIED, open_stores
+from concord_pipelines.tasks.lineage import checked_lineage, data_snapshot_id
+from concord_pipelines.tasks.progress import run_logger
 
 # ----------------------------------------------------------------------------- model versions
 

@@ -4,7 +4,7 @@ with the pushed reference and digest recorded on the MLflow model version.
 A thin wrapper over :mod:`concord.oci`: it reads the version's snapshot (root and store) from
 MLflow, exports it (only the files the registry lacks are sent), tags the version with
 ``oci.reference`` and ``oci.digest``, and emits ``concord.model.published`` (every event name is in
-:mod:`tasks.events`). Registry credentials come from the worker's environment
+:mod:`concord_pipelines.tasks.events`). Registry credentials come from the worker's environment
 (``CONCORD_REGISTRY_USERNAME``/``CONCORD_REGISTRY_PASSWORD``) or its Docker config file, and are
 never logged. A registry or tracking server that does not answer is retried; refused
 credentials and bad input are not.
@@ -14,10 +14,10 @@ from __future__ import annotations
 
 from prefect import task
 
-from tasks import events
-from tasks.common import RETRIED
-from tasks.lineage import checked_lineage
-from tasks.progress import run_logger
+from concord_pipelines.tasks import events
+from concord_pipelines.tasks.common import RETRIED
+from concord_pipelines.tasks.lineage import checked_lineage
+from concord_pipelines.tasks.progress import run_logger
 
 
 def oci_reference(repository: str, name: str, version: str | int, tag: str | None = None) -> str:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from prefect import task
 
-from tasks import events
-from tasks.common import RETRIED, open_stores
-from tasks.progress import PrefectProgress, run_logger
+from concord_pipelines.tasks import events
+from concord_pipelines.tasks.common import RETRIED, open_stores
+from concord_pipelines.tasks.progress import PrefectProgress, run_logger
 
 
 @task(name="replicate", task_run_name="replicate-to-{target}", **RETRIED)

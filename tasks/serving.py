@@ -11,9 +11,9 @@ import socket
 
 from prefect import task
 
-from tasks import events
-from tasks.common import RETRIED
-from tasks.progress import PrefectProgress, run_logger
+from concord_pipelines.tasks import events
+from concord_pipelines.tasks.common import RETRIED
+from concord_pipelines.tasks.progress import PrefectProgress, run_logger
 
 #: the deployments a rollout starts on each node (``flow name/deployment name``)
 CHECKOUT_DEPLOYMENT = "checkout-node/checkout-on-node"

@@ -14,9 +14,9 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from concord.snapshots.manifest import DEFAULT_CHUNK_SIZE
-from tasks import events
-from tasks.common import RETRIED, open_stores
-from tasks.progress import PrefectProgress, run_logger
+from concord_pipelines.tasks import events
+from concord_pipelines.tasks.common import RETRIED, open_stores
+from concord_pipelines.tasks.progress import PrefectProgress, run_logger
 
 
 @task(name="snapshot", **RETRIED)
@@ -113,7 +113,7 @@ def restore_task(store: str, snapshot: str, out_dir: str, trust_block: str | Non
     """
     from concord.snapshots.refs import load_manifest, resolve_root
     from concord.snapshots.restore import restore
-    from tasks.trust import trust_policy
+    from concord_pipelines.tasks.trust import trust_policy
 
     policy = trust_policy(trust_block)
     with open_stores(store) as (s,):

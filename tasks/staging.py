@@ -12,8 +12,8 @@ from dataclasses import asdict
 
 from prefect import task
 
-from tasks.common import RETRIED
-from tasks.progress import PrefectProgress, run_logger
+from concord_pipelines.tasks.common import RETRIED
+from concord_pipelines.tasks.progress import PrefectProgress, run_logger
 
 
 @task(name="stage-checkpoint", task_run_name="stage-{source}", **RETRIED)

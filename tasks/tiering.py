@@ -5,12 +5,12 @@ file or ``block:NAME``, validated) and opens the three tiers once
 (:func:`concord.tiering.engine.opened_tiers`); every task gets both, calls the core with byte
 progress reported to Prefect, emits events and returns a plain dict. Adds and sweeps are safe to
 run again, so they are retried when a store does not answer. Restores and drills are in
-:mod:`tasks.drills`.
+:mod:`concord_pipelines.tasks.drills`.
 
 ``promoted-roots`` reads MLflow and never fails the tiering because of it: the roots of the
 model versions an alias points at are kept hot and warm like pinned checkpoints.
 
-Events (an automation pages on ``concord.tier.violation``; every name is in :mod:`tasks.events`):
+Events (an automation pages on ``concord.tier.violation``; every name is in :mod:`concord_pipelines.tasks.events`):
 ``concord.tier.added`` per checkpoint taken in, ``concord.tier.demoted`` per demotion,
 ``concord.tier.violation`` when a sweep leaves copy-rule violations.
 """
@@ -24,9 +24,9 @@ from typing import TYPE_CHECKING
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from tasks import events
-from tasks.common import RETRIED
-from tasks.progress import PrefectProgress, run_logger
+from concord_pipelines.tasks import events
+from concord_pipelines.tasks.common import RETRIED
+from concord_pipelines.tasks.progress import PrefectProgress, run_logger
 
 if TYPE_CHECKING:  # pragma: no cover
     from concord.stores.base import Store

@@ -1,7 +1,7 @@
 """Tasks of trust: sign a snapshot with a deployment's key, refuse a root no trusted key signed,
 report the signatures of roots.
 
-A deployment names a saved trust block (``blocks.trust.TrustBlock``, by name); without one the
+A deployment names a saved trust block (``concord_pipelines.blocks.trust.TrustBlock``, by name); without one the
 worker's ``CONCORD_TRUSTED_KEYS`` (comma-separated PEM paths) is the policy, and without that
 nothing is checked.
 """
@@ -12,15 +12,15 @@ from collections.abc import Sequence
 
 from prefect import task
 
-from tasks import events
-from tasks.common import RETRIED, open_stores
-from tasks.progress import run_logger
+from concord_pipelines.tasks import events
+from concord_pipelines.tasks.common import RETRIED, open_stores
+from concord_pipelines.tasks.progress import run_logger
 
 
 def trust_policy(trust_block: str | None):
     """The policy of the trust block ``trust_block``, else of ``$CONCORD_TRUSTED_KEYS``, else None."""
     if trust_block:
-        from blocks.trust import load_trust_block
+        from concord_pipelines.blocks.trust import load_trust_block
 
         return load_trust_block(trust_block).get_policy()
     from concord.trust import load_policy
@@ -34,8 +34,8 @@ def sign_snapshot_task(store: str, root: str, trust_block: str, ref: str | None 
     OpenSSF Model Signing bundle kept at ``signatures/<root>/<key id>.sig``); None when the block
     has no signing key. Emits ``concord.snapshot.signed``. Safe to retry: a new signature by the
     same key replaces the old one."""
-    from blocks.trust import load_trust_block
     from concord.trust import sign_root
+    from concord_pipelines.blocks.trust import load_trust_block
 
     key = load_trust_block(trust_block).get_signing_key()
     if key is None:
@@ -58,9 +58,9 @@ def sign_tiers_task(stores: dict, root: str, trust_block: str, ref: str | None =
     ``stores``, the run's open tiers) with the trust block's signing key, then copy the signature
     to every other tier holding it. None when the block has no signing key. Emits
     ``concord.snapshot.signed``."""
-    from blocks.trust import load_trust_block
     from concord.snapshots.sync import copy_signatures
     from concord.trust import sign_root
+    from concord_pipelines.blocks.trust import load_trust_block
 
     key = load_trust_block(trust_block).get_signing_key()
     if key is None:

@@ -3,7 +3,7 @@ copy of the project (its code linked, no data): the seeding of what the deployme
 a real Prefect server (temporary home), the work pools, blocks, every deployment of ``prefect.yaml``,
 a process worker, the checkpoint watcher on the copy's ``data/checkpoints``, the serving node
 ``node-local`` (its link under the copy's ``data/serving``) and an OCI registry (``docker-registry``,
-its blobs under the copy's ``data/oci-registry``), all started by ``python -m deployments.serve`` and
+its blobs under the copy's ``data/oci-registry``), all started by ``python -m concord_pipelines.deployments.serve`` and
 stopped by it afterwards. The checkpoint seeded is a small one
 (``--seed-from``), standing in for all-MiniLM-L6-v2 to keep the tests light."""
 
@@ -79,7 +79,7 @@ def _serve(state_dir: Path, *args: str, timeout: float) -> subprocess.CompletedP
     # automation's window every second instead of every 5 s (the window itself is unchanged)
     env.update(PREFECT_SERVER_ANALYTICS_ENABLED="false", DO_NOT_TRACK="true", CONCORD_ZOMBIE_AFTER=str(ZOMBIE_AFTER),
                PREFECT_WORKER_QUERY_SECONDS="1", PREFECT_SERVER_EVENTS_PROACTIVE_GRANULARITY="PT1S")
-    return subprocess.run([sys.executable, "-m", "deployments.serve", "--dir", str(state_dir), *args],
+    return subprocess.run([sys.executable, "-m", "concord_pipelines.deployments.serve", "--dir", str(state_dir), *args],
                           cwd=PROJECT_DIR, env=env, capture_output=True, text=True, timeout=timeout)
 
 
@@ -110,7 +110,7 @@ def served(tmp_path_factory):
             yield Served(api_url, state_dir, watched, project_dir, tier_policy,
                          f"sqlite:///{project_dir.resolve() / 'data' / 'mlflow.db'}", started.stdout)
     finally:
-        from deployments import serve
+        from concord_pipelines.deployments import serve
 
         recorded = serve.read_record(state_dir)["processes"]
         stopped = _serve(state_dir, "stop", "--timeout", "15", timeout=120)

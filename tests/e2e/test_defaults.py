@@ -131,7 +131,7 @@ def test_the_serving_node_is_flipped_by_a_checkout_a_rollout_and_a_rollback(phas
 def test_the_champion_is_published_to_the_served_registry(default_runs, served):
     from mlflow import MlflowClient
 
-    from deployments.serve import read_record
+    from concord_pipelines.deployments.serve import read_record
 
     registry = read_record(served.state_dir)["registry"]
     assert default_runs[PUBLISH].state.is_completed()
@@ -150,7 +150,7 @@ def test_publishing_without_a_registry_fails_once_saying_how_to_get_one(phases):
 
 
 def test_status_shows_the_serving_node_and_the_registry(served):
-    out = subprocess.run([sys.executable, "-m", "deployments.serve", "--dir", str(served.state_dir), "status"],
+    out = subprocess.run([sys.executable, "-m", "concord_pipelines.deployments.serve", "--dir", str(served.state_dir), "status"],
                          cwd=Path(__file__).resolve().parents[2], capture_output=True, text=True, timeout=60).stdout
     lines = {line.split()[0]: line for line in out.splitlines() if line.strip()}
     assert "running" in lines["node-local"] and "running" in lines["registry"], out

@@ -1,6 +1,6 @@
 """Faults on real processes: the Prefect server restarting under waiting flow runs, and a worker lost
 with the flow run it was running (its machine gone). What ``make serve`` started is restarted with
-``python -m deployments.serve restart``; the stores are checked byte by byte after each fault."""
+``python -m concord_pipelines.deployments.serve restart``; the stores are checked byte by byte after each fault."""
 
 from __future__ import annotations
 
@@ -55,7 +55,7 @@ def _until(what: str, look, timeout: float, state_dir: Path):
 
 
 def _restart(state_dir: Path, name: str) -> None:
-    done = subprocess.run([sys.executable, "-m", "deployments.serve", "--dir", str(state_dir), "restart", name],
+    done = subprocess.run([sys.executable, "-m", "concord_pipelines.deployments.serve", "--dir", str(state_dir), "restart", name],
                           cwd=PROJECT_DIR, capture_output=True, text=True, timeout=180)
     assert done.returncode == 0, f"restart {name} failed:\n{done.stdout}\n{done.stderr}\n{_logs(state_dir)}"
 
@@ -149,7 +149,7 @@ def _kill_the_worker(state_dir: Path, *, with_its_runs: bool) -> list[int]:
     """SIGKILL the worker's process group; ``with_its_runs``, the process groups of everything it
     started too (flow runs run in sessions of their own), as when their machine is lost and
     nothing gets to report. The pids of the processes the worker had started."""
-    from deployments import serve
+    from concord_pipelines.deployments import serve
 
     worker = next(p for p in serve.read_record(state_dir)["processes"] if p.name == "worker")
     assert serve.is_alive(worker), f"the worker is not running\n{_logs(state_dir)}"
@@ -179,7 +179,7 @@ def _environ(pid: int) -> dict[str, str]:
 
 def _gone(pids: list[int]) -> bool:
     """None of ``pids`` runs any more (gone, or a zombie waiting for its parent)."""
-    from deployments.serve import _proc_state
+    from concord_pipelines.deployments.serve import _proc_state
 
     return all(_proc_state(pid) in (None, "Z") for pid in pids)
 
@@ -196,7 +196,7 @@ def test_runs_waiting_on_a_restarted_server_complete_resumed_or_retried_by_polic
     # until the server is back: a flow process that starts in the second before the server goes
     # away fails its very first call (Prefect retries a refused connection only once a process has
     # connected), which is a race of the test's making, not the case tested here
-    from deployments import serve
+    from concord_pipelines.deployments import serve
 
     worker = next(p for p in serve.read_record(faulty.state_dir)["processes"] if p.name == "worker")
     small = _checkpoint(tmp_path / "step-101", seed=101, files=1, tensors=4)

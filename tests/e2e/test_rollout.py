@@ -16,7 +16,7 @@ import pytest
 from servers import stop
 from toy_checkpoints import SMALL_CHUNK, files_equal, fine_tune, make_checkpoint
 
-from deployments.serve import SERVING_POOL
+from concord_pipelines.deployments.serve import SERVING_POOL
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(400)]
 
@@ -66,7 +66,7 @@ def test_rollout_switches_the_canary_then_the_next_wave_and_rolls_all_back_when_
     from concord.serving.versions import Layout
     from concord.snapshots.snapshot import snapshot
     from concord.stores import LocalDirStore
-    from flows.rollout import RolloutFailed, rollout_flow
+    from concord_pipelines.flows.rollout import RolloutFailed, rollout_flow
 
     v1 = make_checkpoint(tmp_path / "v1")
     v2 = fine_tune(v1, tmp_path / "v2", ["layers.0.attn.q.weight"])

@@ -25,7 +25,7 @@ import pytest
 from servers import free_port, patched_environ, started_server, stop
 from toy_checkpoints import make_checkpoint
 
-from deployments.serve import WORK_POOL
+from concord_pipelines.deployments.serve import WORK_POOL
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 

@@ -16,7 +16,7 @@ from servers import free_port
 
 from concord.audit.history import HISTORY_FORMAT, history_key
 from concord.stores import LocalDirStore
-from flows.audit import AuditFailed, Thresholds, nightly_drift_audit
+from concord_pipelines.flows.audit import AuditFailed, Thresholds, nightly_drift_audit
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("prefect_harness", "mlflow_quiet"), pytest.mark.timeout(300)]
 

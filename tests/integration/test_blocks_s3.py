@@ -21,13 +21,13 @@ from prefect.settings import (
 )
 from prefect.testing.utilities import prefect_test_harness
 
-from blocks import LocalStore, S3Store, load_store_block
 from concord.errors import InvalidStoreURIError, RefConflictError
 from concord.hashing import chunk_id
 from concord.stores import open_store
 from concord.stores.base import chunk_key
 from concord.stores.local import LocalDirStore
 from concord.stores.s3 import S3ObjectStore
+from concord_pipelines.blocks import LocalStore, S3Store, load_store_block
 
 pytestmark = pytest.mark.integration
 
@@ -138,7 +138,7 @@ def test_unknown_block_name_says_how_to_create_it(_blocks_harness) -> None:
     assert f"block:{name}" in message
     assert f"concord-local-store/{name}" in message and f"concord-s3-store/{name}" in message
     assert f"LocalStore(path=...).save('{name}')" in message
-    assert "prefect block register -m blocks.stores" in message
+    assert "prefect block register -m concord_pipelines.blocks.stores" in message
     assert isinstance(info.value, ValueError)
 
     with pytest.raises(InvalidStoreURIError, match=f"no concord-s3-store block named '{name}'"):
@@ -203,7 +203,7 @@ def test_block_types_register_from_the_command_line(_blocks_harness) -> None:
     """The command the error messages suggest works and registers both types for the UI."""
     env = dict(os.environ, PREFECT_API_URL=PREFECT_API_URL.value())
     done = subprocess.run(
-        [str(Path(sys.executable).parent / "prefect"), "block", "register", "-m", "blocks.stores"],
+        [str(Path(sys.executable).parent / "prefect"), "block", "register", "-m", "concord_pipelines.blocks.stores"],
         env=env,
         capture_output=True,
         text=True,

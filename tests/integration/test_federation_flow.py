@@ -14,7 +14,7 @@ from concord.federation.ledger import list_rounds, verify_ledger
 from concord.lineage import Lineage
 from concord.snapshots.snapshot import snapshot
 from concord.stores import open_store
-from flows.federation import lora_federation
+from concord_pipelines.flows.federation import lora_federation
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("prefect_harness"), pytest.mark.timeout(300)]
 

@@ -21,11 +21,11 @@ from concord.hashing import chunk_id
 from concord.snapshots.refs import load_manifest
 from concord.stores import open_store
 from concord.stores.base import chunk_key
-from flows.replicate import ReplicationFailed, replicate_snapshot, snapshot_and_replicate
-from flows.snapshot import diff_snapshots, restore_snapshot, rollback_ref, snapshot_checkpoint
-from flows.verify import StoreDamaged, verify_store
-from tasks.progress import PrefectProgress
-from tasks.replication import replicate_task
+from concord_pipelines.flows.replicate import ReplicationFailed, replicate_snapshot, snapshot_and_replicate
+from concord_pipelines.flows.snapshot import diff_snapshots, restore_snapshot, rollback_ref, snapshot_checkpoint
+from concord_pipelines.flows.verify import StoreDamaged, verify_store
+from concord_pipelines.tasks.progress import PrefectProgress
+from concord_pipelines.tasks.replication import replicate_task
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("prefect_harness"), pytest.mark.timeout(300)]
 

@@ -19,15 +19,15 @@ from concord.lineage import Lineage
 from concord.lineage.contracts import ColumnSpec, infer_contract, save_contract
 from concord.lineage.data import write_parquet
 from concord.stores import LocalDirStore, open_store
-from flows.lineage import (
+from concord_pipelines.flows.lineage import (
     ContractViolated,
     promote_model,
     register_data_snapshot,
     register_model_version,
     validate_contract,
 )
-from flows.replicate import replicate_snapshot
-from flows.snapshot import snapshot_checkpoint
+from concord_pipelines.flows.replicate import replicate_snapshot
+from concord_pipelines.flows.snapshot import snapshot_checkpoint
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("prefect_harness"), pytest.mark.timeout(300)]
 

@@ -21,7 +21,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("prefect_harness"
 def test_publish_oci_pushes_a_version_and_records_it_in_mlflow(mlflow_quiet, tmp_path):
     from mlflow import MlflowClient
 
-    from flows.oci import publish_oci
+    from concord_pipelines.flows.oci import publish_oci
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     store = LocalDirStore(str(tmp_path / "store"))

@@ -174,7 +174,7 @@ def test_a_block_in_the_temporary_servers_database_is_read_by_starting_it(tmp_pa
     the test's own: the command starts the temporary server on it and answers with its own output only."""
     from prefect.settings import PREFECT_API_DATABASE_CONNECTION_URL
 
-    from blocks import LocalStore
+    from concord_pipelines.blocks import LocalStore
 
     LocalStore(path=str(tmp_path / "store")).save("api-test-store", overwrite=True)
     url = PREFECT_API_DATABASE_CONNECTION_URL.value()

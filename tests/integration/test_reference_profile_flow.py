@@ -13,7 +13,7 @@ import pytest
 from concord.audit.profile import PROFILE_FILE, TableProfile, stored_profile
 from concord.lineage.data import register_data
 from concord.stores import LocalDirStore
-from flows.audit import AuditFailed, nightly_drift_audit
+from concord_pipelines.flows.audit import AuditFailed, nightly_drift_audit
 
 
 def _statistics(result: dict) -> list[tuple]:

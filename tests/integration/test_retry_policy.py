@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from prefect import flow
 
-from flows._policy import RETRIES, RETRY_DELAY_SECONDS, final
+from concord_pipelines.flows._policy import RETRIES, RETRY_DELAY_SECONDS, final
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("prefect_harness")]
 
@@ -47,8 +47,8 @@ def test_outside_a_flow_run_final_only_returns_the_error():
 
 
 def test_the_deployed_pipelines_carry_the_policy_and_the_flows_do_not():
-    from deployments import pipelines
-    from flows.replicate import snapshot_and_replicate
+    from concord_pipelines.deployments import pipelines
+    from concord_pipelines.flows.replicate import snapshot_and_replicate
 
     for name in pipelines.__all__:
         deployed = getattr(pipelines, name)
@@ -59,7 +59,7 @@ def test_the_deployed_pipelines_carry_the_policy_and_the_flows_do_not():
 
 def test_a_deployed_pipeline_given_a_missing_source_fails_once_and_is_not_retried(prefect_client, tmp_path):
     """SourceNotFoundError says nothing was changed: the deployed pipeline's run is not retried."""
-    from deployments import pipelines
+    from concord_pipelines.deployments import pipelines
 
     state = pipelines.snapshot_checkpoint(source=str(tmp_path / "no-such-checkpoint"), store=str(tmp_path / "store"),
                                           return_state=True)
@@ -69,7 +69,7 @@ def test_a_deployed_pipeline_given_a_missing_source_fails_once_and_is_not_retrie
 
 
 def test_a_deployed_tier_run_given_no_policy_file_fails_once_and_is_not_retried(prefect_client, tmp_path):
-    from deployments import pipelines
+    from concord_pipelines.deployments import pipelines
 
     state = pipelines.tier_checkpoints(policy=str(tmp_path / "policy.yaml"), return_state=True)
     run = prefect_client.read_flow_run(state.state_details.flow_run_id)
@@ -79,8 +79,8 @@ def test_a_deployed_tier_run_given_no_policy_file_fails_once_and_is_not_retried(
 
 def test_the_deployed_pipelines_keep_their_run_forms():
     """Wrapped to mark final errors, a deployed pipeline still shows the flow's own form."""
-    from deployments import pipelines
-    from flows.replicate import snapshot_and_replicate
+    from concord_pipelines.deployments import pipelines
+    from concord_pipelines.flows.replicate import snapshot_and_replicate
 
     assert pipelines.snapshot_and_replicate.parameters == snapshot_and_replicate.parameters
     assert pipelines.snapshot_and_replicate.description == snapshot_and_replicate.description

@@ -14,8 +14,8 @@ from concord.errors import SafetensorsError, StoreUnreachableError
 from concord.snapshots.snapshot import snapshot
 from concord.snapshots.verify import verify
 from concord.stores import LocalDirStore, open_store
-from flows.replicate import BadReplicationArguments, snapshot_and_replicate
-from flows.tiering import tier_checkpoints
+from concord_pipelines.flows.replicate import BadReplicationArguments, snapshot_and_replicate
+from concord_pipelines.flows.tiering import tier_checkpoints
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("prefect_harness"), pytest.mark.timeout(300)]
 
@@ -105,13 +105,13 @@ def test_a_failure_after_staging_still_removes_the_staging_folder(s3_env, bucket
 
 
 def test_an_unreachable_s3_endpoint_fails_before_any_store_is_touched(s3_env, store_dirs, monkeypatch):
-    import flows._staging
-    from tasks.staging import stage_checkpoint_task
+    from concord_pipelines.flows import _staging
+    from concord_pipelines.tasks.staging import stage_checkpoint_task
 
     dead = f"http://127.0.0.1:{free_port()}"
     monkeypatch.setenv("AWS_ENDPOINT_URL", dead)
     # the staging task is still retried as deployed, only without the pauses between its attempts
-    monkeypatch.setattr(flows._staging, "stage_checkpoint_task", stage_checkpoint_task.with_options(retry_delay_seconds=0))
+    monkeypatch.setattr(_staging, "stage_checkpoint_task", stage_checkpoint_task.with_options(retry_delay_seconds=0))
     with pytest.raises(StoreUnreachableError, match="unreachable") as err:
         snapshot_and_replicate.fn(
             source="s3://checkpoints/runs/llama/step-0100", store=store_dirs["us-east"],
@@ -128,8 +128,8 @@ def test_staging_is_a_retried_task_that_starts_over_in_an_empty_folder(s3_env, s
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
 
     import concord.snapshots.staging as staging
-    import flows._staging
-    from tasks.staging import stage_checkpoint_task
+    from concord_pipelines.flows import _staging
+    from concord_pipelines.tasks.staging import stage_checkpoint_task
 
     folder, uri = s3_checkpoint
     real, attempts = staging.stage, []
@@ -142,7 +142,7 @@ def test_staging_is_a_retried_task_that_starts_over_in_an_empty_folder(s3_env, s
         return real(source, into, **kw)
 
     monkeypatch.setattr(staging, "stage", flaky)
-    monkeypatch.setattr(flows._staging, "stage_checkpoint_task", stage_checkpoint_task.with_options(retry_delay_seconds=0))
+    monkeypatch.setattr(_staging, "stage_checkpoint_task", stage_checkpoint_task.with_options(retry_delay_seconds=0))
     expected = snapshot(folder, LocalDirStore(tmp_path / "reference"), chunk_size=MiB).root
     state = snapshot_and_replicate(
         source=uri, store=store_dirs["us-east"], targets=[store_dirs["eu-central"]], ref="models/llama",

@@ -8,7 +8,7 @@ import json
 import numpy as np
 import pytest
 
-from deployments.seed import CLUSTERS, POLICY_HEADER, Seeder
+from concord_pipelines.deployments.seed import CLUSTERS, POLICY_HEADER, Seeder
 
 pytestmark = pytest.mark.integration
 
@@ -72,7 +72,7 @@ def test_seeding_makes_what_is_missing_once_and_leaves_what_is_there(tmp_path):
 
 
 def test_a_seeded_policy_says_so_and_gets_the_seeded_checkpoints(tmp_path, monkeypatch):
-    from deployments.seed import policy_text
+    from concord_pipelines.deployments.seed import policy_text
 
     monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)
     monkeypatch.delenv("AWS_ENDPOINT_URL_S3", raising=False)

@@ -15,8 +15,8 @@ from concord.snapshots.snapshot import snapshot
 from concord.snapshots.spread import assemble, snapshot_part
 from concord.stores import LocalDirStore
 from concord.stores.s3 import S3ObjectStore
-from flows._runner import task_runner
-from flows.spread import snapshot_spread
+from concord_pipelines.flows._runner import task_runner
+from concord_pipelines.flows.spread import snapshot_spread
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 

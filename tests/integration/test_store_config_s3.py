@@ -94,7 +94,7 @@ def test_server_side_encryption_is_applied_to_every_object(s3_store, tmp_path, s
 def test_the_s3_store_block_takes_sse_kms_and_the_store_key_from_a_secret_block(s3_store, tmp_path):
     from prefect.blocks.system import Secret
 
-    from blocks.stores import S3Store
+    from concord_pipelines.blocks.stores import S3Store
 
     block = S3Store(
         bucket=s3_store.bucket,

@@ -19,7 +19,13 @@ from servers import free_port
 
 from concord.lineage.tags import TAG_ROOT
 from concord.stores import LocalDirStore
-from flows.tiering import DrillFailed, TieringFailed, restore_checkpoint_flow, restore_drill, tier_checkpoints
+from concord_pipelines.flows.tiering import (
+    DrillFailed,
+    TieringFailed,
+    restore_checkpoint_flow,
+    restore_drill,
+    tier_checkpoints,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("prefect_harness"), pytest.mark.timeout(300)]
 

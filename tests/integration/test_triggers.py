@@ -1,6 +1,6 @@
 """Automations and deployment triggers on a real temporary Prefect server.
 
-``python -m deployments.automations --apply`` run twice leaves each automation exactly once and
+``python -m concord_pipelines.deployments.automations --apply`` run twice leaves each automation exactly once and
 readable by name; a notification block given by name is resolved; the triggers of prefect.yaml
 are accepted by the server as the automations ``prefect deploy`` creates (for local and S3
 checkpoints); a checkpoint event about an S3 prefix starts snapshot-and-replicate, which takes
@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from deployments import automations as auto
+from concord_pipelines.deployments import automations as auto
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("prefect_harness"), pytest.mark.timeout(300)]
 
@@ -143,7 +143,7 @@ def test_a_p0_drift_event_fires_its_automation(prefect_client, capsys, events_ab
 def test_a_malformed_payload_fails_the_tiering_run_before_any_task(prefect_client, tmp_path, bad, said):
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
 
-    from flows.tiering import tier_checkpoints
+    from concord_pipelines.flows.tiering import tier_checkpoints
 
     folder = tmp_path / "step-200"
     folder.mkdir()
@@ -188,8 +188,8 @@ def _run_started_by(prefect_client, deployment_id: uuid.UUID, announcement: dict
     from prefect.flow_engine import run_flow
 
     from concord.snapshots.watch import Announcement
-    from deployments.watcher import event_of
-    from flows.replicate import snapshot_and_replicate
+    from concord_pipelines.deployments.watcher import event_of
+    from concord_pipelines.flows.replicate import snapshot_and_replicate
 
     def announce(again: bool) -> None:
         # an event's id comes from the announcement's fingerprint, and the server drops an id it saw

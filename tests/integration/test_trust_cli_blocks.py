@@ -27,7 +27,7 @@ def saved(tmp_path) -> dict:
     """A Trust block with one trusted key and its signing key, and one with neither (names, key id)."""
     from prefect.blocks.system import Secret
 
-    from blocks.trust import TrustBlock
+    from concord_pipelines.blocks.trust import TrustBlock
 
     key = generate_key(tmp_path / "keys" / "deploy.pem")
     name = f"cli-trust-{uuid.uuid4().hex[:8]}"

@@ -13,9 +13,9 @@ from concord.errors import UntrustedRootError
 from concord.snapshots.snapshot import snapshot
 from concord.stores import open_store
 from concord.trust import generate_key, signature_ids
-from flows.replicate import replicate_snapshot, snapshot_and_replicate
-from flows.snapshot import restore_snapshot
-from flows.verify import verify_store
+from concord_pipelines.flows.replicate import replicate_snapshot, snapshot_and_replicate
+from concord_pipelines.flows.snapshot import restore_snapshot
+from concord_pipelines.flows.verify import verify_store
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("prefect_harness"), pytest.mark.timeout(300)]
 
@@ -27,7 +27,7 @@ def trust_block(tmp_path) -> tuple[str, str]:
     """A saved Concord Trust block (signing key in a Secret block, its public key trusted): (name, key id)."""
     from prefect.blocks.system import Secret
 
-    from blocks.trust import TrustBlock
+    from concord_pipelines.blocks.trust import TrustBlock
 
     key = generate_key(tmp_path / "keys" / "deploy.pem")
     name = f"trust-{uuid.uuid4().hex[:8]}"
@@ -39,7 +39,7 @@ def trust_block(tmp_path) -> tuple[str, str]:
 
 
 def test_a_deployment_signs_its_snapshots_and_refuses_a_forged_root(checkpoints, store_dirs, trust_block, events_about, tmp_path):
-    from tasks.audit import audit_replicas_task
+    from concord_pipelines.tasks.audit import audit_replicas_task
 
     us, eu, ap = store_dirs["us-east"], store_dirs["eu-central"], store_dirs["ap-south"]
     name, key_id = trust_block
@@ -73,7 +73,7 @@ def test_a_federation_round_is_signed_by_the_deployments_key(tmp_path, store_dir
     from test_federation_flow import write_adapter
 
     from concord.federation.ledger import list_rounds
-    from flows.federation import lora_federation
+    from concord_pipelines.flows.federation import lora_federation
 
     name, key_id = trust_block
     specs = [store_dirs["us-east"], store_dirs["eu-central"]]
@@ -88,7 +88,7 @@ def test_a_federation_round_is_signed_by_the_deployments_key(tmp_path, store_dir
 def test_tiering_signs_every_tier_and_restore_checkpoint_refuses_an_unsigned_copy(tmp_path, trust_block):
     from test_tier_flows import make_checkpoint, write_policy
 
-    from flows.tiering import restore_checkpoint_flow, tier_checkpoints
+    from concord_pipelines.flows.tiering import restore_checkpoint_flow, tier_checkpoints
 
     name, key_id = trust_block
     policy = write_policy(tmp_path / "policy.yaml", tmp_path / "tiers", f"run-{uuid.uuid4().hex[:8]}")

@@ -13,10 +13,10 @@ from concord.snapshots.refs import load_manifest
 from concord.snapshots.verify import verify
 from concord.stores import open_store
 from concord.stores.base import chunk_key
-from flows._runner import task_runner
-from flows.replicate import replicate_snapshot
-from flows.snapshot import snapshot_checkpoint
-from flows.verify import StoreDamaged, verify_store
+from concord_pipelines.flows._runner import task_runner
+from concord_pipelines.flows.replicate import replicate_snapshot
+from concord_pipelines.flows.snapshot import snapshot_checkpoint
+from concord_pipelines.flows.verify import StoreDamaged, verify_store
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("prefect_harness"), pytest.mark.timeout(300)]
 
@@ -111,7 +111,7 @@ def test_fan_out_keeps_at_most_the_limit_in_flight_and_returns_every_result():
 
     from prefect import flow, task
 
-    from flows._runner import fan_out
+    from concord_pipelines.flows._runner import fan_out
 
     lock, running, seen = threading.Lock(), [0], []
 

@@ -108,7 +108,7 @@ def test_the_entry_point_once_waits_out_the_settle_time(bucket, moto_server, tmp
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
     env.update(PREFECT_HOME=str(tmp_path / "prefect"), PREFECT_SERVER_ANALYTICS_ENABLED="false", PYTHONPATH=str(ROOT))
     out = subprocess.run(
-        [sys.executable, "-m", "deployments.watcher", "--watch", f"s3://{name}/runs/mistral", "--marker", "",
+        [sys.executable, "-m", "concord_pipelines.deployments.watcher", "--watch", f"s3://{name}/runs/mistral", "--marker", "",
          "--settle", "1", "--endpoint-url", moto_server, "--state", str(tmp_path / "state.json"), "--once"],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=180,
     )

@@ -288,7 +288,7 @@ def test_relative_folders_of_a_policy_file_are_relative_to_the_file(tmp_path, mo
 def test_a_policy_block_refuses_relative_folders(tmp_path):
     from pydantic import ValidationError
 
-    from blocks.tiers import TierPolicyBlock
+    from concord_pipelines.blocks.tiers import TierPolicyBlock
 
     with pytest.raises(ValidationError, match="relative folder"):
         TierPolicyBlock(hot_store="data/hot", warm_store="s3://b/w", cold_store="s3://b/c")

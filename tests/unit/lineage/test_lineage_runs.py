@@ -266,7 +266,7 @@ def test_log_drill_writes_the_drill_run(tracking_uri, client):
 def test_audit_params_are_the_nightly_flows_inputs_and_thresholds():
     from concord.audit.drift import DriftThresholds
     from concord.audit.tracking import audit_params
-    from flows.audit import Thresholds
+    from concord_pipelines.flows.audit import Thresholds
 
     flow = Thresholds(psi_warning=0.2)
     expected = {"reference": "data/a", "current": "b.csv", "max_ulps": 1, "bins": 10, **flow.model_dump()}

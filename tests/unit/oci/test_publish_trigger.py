@@ -10,7 +10,7 @@ from pathlib import Path
 
 import yaml
 
-from tasks import events
+from concord_pipelines.tasks import events
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -57,7 +57,7 @@ def test_a_new_champion_and_only_a_champion_is_published(monkeypatch):
 
 
 def test_a_reference_is_the_repository_the_model_and_its_version():
-    from tasks.oci import oci_reference
+    from concord_pipelines.tasks.oci import oci_reference
 
     assert oci_reference("ghcr.io/org/models/", "MiniLM", 3) == "ghcr.io/org/models/minilm:v3"
     assert oci_reference("ghcr.io/org", "minilm", 3, "stable") == "ghcr.io/org/minilm:stable"

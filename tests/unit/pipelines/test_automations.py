@@ -1,4 +1,4 @@
-"""Event triggers of prefect.yaml and the automations of ``deployments.automations``, checked with
+"""Event triggers of prefect.yaml and the automations of ``concord_pipelines.deployments.automations``, checked with
 Prefect's own models and matching code, on sample events built the way Concord emits them; no server.
 
 Trigger parameters are rendered from an event the way the server's run-deployment action renders
@@ -19,8 +19,8 @@ import yaml
 from servers import free_port
 
 from concord.snapshots.watch import Announcement
-from deployments import automations as auto
-from deployments.watcher import event_of
+from concord_pipelines.deployments import automations as auto
+from concord_pipelines.deployments.watcher import event_of
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -134,7 +134,7 @@ def test_a_watcher_event_renders_valid_parameters(tmp_path, monkeypatch):
     fl, params = _flow_and_parameters("deployments/pipelines.py:tier_checkpoints", event, monkeypatch)
     assert (params["checkpoint_dir"], params["name"], params["step"]) == (str(folder), "llama-step-200", 200)  # <model>-<name>
     fl.validate_parameters(params)
-    from flows.tiering import check_checkpoint_arguments
+    from concord_pipelines.flows.tiering import check_checkpoint_arguments
 
     check_checkpoint_arguments(params["checkpoint_dir"], params["name"], params["step"])
 
@@ -159,7 +159,7 @@ def test_a_checkpoint_without_a_step_renders_none(tmp_path, monkeypatch):
 @pytest.fixture
 def touched(monkeypatch):
     """The tasks of tier-checkpoints replaced by recorders: what a run would have touched."""
-    import flows.tiering as tiering
+    import concord_pipelines.flows.tiering as tiering
 
     calls: list[str] = []
     for name in ("promoted_roots_task", "add_checkpoint_task", "sweep_task", "tier_status_task"):
@@ -183,7 +183,7 @@ def touched(monkeypatch):
     ],
 )
 def test_a_malformed_payload_fails_tiering_before_any_store_is_touched(tmp_path, monkeypatch, touched, payload, problem):
-    from flows.tiering import BadCheckpointArguments, tier_checkpoints
+    from concord_pipelines.flows.tiering import BadCheckpointArguments, tier_checkpoints
 
     folder = tmp_path / "step-200"
     folder.mkdir()
@@ -191,7 +191,7 @@ def test_a_malformed_payload_fails_tiering_before_any_store_is_touched(tmp_path,
     event = received("concord.checkpoint.created", {"prefect.resource.id": "concord.checkpoint.llama/step-200"}, good | payload)
     _, params = _flow_and_parameters("deployments/pipelines.py:tier_checkpoints", event, monkeypatch)
     if problem is None:  # accepted: the check passes (the rest of the run is tested with real stores)
-        from flows.tiering import check_checkpoint_arguments
+        from concord_pipelines.flows.tiering import check_checkpoint_arguments
 
         check_checkpoint_arguments(params["checkpoint_dir"], params["name"], params["step"])
         return
@@ -202,7 +202,7 @@ def test_a_malformed_payload_fails_tiering_before_any_store_is_touched(tmp_path,
 
 
 def test_every_problem_is_named_at_once(touched):
-    from flows.tiering import BadCheckpointArguments, tier_checkpoints
+    from concord_pipelines.flows.tiering import BadCheckpointArguments, tier_checkpoints
 
     with pytest.raises(BadCheckpointArguments) as err:
         tier_checkpoints.fn("policy.yaml", checkpoint_dir="rel/dir", name="a b", step="7")
@@ -212,7 +212,7 @@ def test_every_problem_is_named_at_once(touched):
 def test_typed_parameters_refuse_a_bad_name_or_step_before_the_run_starts():
     from prefect.exceptions import ParameterTypeError
 
-    from flows.tiering import tier_checkpoints
+    from concord_pipelines.flows.tiering import tier_checkpoints
 
     for bad in ({"name": "../x"}, {"step": "two hundred"}, {"step": -3}):
         with pytest.raises(ParameterTypeError):
@@ -223,7 +223,7 @@ def test_typed_parameters_refuse_a_bad_name_or_step_before_the_run_starts():
 
 
 def test_event_names_are_the_ones_concord_emits():
-    from tasks import events
+    from concord_pipelines.tasks import events
 
     assert (auto.DRIFT_DETECTED, auto.DRILL_FAILED, auto.REPLICA_FAILED) == (
         events.DRIFT_DETECTED, events.DRILL_FAILED, events.REPLICA_FAILED,
@@ -231,7 +231,7 @@ def test_event_names_are_the_ones_concord_emits():
 
 
 def test_every_event_name_is_spelled_once_in_tasks_events():
-    from tasks import events
+    from concord_pipelines.tasks import events
 
     names = {v for k, v in vars(events).items() if k.isupper() and isinstance(v, str) and v.startswith("concord.")}
     assert len(names) == 27
@@ -269,7 +269,7 @@ def _drift(priority: str, severity: str):
 
 
 def _drill(ok: bool):
-    from tasks import events
+    from concord_pipelines.tasks import events
 
     return received(
         events.DRILL_FAILED if not ok else events.DRILL_COMPLETED,
@@ -279,7 +279,7 @@ def _drill(ok: bool):
 
 
 def _replica_failed():
-    from tasks import events
+    from concord_pipelines.tasks import events
 
     return received(
         events.REPLICA_FAILED,

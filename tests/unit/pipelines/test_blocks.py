@@ -13,13 +13,13 @@ from prefect.blocks.core import Block
 from prefect.testing.standard_test_suites import BlockStandardTestSuite
 from pydantic import SecretStr, ValidationError
 
-import blocks
-from blocks.stores import LocalStore, S3Store, StoreBlockMixin, load_store_block
 from concord.errors import InvalidStoreURIError
 from concord.hashing import chunk_id
 from concord.stores import open_store
 from concord.stores.local import LocalDirStore
 from concord.stores.s3 import S3ObjectStore
+from concord_pipelines import blocks
+from concord_pipelines.blocks.stores import LocalStore, S3Store, StoreBlockMixin, load_store_block
 
 SECRET_ID = "AKIAEXAMPLEKEYID0001"
 SECRET_KEY = "wJalrXUtnFEMI-K7MDENG-bPxRfiCYEXAMPLEKEY"

@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from flows._arguments import BadArguments, checkpoint_problems, ref_problems, store_problems, targets_problems
+from concord_pipelines.flows._arguments import (
+    BadArguments,
+    checkpoint_problems,
+    ref_problems,
+    store_problems,
+    targets_problems,
+)
 
 
 @pytest.mark.parametrize(

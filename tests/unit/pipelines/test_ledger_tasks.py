@@ -14,8 +14,8 @@ from servers import free_port
 from concord.federation.ledger import record_round
 from concord.federation.seen import LedgerMemory
 from concord.stores import LocalDirStore
-from tasks import verify_ledger_task
-from tasks.events import LEDGER_TAMPERED, LEDGER_VERIFIED
+from concord_pipelines.tasks import verify_ledger_task
+from concord_pipelines.tasks.events import LEDGER_TAMPERED, LEDGER_VERIFIED
 
 
 @pytest.fixture(autouse=True)

@@ -26,7 +26,7 @@ from concord.lineage.data import write_parquet
 from concord.snapshots.snapshot import snapshot
 from concord.snapshots.sync import replicate
 from concord.stores import LocalDirStore, open_store
-from tasks import (
+from concord_pipelines.tasks import (
     model_lineage_task,
     promote_task,
     record_replica_task,
@@ -34,7 +34,7 @@ from tasks import (
     register_model_task,
     validate_contract_task,
 )
-from tasks.common import RETRIES, is_transient, retry_if_transient
+from concord_pipelines.tasks.common import RETRIES, is_transient, retry_if_transient
 
 
 @pytest.fixture

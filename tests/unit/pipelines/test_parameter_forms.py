@@ -6,7 +6,7 @@ import pytest
 from prefect.exceptions import ParameterTypeError
 from prefect.utilities.callables import parameter_schema
 
-import flows
+from concord_pipelines import flows
 
 
 def _props(flow) -> dict:

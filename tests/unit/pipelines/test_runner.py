@@ -8,7 +8,7 @@ from prefect_dask import DaskTaskRunner
 
 from concord.snapshots.manifest import DEFAULT_CHUNK_SIZE
 from concord.snapshots.verify import VerifyPlan
-from flows._runner import TaskRunnerChoiceError, dask_workers, describe, task_runner
+from concord_pipelines.flows._runner import TaskRunnerChoiceError, dask_workers, describe, task_runner
 
 
 @pytest.mark.parametrize("env", [{}, {"CONCORD_TASK_RUNNER": ""}, {"CONCORD_TASK_RUNNER": "threads"}])

@@ -1,4 +1,4 @@
-"""The bookkeeping of ``python -m deployments.serve``: what ``start`` records is what ``stop`` ends,
+"""The bookkeeping of ``python -m concord_pipelines.deployments.serve``: what ``start`` records is what ``stop`` ends,
 and nothing else. The processes here are ``sleep``s the tests start themselves."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from deployments import serve
+from concord_pipelines.deployments import serve
 
 SLEEP = ["sleep", "300"]
 
@@ -258,7 +258,7 @@ def test_without_the_registry_one_line_says_how_to_install_it_and_nothing_starts
 
 
 def test_publish_oci_given_no_repository_fails_at_once_saying_how_to_get_one():
-    from flows.oci import NoRegistryError, publish_oci
+    from concord_pipelines.flows.oci import NoRegistryError, publish_oci
 
     with pytest.raises(NoRegistryError, match=r"no OCI registry to publish to.*docker-registry.*repository=REGISTRY/PATH"):
         publish_oci.fn("minilm", 1, repository=None)

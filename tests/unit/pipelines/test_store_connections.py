@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from blocks.stores import S3Store
 from concord.stores.s3 import DEFAULT_CONNECTIONS, S3ObjectStore
+from concord_pipelines.blocks.stores import S3Store
 
 
 def test_the_block_passes_its_connections_to_the_store() -> None:

@@ -32,9 +32,9 @@ from concord.errors import (
 from concord.snapshots.refs import load_manifest
 from concord.stores import open_store
 from concord.stores.base import chunk_key
-from tasks import diff_task, replicate_task, restore_task, rollback_task, snapshot_task, verify_task
-from tasks.common import RETRIES, is_transient, retry_if_transient
-from tasks.progress import PrefectProgress
+from concord_pipelines.tasks import diff_task, replicate_task, restore_task, rollback_task, snapshot_task, verify_task
+from concord_pipelines.tasks.common import RETRIES, is_transient, retry_if_transient
+from concord_pipelines.tasks.progress import PrefectProgress
 
 ROOT = Path(__file__).resolve().parents[3]
 REF = "models/tiny"
@@ -266,7 +266,7 @@ def test_prefect_yaml_declares_a_loadable_deployment_for_every_flow(monkeypatch)
     from prefect.cli.deploy._models import PrefectYamlModel
     from prefect.flows import load_flow_from_entrypoint
 
-    import flows
+    from concord_pipelines import flows
 
     doc = yaml.safe_load((ROOT / "prefect.yaml").read_text())
     model = PrefectYamlModel.model_validate(doc)

@@ -13,10 +13,10 @@ from prefect.testing.standard_test_suites import BlockStandardTestSuite
 from pydantic import ValidationError
 from test_blocks import _OfflineLogoCheck
 
-import blocks
-from blocks.tiers import TierPolicyBlock, load_policy_block
 from concord.errors import PolicyError
 from concord.tiering.policy import TierPolicy, load_policy
+from concord_pipelines import blocks
+from concord_pipelines.blocks.tiers import TierPolicyBlock, load_policy_block
 
 
 class TestTierPolicyBlockStandards(_OfflineLogoCheck, BlockStandardTestSuite):

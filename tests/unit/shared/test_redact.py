@@ -31,7 +31,7 @@ def test_redact_url_and_errors():
 
 
 def test_a_block_endpoint_refused_is_named_without_its_password():
-    from blocks.stores import S3Store
+    from concord_pipelines.blocks.stores import S3Store
 
     with pytest.raises(ValueError) as info:
         S3Store(bucket="some-bucket", endpoint_url="ftp://alice:s3cr3t@minio:9000")
@@ -39,7 +39,7 @@ def test_a_block_endpoint_refused_is_named_without_its_password():
 
 
 def test_a_block_shows_its_endpoint_without_the_password():
-    from blocks.stores import S3Store
+    from concord_pipelines.blocks.stores import S3Store
 
     block = S3Store(bucket="some-bucket", endpoint_url="http://alice:s3cr3t@minio:9000")
     assert "s3cr3t" not in repr(block) and "alice:***@minio:9000" in repr(block)

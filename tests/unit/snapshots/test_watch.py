@@ -151,7 +151,7 @@ def test_the_entry_point_announces_once_and_exits(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
     env.update(PREFECT_HOME=str(tmp_path / "prefect"), PREFECT_SERVER_ANALYTICS_ENABLED="false",
                PYTHONPATH=str(ROOT))
-    cmd = [sys.executable, "-m", "deployments.watcher", "--watch", str(folder.parent),
+    cmd = [sys.executable, "-m", "concord_pipelines.deployments.watcher", "--watch", str(folder.parent),
            "--state", str(tmp_path / "state.json"), "--once"]
     out = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=180)
     assert out.returncode == 0, out.stderr
@@ -164,7 +164,7 @@ def test_the_entry_point_announces_once_and_exits(tmp_path):
 
 
 def test_the_event_is_keyed_by_the_checkpoint_and_its_content(tmp_path):
-    from deployments.watcher import event_id, event_of
+    from concord_pipelines.deployments.watcher import event_id, event_of
 
     checkpoint(tmp_path)
     [a] = watcher(tmp_path).scan()
@@ -185,7 +185,7 @@ def test_the_event_is_keyed_by_the_checkpoint_and_its_content(tmp_path):
 def test_the_entry_point_refuses_a_corrupt_state_file(tmp_path):
     (tmp_path / "state.json").write_text("{")
     out = subprocess.run(
-        [sys.executable, "-m", "deployments.watcher", "--watch", str(tmp_path), "--state", str(tmp_path / "state.json"), "--once"],
+        [sys.executable, "-m", "concord_pipelines.deployments.watcher", "--watch", str(tmp_path), "--state", str(tmp_path / "state.json"), "--once"],
         cwd=ROOT, capture_output=True, text=True, timeout=120,
     )
     assert out.returncode == 2 and "state.json is unusable" in out.stderr
@@ -201,7 +201,7 @@ def test_the_loop_stops_cleanly_on_sigterm(tmp_path):
                PYTHONPATH=str(ROOT))
     state = tmp_path / "state.json"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "deployments.watcher", "--watch", str(folder.parent), "--state", str(state), "--interval", "0.2"],
+        [sys.executable, "-m", "concord_pipelines.deployments.watcher", "--watch", str(folder.parent), "--state", str(state), "--interval", "0.2"],
         cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
     try:

@@ -309,7 +309,7 @@ def test_an_empty_trust_list_is_an_error_never_no_policy(snap, tmp_path, monkeyp
 
 
 def test_an_empty_trust_list_is_an_error_in_the_library():
-    from blocks.trust import TrustBlock
+    from concord_pipelines.blocks.trust import TrustBlock
 
     with pytest.raises(TrustPolicyError, match="--trust"):
         load_policy("")

@@ -9,10 +9,10 @@ from prefect.testing.standard_test_suites import BlockStandardTestSuite
 from pydantic import ValidationError
 from test_blocks import _OfflineLogoCheck
 
-import blocks
-from blocks.trust import TrustBlock
 from concord.errors import KeyPasswordError, TrustPolicyError
 from concord.trust import generate_key, load_public_key
+from concord_pipelines import blocks
+from concord_pipelines.blocks.trust import TrustBlock
 
 
 class TestTrustBlockStandards(_OfflineLogoCheck, BlockStandardTestSuite):

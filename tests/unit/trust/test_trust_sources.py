@@ -90,8 +90,8 @@ def test_the_block_source_is_an_entry_point():
     """``block`` reaches the blocks package through the installed entry points (pip install -e .)."""
     from importlib.metadata import entry_points
 
-    assert {ep.name: ep.value for ep in entry_points(group=SOURCE_GROUP)}["block"] == "blocks.trust:trusted_keys_of_block"
-    assert {ep.name: ep.value for ep in entry_points(group="concord.signing_key_sources")}["block"] == "blocks.trust:signing_key_of_block"
+    assert {ep.name: ep.value for ep in entry_points(group=SOURCE_GROUP)}["block"] == "concord_pipelines.blocks.trust:trusted_keys_of_block"
+    assert {ep.name: ep.value for ep in entry_points(group="concord.signing_key_sources")}["block"] == "concord_pipelines.blocks.trust:signing_key_of_block"
 
 
 def test_the_command_line_signs_and_trusts_through_a_source(vault, keydir, model, tmp_path, capsys):
