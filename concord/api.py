@@ -140,6 +140,8 @@ def snapshot(
     message: str = "",
     key_file: str | os.PathLike[str] | None = None,
     progress: ProgressLike = None,
+    base: str | None = None,
+    delta: bool = True,
 ) -> SnapshotResult:
     """Snapshot the checkpoint folder (or file) ``source`` into ``store``: ``concord snapshot``.
 
@@ -150,6 +152,10 @@ def snapshot(
         ref: point this ref (``[namespace/]name``) at the new root, by compare-and-swap.
         chunk_size: bytes per chunk (default 4 MiB; 64 KiB to 64 MiB).
         message: a note kept in the ref's history.
+        base: in a compressed or encrypted store, store each new chunk as a delta against the
+            same region's chunk of this version (a ref, ``REF~N`` or a root) where that is
+            smaller; by default the ref's current version, when it has one (docs/deltas.md).
+        delta: False stores every chunk whole. The root is the same either way.
 
     Returns the :class:`SnapshotResult` (``root``, counts, what was new in the store).
 
@@ -167,6 +173,8 @@ def snapshot(
         chunk_size=chunk_size or DEFAULT_CHUNK_SIZE,
         message=message,
         progress=_progress(progress),
+        base=base,
+        delta=delta,
     )
 
 
@@ -691,13 +699,16 @@ def federate_round(
     track: bool = False,
     remember: bool = True,
     progress: ProgressLike = None,
+    cosigners: Sequence[SigningKey | str | os.PathLike[str]] = (),
 ) -> dict[str, Any]:
     """One LoRA federation round: find each adapter ref of ``tenant`` in ``clusters``, aggregate
     (``method``: exact, stack or fedavg), snapshot the result into the first cluster as
     ``TENANT/OUT_NAME``, replicate it to the others and append the round to the ledger (in
     ``ledger``, default the first cluster; signed with ``key`` when given): ``concord federate run``.
     With ``track`` the result is registered in MLflow; ``remember`` checks the ledger against, and
-    adds the round to, this machine's memory of ledgers.
+    adds the round to, this machine's memory of ledgers. ``cosigners`` are the keys of the other
+    clusters, in the clusters' order: each cluster checks the aggregate it received, then signs the
+    round and the head beside ``key`` (a quorum for ``federate_verify`` under a threshold).
 
     Returns the round's record (what ``--json`` prints).
 
@@ -708,10 +719,10 @@ def federate_round(
     from concord.federation.seen import LedgerMemory
     from concord.trust import SigningKey, load_signing_key_spec
 
+    secret = password if password is not None else os.environ.get("CONCORD_KEY_PASSWORD") or None
     if key is not None and not isinstance(key, SigningKey):  # a bad key fails before any store is opened
-        key = load_signing_key_spec(
-            key, password if password is not None else os.environ.get("CONCORD_KEY_PASSWORD") or None
-        )
+        key = load_signing_key_spec(key, secret)
+    keys = [k if isinstance(k, SigningKey) else load_signing_key_spec(k, secret) for k in cosigners]
     stores = [open_store(c) for c in clusters]
     return run_round(
         tenant,
@@ -728,7 +739,36 @@ def federate_round(
         progress=_progress(progress),
         key=key,
         memory=LedgerMemory() if remember else None,
+        cosigners=keys,
     )
+
+
+def federate_cosign(
+    ledger: StoreLike,
+    tenant: str,
+    cluster: StoreLike,
+    key: SigningKey | str | os.PathLike[str],
+    *,
+    round: int | None = None,
+    password: str | None = None,
+    progress: ProgressLike = None,
+) -> dict[str, Any]:
+    """One cluster vouches for a federation round: check that ``cluster`` holds the aggregate
+    root round ``round`` (default the newest) of ``tenant``'s ledger in ``ledger`` records, and
+    that it verifies there, then add ``key``'s signature to the round and the head:
+    ``concord federate cosign``. Returns ``round``, ``root``, ``cluster``, ``key_id`` and the
+    round's document (``doc``).
+
+    Raises:
+        LedgerError: no such round, or the cluster's copy of the aggregate missing or damaged
+        (nothing signed). KeyFileError: a bad key.
+    """
+    from concord.federation.rounds import cosign
+    from concord.trust import SigningKey, load_signing_key_spec
+
+    if not isinstance(key, SigningKey):  # a bad key fails before any store is opened
+        key = load_signing_key_spec(key, password if password is not None else os.environ.get("CONCORD_KEY_PASSWORD") or None)
+    return cosign(open_store(ledger), tenant, _to_read(cluster, None), key, number=round, progress=_progress(progress))
 
 
 def federate_verify(

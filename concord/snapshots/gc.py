@@ -29,6 +29,9 @@ out in docs/architecture.md, "Garbage collection"), not a timing:
   longer runs, or runs another program). A stale document is removed by the next collection.
 * It refuses, and deletes nothing, when a ref names a manifest that is missing or damaged: what
   that snapshot keeps alive cannot be known until the manifest is repaired.
+* A chunk stored as a delta keeps its base chunk: a base any chunk that stays is a delta of is
+  never deleted, even when no ref names it any more (docs/deltas.md). Bases are stored whole, so
+  there is no chain to follow.
 * The grace period keeps everything written recently. Manifests go before chunks, so a
   collection stopped halfway never leaves a manifest naming chunks that are gone.
 * A root's signature documents (``signatures/<root>/<key id>.sig``) go with its manifest, under
@@ -109,6 +112,8 @@ class GcResult:
     deleted_leftovers: int = 0
     #: signature documents deleted with their root (or, without a manifest, once past the grace)
     deleted_signatures: int = 0
+    #: unreferenced chunks kept because a delta that stays needs them as its base
+    kept_bases: int = 0
 
     def to_dict(self) -> dict:
         d = {k: getattr(self, k) for k in self.__dataclass_fields__}
@@ -206,8 +211,14 @@ class _Plan:
         self.doomed_manifests = [r for r in unreferenced if manifests[r] < cutoff]
         # a young manifest stays, and so must every chunk it names (its ref may be about to move)
         self.live |= _chunks_of_unreferenced(store, [r for r in unreferenced if manifests[r] >= cutoff])
-        self.unreferenced = [(c, size, m) for c, size, m in store.iter_chunk_stats() if c not in self.live]
+        stats = list(store.iter_chunk_stats())
+        self.chunk_names = {c for c, _, _ in stats}
+        self.unreferenced = [(c, size, m) for c, size, m in stats if c not in self.live]
         self.doomed = [(c, size) for c, size, m in self.unreferenced if m < cutoff]
+        # a chunk that stays and is stored as a delta keeps its base (docs/deltas.md)
+        self.kept_bases = 0
+        doomed_names = {c for c, _ in self.doomed}
+        self._spare_bases([c for c in self.chunk_names if c not in doomed_names])
         self.young = len(self.unreferenced) - len(self.doomed)
         # temporary files of writes a killed process never finished; a write in flight keeps
         # touching its file, so one untouched for LEFTOVER_AGE (or the grace period) is stranded
@@ -217,6 +228,27 @@ class _Plan:
         self.signatures = _signature_stats(store)
         self.cutoff = cutoff
         self._doom_signatures()
+
+    def _spare_bases(self, names) -> None:
+        """Take off the list of what goes every base chunk that a chunk of ``names`` (object names
+        of chunks that stay) is a delta of: no delta is ever left without its base. A base is
+        stored whole, so one level is all there is. Only the first bytes of each are read, and
+        only when something is to go."""
+        if not self.doomed:
+            return
+        names = list(names)
+        if not names:
+            return
+        store = self.store
+        with ThreadPoolExecutor(max(1, min(store.parallelism, len(names))), thread_name_prefix="concord-gc") as pool:
+            bases = {b for b in pool.map(store.chunk_base, names) if b is not None}
+        spared = {c for c, _ in self.doomed if c in bases}
+        if spared:
+            self.doomed = [(c, size) for c, size in self.doomed if c not in spared]
+            self.unreferenced = [u for u in self.unreferenced if u[0] not in spared]
+            self.live |= spared
+            self.kept_bases += len(spared)
+            log.info("%s: %d unreferenced chunk(s) stay as the bases of deltas that stay", store.uri, len(spared))
 
     def _doom_signatures(self) -> None:
         doomed = set(self.doomed_manifests)
@@ -238,6 +270,12 @@ class _Plan:
             self.live_roots.update(new)
         fresh = [r for r, _, _ in self.store.iter_manifest_stats() if r not in self.listed and r not in self.live_roots]
         self.live |= _chunks_of_unreferenced(self.store, fresh)
+        if self.doomed:
+            # chunks written since the first listing, and doomed ones a writer made live again,
+            # may be deltas of a chunk on the list: their bases stay
+            doomed_names = {c for c, _ in self.doomed}
+            written = {c for c, _, _ in self.store.iter_chunk_stats() if c not in self.chunk_names}
+            self._spare_bases(written | {c for c in doomed_names if c in self.live})
         # a signature whose manifest arrived since is no orphan: it stays with its (young) manifest
         self.listed.update(fresh)
         if new or fresh:
@@ -270,6 +308,7 @@ class _Plan:
             postponed_by=list(postponed_by),
             deleted_leftovers=deleted_leftovers,
             deleted_signatures=deleted_signatures,
+            kept_bases=self.kept_bases,
         )
 
 

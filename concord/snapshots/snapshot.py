@@ -39,6 +39,7 @@ from concord.snapshots.manifest import (
     make_file,
     make_part,
 )
+from concord.snapshots.refs import resolve_root
 from concord.snapshots.walk import walk_sized
 from concord.stores.base import Store, check_writable_ref
 from concord.stores.leases import write_lease
@@ -161,8 +162,11 @@ class _Snapshotter:
     read, see :func:`~concord.snapshots.formats.file_layout`) when its chunks are queued and
     closed after its last is stored, so at most ``OPEN_SOURCES`` files are open at once."""
 
-    def __init__(self, store: Store, chunk_size: int, progress: Progress, workers: int | None) -> None:
+    def __init__(
+        self, store: Store, chunk_size: int, progress: Progress, workers: int | None, bases: BaseChunks | None = None
+    ) -> None:
         self.store = store
+        self.bases = bases
         self.chunk_size = chunk_size
         self.progress = progress
         # hashing is CPU-bound: one thread per core, more only for stores whose writes wait on a network
@@ -254,8 +258,8 @@ class _Snapshotter:
             src = self._open(rel, path)
             if not isinstance(src, FileEntry):
                 try:
-                    for i, k, start, length, dtype in self._spans(src):
-                        src.ids[i][k] = self._chunk(src, start, length, dtype)
+                    for i, k, start, length, dtype, base in self._spans(src):
+                        src.ids[i][k] = self._chunk(src, start, length, dtype, base)
                 except BaseException:
                     src.close()
                     raise
@@ -276,11 +280,19 @@ class _Snapshotter:
                 return None
             data = _read_all(fd, size)
             cs = self.chunk_size
+            bases = self.bases
+
+            def base(k: int, n: int) -> str | None:
+                return bases.find(rel, "data", "", k, n) if bases is not None else None
+
             if size <= cs:
-                ids = [self._store(fd, 0, size, data, None, written)] if size else []
+                ids = [self._store(fd, 0, size, data, None, written, base(0, size))] if size else []
             else:
                 with memoryview(data) as mv:
-                    ids = [self._store(fd, at, min(cs, size - at), mv[at : at + cs], None, written) for at in range(0, size, cs)]
+                    ids = [
+                        self._store(fd, at, min(cs, size - at), mv[at : at + cs], None, written, base(at // cs, min(cs, size - at)))
+                        for at in range(0, size, cs)
+                    ]
         finally:
             os.close(fd)
         self._check_unchanged(path, before, written)
@@ -307,15 +319,18 @@ class _Snapshotter:
             raise
         return src
 
-    def _spans(self, src: _Source) -> Iterator[tuple[int, int, int, int, str | None]]:
-        """``(part index, chunk index, start, length, dtype)`` of each chunk of ``src``, in file order."""
+    def _spans(self, src: _Source) -> Iterator[tuple[int, int, int, int, str | None, str | None]]:
+        """``(part index, chunk index, start, length, dtype, base)`` of each chunk of ``src``, in
+        file order; ``base``: the chunk of the same region in the base version, if any."""
         cs = self.chunk_size
-        for i, (_, _, off, length, dtype, _) in enumerate(src.layout):
+        bases = self.bases
+        for i, (kind, name, off, length, dtype, _) in enumerate(src.layout):
             starts = range(off, off + length, cs)
             src.ids.append([None] * len(starts))
             src.left += len(starts)
             for k, start in enumerate(starts):
-                yield i, k, start, min(cs, off + length - start), dtype
+                n = min(cs, off + length - start)
+                yield i, k, start, n, dtype, bases.find(src.rel, kind, name, k, n) if bases is not None else None
 
     def _finish(self, src: _Source) -> FileEntry:
         """The entry of a file whose chunks are all stored; the file is closed. A file that
@@ -335,24 +350,30 @@ class _Snapshotter:
                 self.store.delete_chunk(cid)
             raise SourceChangedError(path)
 
-    def _chunk(self, src: _Source, start: int, length: int, dtype: str | None = None) -> str:
+    def _chunk(self, src: _Source, start: int, length: int, dtype: str | None = None, base: str | None = None) -> str:
         with memoryview(src.bytes) as mv:
             view = mv[start : start + length]
             try:
-                return self._store(src.f.fileno(), start, length, view, dtype, src.written)
+                return self._store(src.f.fileno(), start, length, view, dtype, src.written, base)
             finally:
                 view.release()
 
-    def _store(self, fd: int, start: int, length: int, view, dtype: str | None, written: list[str]) -> str:
+    def _store(
+        self, fd: int, start: int, length: int, view, dtype: str | None, written: list[str], base: str | None = None
+    ) -> str:
         """The id of the chunk ``view`` (``length`` bytes of file ``fd`` at ``start``), stored
-        unless this snapshot or the store has it already; ``written`` gets it if this stored it."""
+        unless this snapshot or the store has it already (as a delta against ``base`` where that
+        is smaller); ``written`` gets it if this stored it."""
         cid = chunk_id(view)
         with self._lock:
             mine = cid not in self._claimed
             self._claimed.add(cid)
         # put_chunk writes nothing (and sends nothing) when the store already has the chunk
         # dtype lets a compressed store choose its codec (byte planes for floating tensors)
-        stored = self.store.put_chunk_from_file(cid, fd, start, length, view, dtype=dtype) if mine else None
+        if mine and base is not None and base != cid:
+            stored = self.store.put_chunk_from_file(cid, fd, start, length, view, dtype=dtype, base=base)
+        else:
+            stored = self.store.put_chunk_from_file(cid, fd, start, length, view, dtype=dtype) if mine else None
         if stored:  # the bytes written, as stored (True from a store that only says whether)
             with self._lock:
                 self.new_chunks += 1
@@ -361,6 +382,49 @@ class _Snapshotter:
                 written.append(cid)
         self.progress.advance(length)
         return cid
+
+
+class BaseChunks:
+    """Where a snapshot looks for the base of each chunk it stores (deltas, docs/deltas.md): the
+    chunk of the same region in the base version. A region is a file's part (a tensor, a header,
+    a file's data) and a chunk's index in it; a tensor found under no file of the same path (a
+    checkpoint re-sharded, a file renamed) is looked for by its name alone, if it names one tensor."""
+
+    def __init__(self, manifest: Manifest) -> None:
+        self.root = manifest.root
+        self.chunk_size = manifest.chunk_size
+        self._places: dict[tuple[str, str, str, int], tuple[str, int]] = {}
+        self._tensors: dict[tuple[str, int], tuple[str, int] | None] = {}
+        cs = manifest.chunk_size
+        for f in manifest.files:
+            for p in f.parts:
+                for k, cid in enumerate(p.chunk_ids()):
+                    found = (cid, min(cs, p.length - k * cs))
+                    self._places[f.path, p.kind, p.name, k] = found
+                    if p.kind == "tensor":
+                        key = (p.name, k)
+                        self._tensors[key] = found if key not in self._tensors else None  # ambiguous: none
+
+    def find(self, path: str, kind: str, name: str, k: int, length: int) -> str | None:
+        """The id of the base chunk for chunk ``k`` of part ``(kind, name)`` of file ``path``,
+        ``length`` bytes long, or None."""
+        found = self._places.get((path, kind, name, k))
+        if found is None and kind == "tensor":
+            found = self._tensors.get((name, k))
+        return found[0] if found is not None and found[1] == length else None
+
+    def __len__(self) -> int:
+        return len(self._places)
+
+
+def base_chunks(store: Store, root: str | None, chunk_size: int) -> BaseChunks | None:
+    """The :class:`BaseChunks` of snapshot ``root`` in ``store``, or None where no delta can be
+    made: no root, a store that keeps bare bytes (neither compressed nor encrypted), or a base cut
+    in chunks of another size."""
+    if root is None or not store.encoding().framed:
+        return None
+    manifest = Manifest.from_json(store.get_manifest_bytes(root), expected_root=root, verify=True)
+    return BaseChunks(manifest) if manifest.chunk_size == chunk_size else None
 
 
 def _read_all(fd: int, size: int) -> bytes:
@@ -390,10 +454,17 @@ def snapshot(
     progress: Progress | None = None,
     workers: int | None = None,
     before_ref: Callable[[Store, str], object] | None = None,
+    base: str | None = None,
+    delta: bool = True,
 ) -> SnapshotResult:
     """Snapshot ``source`` into ``store``; with ``ref``, point that ref at the new root (compare-and-swap).
     ``before_ref(store, root)`` runs once the manifest is written and before the ref moves (e.g. to
-    keep a signature after checking it against the stored bytes); if it raises, no ref moves."""
+    keep a signature after checking it against the stored bytes); if it raises, no ref moves.
+
+    In a compressed or encrypted store, each new chunk is stored as a delta against the chunk of
+    the same region in a base version where that is smaller (docs/deltas.md): ``base`` (a ref,
+    ``REF~N`` or a root), else the ref's current root when it has one. ``delta=False`` stores
+    every chunk whole. The root is the same either way."""
     check_chunk_size(chunk_size)
     ref = check_writable_ref(ref) if ref is not None else None  # "" is a mistake, not "no ref"
     sized = collect_sized_files(source)
@@ -403,9 +474,12 @@ def snapshot(
     if ref:
         current = store.read_ref(ref)
         expected = current.root if current else None
+    bases = None
+    if delta:
+        bases = base_chunks(store, resolve_root(store, base) if base is not None else expected, chunk_size)
     prog = ensure(progress)
     prog.start(sum(sizes), "snapshot")
-    snap = _Snapshotter(store, chunk_size, prog, workers)
+    snap = _Snapshotter(store, chunk_size, prog, workers, bases)
     name = os.path.basename(os.fspath(source))
     with write_lease(store, f"snapshot of {name}" + (f" to ref {ref}" if ref else "")):
         try:

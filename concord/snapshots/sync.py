@@ -9,7 +9,10 @@ heartbeat thread. Last, for each target, the manifest is written after every chu
 the ref moves. A target that fails is reported and gets nothing more; the others go on.
 Between stores of one encoding (:attr:`~concord.stores.config.Encoding.identity`) a chunk moves
 as it is stored (compressed, encrypted), decoded and hashed once as it is read; between stores
-of different encodings it is decoded, checked and encoded again, once per encoding. A run killed at any point leaves the target consistent; re-running sends only what is
+of different encodings it is decoded, checked and encoded again, once per encoding. A chunk
+stored as a delta moves as the delta to a target that holds its base chunk whole, and whole to
+any other (never a delta whose base the target lacks: a run killed midway leaves nothing that
+does not decode). A run killed at any point leaves the target consistent; re-running sends only what is
 still missing. A ref moved by someone else meanwhile is reported, never overwritten. Each target is
 written under a garbage-collection lease, from its plan to its ref: the chunks the plan finds
 present must still be there when the ref moves.
@@ -146,18 +149,31 @@ def fan_out(
         with lock:
             failures.setdefault(i, exc)
 
+    whole: dict[tuple[int, str], bool] = {}  # (target, base object name): held there whole
+
+    def holds_whole(i: int, name: str) -> bool:
+        with lock:
+            known = whole.get((i, name))
+        if known is None:
+            known = wants[i][0].holds_whole(name)
+            with lock:
+                whole[i, name] = known
+        return known
+
     def one(cid: str) -> None:
         with lock:
             todo = [i for i in wanted[cid] if i not in failures]
         if not todo:
             return
         try:
-            blob = data = None
+            blob = data = base = None
             if any(as_stored[i] for i in todo):
                 blob = source.read_chunk_stored(cid)
                 if blob is None:
                     raise ChunkNotFoundError(source.uri, cid)
-                data = source_enc.decode_chunk(cid, blob)
+                # a delta travels as it is to a target holding its base whole, else whole
+                base = source_enc.base_of(cid, memoryview(blob)[: source_enc.HEAD_BYTES])
+                data = source.decode_stored(cid, blob)
                 actual = chunk_id(data)
                 if actual != cid:
                     raise IntegrityError(f"chunk {cid} in {source.uri}", cid, actual)
@@ -172,8 +188,10 @@ def fan_out(
         for i in todo:
             target, enc = wants[i][0], encodings[i]
             try:
-                if as_stored[i]:
+                if as_stored[i] and (base is None or holds_whole(i, base)):
                     stored = len(blob) if target.put_chunk_stored(cid, blob, overwrite=overwrite, checked_length=raw) else None
+                elif as_stored[i]:  # the target lacks the base (or holds it as a delta): the chunk goes whole
+                    stored = target.put_chunk_sized(cid, data, verify=False, overwrite=overwrite, dtype=dtypes.get(cid))
                 elif not enc.framed:  # stored as it is
                     stored = raw if target.put_chunk(cid, data, verify=False, overwrite=overwrite) else None
                 elif sum(1 for j in todo if encodings[j].identity == enc.identity) == 1:

@@ -223,6 +223,8 @@ def check(store: Store, lengths: Mapping[str, int], *, progress: Progress | None
             return "corrupt", 0  # a FIFO or folder where the chunk should be: a repair replaces it
         except UnknownEncodingError:
             return "corrupt", 0  # stored bytes that do not decode (compressed or encrypted): same
+        except ChunkNotFoundError:
+            return "corrupt", 0  # a delta whose base chunk is gone: a repair stores it whole
         if data is None:
             return "missing", 0
         prog.advance(len(data))
@@ -250,7 +252,23 @@ def check(store: Store, lengths: Mapping[str, int], *, progress: Progress | None
                     corrupt.append(cid)
     finally:
         prog.close()
+    corrupt.extend(_damaged_bases(store, corrupt, set(ids)))
     return Checked(tuple(missing), tuple(corrupt), len(ids), read)
+
+
+def _damaged_bases(store: Store, corrupt: list[str], checked: set[str]) -> list[str]:
+    """The base chunks, outside ``checked``, of the ``corrupt`` chunks stored as deltas, that are
+    damaged themselves: a delta decodes wrong when its base does, and a repair heals both."""
+    out = []
+    for base in sorted({b for b in map(store.delta_of, corrupt) if b is not None and b not in checked}):
+        try:
+            data = store.read_chunk_raw(base, transient=True)
+        except (NotRegularFileError, UnknownEncodingError, ChunkNotFoundError):
+            out.append(base)
+            continue
+        if data is not None and chunk_id(data) != base:
+            out.append(base)
+    return out
 
 
 def conclude(

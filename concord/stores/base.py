@@ -33,6 +33,8 @@ from concord.errors import (
     InvalidNameError,
     ManifestNotFoundError,
     RefConflictError,
+    SealError,
+    UnknownEncodingError,
 )
 from concord.hashing import chunk_id, is_digest
 
@@ -340,15 +342,18 @@ class Store(ABC):
         overwrite: bool = False,
         verify: bool = True,
         dtype: str | None = None,
+        base: str | None = None,
     ) -> bool:
         """Store ``data`` under its id. True if bytes were written, False if the chunk was there.
 
         With ``verify`` (the default) the bytes are hashed first and must match ``cid``; callers
         that have just hashed these very bytes pass ``verify=False`` to avoid hashing twice.
         ``dtype`` (the safetensors dtype of the tensor the chunk is part of) lets a compressed
-        store choose its codec.
+        store choose its codec. ``base`` (the id of the same region's chunk in the version this
+        one follows) stores it as a delta against that chunk, where that is smaller
+        (:meth:`delta_base_bytes` says when a chunk can be a base).
         """
-        return self.put_chunk_sized(cid, data, overwrite=overwrite, verify=verify, dtype=dtype) is not None
+        return self.put_chunk_sized(cid, data, overwrite=overwrite, verify=verify, dtype=dtype, base=base) is not None
 
     def put_chunk_sized(
         self,
@@ -358,6 +363,7 @@ class Store(ABC):
         overwrite: bool = False,
         verify: bool = True,
         dtype: str | None = None,
+        base: str | None = None,
     ) -> int | None:
         """:meth:`put_chunk`, returning the bytes stored (after encoding), or None if the chunk was there."""
         _check_digest(cid, "chunk id")
@@ -369,17 +375,94 @@ class Store(ABC):
         key = chunk_key(enc.chunk_name(cid))
         if enc.framed and not overwrite and self._exists_many([key])[0]:
             return None  # present: not worth encoding
-        stored = enc.encode_chunk(cid, data, dtype, transient=True)  # written at once, then reused
+        # a chunk written over (a repair) is stored whole: it may be another delta's base
+        base_bytes = self.delta_base_bytes(base, len(data)) if base is not None and base != cid and not overwrite else None
+        pair = (base, base_bytes) if base_bytes is not None else None
+        stored = enc.encode_chunk(cid, data, dtype, transient=True, base=pair)  # written at once, then reused
         return len(stored) if self._put_object(key, stored, overwrite=overwrite) else None
 
     def put_chunk_from_file(
-        self, cid: str, fd: int, offset: int, length: int, data: memoryview, *, dtype: str | None = None
+        self, cid: str, fd: int, offset: int, length: int, data: memoryview, *, dtype: str | None = None, base: str | None = None
     ) -> int | None:
         """Store the chunk ``cid`` whose bytes are ``length`` bytes of open file ``fd`` at ``offset``
         (already hashed by the caller, and also given as ``data``); the bytes stored (after
         encoding), or None if the chunk was there. Stores that can copy between files in the
-        kernel override this; the default writes ``data``."""
-        return self.put_chunk_sized(cid, data, verify=False, dtype=dtype)
+        kernel override this; the default writes ``data``. ``base``: as for :meth:`put_chunk`."""
+        return self.put_chunk_sized(cid, data, verify=False, dtype=dtype, base=base)
+
+    # ------------------------------------------------------------------ deltas
+
+    def delta_base_bytes(self, base: str, length: int) -> memoryview | None:
+        """The raw bytes of chunk ``base`` if a chunk of ``length`` bytes can be stored as a delta
+        against it here, else None: the store is framed (compressed or encrypted), holds ``base``
+        whole (never a delta itself: a read decodes at most one level), ``length`` bytes long, and
+        its bytes hash to its id (a delta on damaged bytes would break once they are repaired).
+        Transient (see :mod:`.scratch`)."""
+        enc = self.encoding()
+        if not enc.framed:
+            return None
+        blob = self._read_object_transient(chunk_key(enc.chunk_name(_check_digest(base, "base chunk id"))))
+        if blob is None or enc.base_of(base, memoryview(blob)[: enc.HEAD_BYTES]) is not None:
+            return None
+        try:
+            data = enc.decode_chunk(base, blob, transient=True)
+        except UnknownEncodingError:
+            return None
+        if len(data) != length or chunk_id(data) != base:
+            return None
+        return memoryview(data)
+
+    def read_base(self, base: str) -> memoryview:
+        """The raw bytes of chunk ``base``, which a delta chunk needs to be decoded: stored whole
+        (a delta of a delta is refused as damaged). Not hash-checked here: the delta's own check
+        covers them. Transient (see :mod:`.scratch`)."""
+        enc = self.encoding()
+        blob = self._read_object_transient(chunk_key(enc.chunk_name(_check_digest(base, "base chunk id"))))
+        if blob is None:
+            raise ChunkNotFoundError(self.uri, base)
+        return memoryview(enc.decode_chunk(base, blob, transient=True))
+
+    def decode_stored(self, cid: str, blob, *, transient: bool = False):
+        """The raw bytes of ``blob``, chunk ``cid`` as this store keeps it (a delta decoded
+        against its base, read from this store); not hash-checked."""
+        return self.encoding().decode_chunk(cid, blob, transient=transient, base=self.read_base)
+
+    def delta_of(self, cid: str) -> str | None:
+        """The id of the chunk that chunk ``cid`` is stored as a delta of, or None if it is
+        stored whole, absent or damaged (its object is read, and opened in an encrypted store)."""
+        enc = self.encoding()
+        if not enc.framed:
+            return None
+        blob = self._read_head(self._chunk_key(cid), enc.HEAD_BYTES)
+        if blob is None or enc.base_of(cid, blob) is None:
+            return None
+        if enc.cipher is None:
+            return enc.base_of(cid, blob)
+        whole = self._get_object(self._chunk_key(cid))
+        try:
+            _, payload = enc.cipher.open(whole, b"chunk:" + cid.encode(), framed=True, clear=enc.HEAD_BYTES - 2)
+        except SealError:
+            return None
+        n = enc.HEAD_BYTES - 2  # a base id's bytes
+        return bytes(payload[:n]).hex() if len(payload) > n else None
+
+    def holds_whole(self, name: str) -> bool:
+        """Whether the chunk stored under ``name`` (its id, or in an encrypted store
+        :meth:`chunk_object_name` of it) is here and stored whole, not as a delta: what a
+        delta against it needs (its first bytes are read)."""
+        enc = self.encoding()
+        head = self._read_head(chunk_key(_check_digest(name, "chunk object name")), enc.HEAD_BYTES)
+        return head is not None and enc.base_of(name, head) is None
+
+    def chunk_base(self, name: str) -> str | None:
+        """The object name of the chunk that the chunk stored under ``name`` (as
+        :meth:`iter_chunk_stats` lists it) is a delta of, or None if it is stored whole or absent.
+        Only the object's first bytes are read; nothing is decrypted."""
+        enc = self.encoding()
+        if not enc.framed:
+            return None
+        head = self._read_head(chunk_key(_check_digest(name, "chunk object name")), enc.HEAD_BYTES)
+        return None if head is None else enc.base_of(name, head)
 
     def get_chunk(self, cid: str, *, verify: bool = True) -> bytes:
         """The chunk's raw bytes (decoded); with ``verify`` they are re-hashed and must match ``cid``."""
@@ -398,7 +481,7 @@ class Store(ABC):
         blob = self._read_object_transient(key) if transient else self._get_object(key)
         if blob is None:
             raise ChunkNotFoundError(self.uri, cid)
-        data = enc.decode_chunk(cid, blob, transient=transient)
+        data = enc.decode_chunk(cid, blob, transient=transient, base=self.read_base)
         if verify:
             actual = chunk_id(data)
             if actual != cid:
@@ -412,7 +495,7 @@ class Store(ABC):
         enc = self.encoding()
         key = chunk_key(enc.chunk_name(_check_digest(cid, "chunk id")))
         blob = self._read_object_transient(key) if transient else self._get_object(key)
-        return None if blob is None else enc.decode_chunk(cid, blob, transient=transient)
+        return None if blob is None else enc.decode_chunk(cid, blob, transient=transient, base=self.read_base)
 
     def _read_object_transient(self, key: str) -> bytes | memoryview | None:
         """The bytes at ``key`` (None if absent), possibly in one of this thread's buffers (see
@@ -434,7 +517,7 @@ class Store(ABC):
         enc = self.encoding()
         raw = checked_length
         if raw is None:
-            data = enc.decode_chunk(cid, blob)
+            data = enc.decode_chunk(cid, blob, base=self.read_base)
             actual = chunk_id(data)
             if actual != cid:
                 raise IntegrityError(f"chunk sent to {self.uri}", cid, actual)

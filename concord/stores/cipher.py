@@ -101,13 +101,14 @@ class Cipher:
         """The object name of chunk ``cid``: a keyed hash, 64 hex characters like an id."""
         return hmac.new(self._names, cid.encode("ascii"), hashlib.sha256).hexdigest()
 
-    def seal(self, data, aad: bytes, kind: int | None = None, *, transient: bool = False):
+    def seal(self, data, aad: bytes, kind: int | None = None, *, transient: bool = False, clear: bytes = b""):
         """``0x80``, then ``kind`` (a chunk's encoding byte, also bound into the associated data)
-        if given, a fresh nonce, and ``data`` encrypted with its tag, written in one buffer: a new
+        if given, and ``clear`` (bytes kept readable beside it, bound too: a delta's base object
+        name), a fresh nonce, and ``data`` encrypted with its tag, written in one buffer: a new
         ``bytearray``, or with ``transient`` this thread's ``sealed`` buffer (see :mod:`.scratch`)."""
-        head = bytes((SEALED,)) if kind is None else bytes((SEALED, kind))
+        head = bytes((SEALED,)) if kind is None else bytes((SEALED, kind)) + clear
         if kind is not None:
-            aad += bytes((kind,))
+            aad += bytes((kind,)) + clear
         nonce = secrets.token_bytes(NONCE_BYTES)
         start = len(head) + NONCE_BYTES
         size = start + len(data) + TAG_BYTES
@@ -117,18 +118,19 @@ class Cipher:
         self._aead.encrypt_into(nonce, data, aad, out[start:])
         return out if transient else out.obj
 
-    def open(self, blob, aad: bytes, *, framed: bool = False, transient: bool = False):
+    def open(self, blob, aad: bytes, *, framed: bool = False, transient: bool = False, clear: int = 0):
         """The plaintext of a sealed object (with ``framed``: ``(kind, plaintext)``); with
-        ``transient``, in this thread's ``opened`` buffer (see :mod:`.scratch`)."""
+        ``transient``, in this thread's ``opened`` buffer (see :mod:`.scratch`). ``clear``: how
+        many bytes the seal kept readable after the kind (see :meth:`seal`)."""
         from cryptography.exceptions import InvalidTag
 
         view = memoryview(blob)
-        skip = 2 if framed else 1
+        skip = 2 + clear if framed else 1
         if len(view) < skip + NONCE_BYTES + TAG_BYTES or view[0] != SEALED:
             raise SealError("not a sealed object" if len(view) and view[0] != SEALED else "sealed object cut short")
         kind = view[1] if framed else None
         if framed:
-            aad += bytes((kind,))
+            aad += bytes(view[1:skip])
         nonce, sealed = view[skip : skip + NONCE_BYTES], view[skip + NONCE_BYTES :]
         try:
             if transient:

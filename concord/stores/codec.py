@@ -9,6 +9,9 @@ Frames (the first byte of a stored chunk in a compressed store)::
                                    tail (the last len % w bytes) raw
     0x02  rotated byte planes      as 0x03, each element rotated left by one bit before the split
                                    (written by earlier versions; read, never written)
+    0x04  delta                    the base chunk's id (32 bytes), then a frame (0x00, 0x01 or
+                                   0x03) of the XOR of the chunk's bytes with the base's: the
+                                   chunk is the base chunk's bytes XOR that (:func:`encode_delta`)
 
 Byte planes are for tensors of floating dtypes: byte ``i`` of every element (2 bytes for bf16 and
 fp16, 4 for fp32, 8 for fp64) goes to plane ``i``. The top plane holds the sign and all but the
@@ -18,6 +21,12 @@ makes decoding them a copy. Rotating each element first (0x02) puts the whole ex
 plane and the sign in the bottom one: it stores about 1% less, but splitting and joining take
 twice the passes over memory, the larger cost (architecture.md, Compression). A chunk whose
 encoding is not smaller than the chunk is stored raw (frame 0x00).
+
+A delta (0x04) is what makes a fine-tune, or the next step of a training run, cost what changed in
+its bits: most bytes of a slightly moved tensor are those of the same tensor in the version before,
+and the ones that differ differ in the low bits, so the XOR is mostly zero bytes, in the top planes
+above all. The base is always a chunk stored whole (never a delta itself): a read decodes at most
+one level (docs/deltas.md).
 
 Chunk ids are always the hash of the raw bytes: a frame is how a store keeps a chunk, never what
 the chunk is. Pure functions over bytes (``numpy`` and ``zstandard``, imported on first use).
@@ -35,8 +44,10 @@ from concord.stores import scratch
 COMPRESS_NONE, COMPRESS_ZSTD, COMPRESS_AUTO = "none", "zstd", "auto"
 COMPRESS_MODES = (COMPRESS_NONE, COMPRESS_ZSTD, COMPRESS_AUTO)
 
-RAW, ZSTD, ROTATED_PLANES, PLANES = 0x00, 0x01, 0x02, 0x03
-FRAMES = {RAW: "raw", ZSTD: "zstd", ROTATED_PLANES: "rotated byte planes", PLANES: "byte planes"}
+RAW, ZSTD, ROTATED_PLANES, PLANES, DELTA = 0x00, 0x01, 0x02, 0x03, 0x04
+FRAMES = {RAW: "raw", ZSTD: "zstd", ROTATED_PLANES: "rotated byte planes", PLANES: "byte planes", DELTA: "delta"}
+#: the bytes of a base chunk's id at the head of a delta's payload
+BASE_ID_BYTES = 32
 ZSTD_LEVEL = 3
 #: zstd level of the byte planes: on a skewed exponent plane level 1 is both faster and smaller than 3
 PLANE_LEVEL = 1
@@ -281,10 +292,12 @@ def decode_payload(kind: int, payload, size: int | None = None) -> bytes:
     return bytes(decode_view(kind, payload, size))
 
 
-def decode_view(kind: int, payload, size: int | None = None) -> memoryview:
+def decode_view(kind: int, payload, size: int | None = None, *, slot: str = "decoded") -> memoryview:
     """:func:`decode_payload` without a copy: a raw payload is returned as a view of itself,
-    anything else is decoded into this thread's ``decoded`` buffer (transient, see :mod:`.scratch`)."""
+    anything else is decoded into this thread's ``slot`` buffer (transient, see :mod:`.scratch`)."""
     view = memoryview(payload)
+    if kind == DELTA:
+        raise FrameError("a delta chunk is decoded against its base chunk, which only its store can read")
     if kind == RAW:
         return view
     if kind == ZSTD:
@@ -297,14 +310,14 @@ def decode_view(kind: int, payload, size: int | None = None) -> memoryview:
                 raise FrameError("zstd frame does not state its size")
         if size > MAX_RAW_BYTES:
             raise FrameError(f"zstd frame says it holds {size} bytes, more than any chunk ({MAX_RAW_BYTES})")
-        out = scratch.buffer("decoded", size)
+        out = scratch.buffer(slot, size)
         _zstd_decompress_into(view, out)
         return out
     if kind in (PLANES, ROTATED_PLANES):
         size = planes_size(view) if size is None else size
         if size > MAX_RAW_BYTES:
             raise FrameError(f"byte-plane frame says it holds {size} bytes, more than any chunk ({MAX_RAW_BYTES})")
-        out = scratch.buffer("decoded", size)
+        out = scratch.buffer(slot, size)
         _decode_planes_into(view, out, rotated=kind == ROTATED_PLANES)
         return out
     raise FrameError(f"unknown encoding byte 0x{kind:02x}")
@@ -334,16 +347,84 @@ def planes_size(payload) -> int:
     return n * width + (len(view) - pos)
 
 
+def _xor_into(out, a, b) -> None:
+    """``out = a XOR b`` (three buffers of one length), eight bytes at a time where it can."""
+    import numpy as np
+
+    n = len(out)
+    words = n // 8
+    if words:
+        np.bitwise_xor(
+            np.frombuffer(a, dtype=np.uint64, count=words),
+            np.frombuffer(b, dtype=np.uint64, count=words),
+            out=np.frombuffer(out, dtype=np.uint64, count=words),
+        )
+    if n % 8:
+        start = words * 8
+        np.bitwise_xor(
+            np.frombuffer(a, dtype=np.uint8, offset=start),
+            np.frombuffer(b, dtype=np.uint8, offset=start),
+            out=np.frombuffer(out, dtype=np.uint8, offset=start),
+        )
+
+
+def encode_delta(data, base, base_id: str, dtype: str | None = None) -> bytes:
+    """The payload of a delta frame (what follows 0x04) that stores ``data`` against ``base``
+    (the raw bytes of the chunk ``base_id``, as long as ``data``): the base's id, then the frame
+    of their XOR, split into byte planes for a floating ``dtype`` and compressed."""
+    view, bview = memoryview(data).cast("B"), memoryview(base).cast("B")
+    if len(view) != len(bview):
+        raise ValueError(f"a delta needs a base of the chunk's length ({len(view)} bytes), got {len(bview)}")
+    xor = scratch.buffer("xor", len(view))
+    _xor_into(xor, view, bview)
+    return bytes.fromhex(base_id) + bytes(encode_view(xor, COMPRESS_AUTO, dtype))
+
+
+def delta_base(payload) -> str:
+    """The id of the base chunk a delta frame's ``payload`` needs."""
+    if len(payload) < BASE_ID_BYTES + 1:
+        raise FrameError("delta frame cut short")
+    return bytes(payload[:BASE_ID_BYTES]).hex()
+
+
+def decode_delta(payload, base, size: int | None = None, *, transient: bool = False):
+    """The raw bytes a delta frame's ``payload`` stands for, given ``base``: the raw bytes of the
+    chunk :func:`delta_base` names (they may lie in any of this thread's buffers but ``delta``).
+    With ``transient``, this thread's ``delta`` buffer (see :mod:`.scratch`); else a new buffer."""
+    body = memoryview(payload)[BASE_ID_BYTES:]
+    kind = frame_kind(body)
+    if kind == DELTA:
+        raise FrameError("a delta of a delta (a delta's base is always a chunk stored whole)")
+    n = len(base)
+    if size is not None and size != n:
+        raise FrameError(f"delta's base holds {n} bytes, {size} expected")
+    if kind == RAW:
+        if len(body) - 1 != n:
+            raise FrameError(f"delta holds {len(body) - 1} bytes, its base {n}")
+        out = scratch.buffer("delta", n) if transient else memoryview(bytearray(n))
+        _xor_into(out, body[1:], base)
+    else:
+        out = decode_view(kind, body[1:], n, slot="delta")
+        if not transient:
+            out = memoryview(bytearray(out))
+        _xor_into(out, out, base)
+    return out if transient else out.obj
+
+
 __all__ = [
     "COMPRESS_AUTO",
     "COMPRESS_MODES",
     "COMPRESS_NONE",
     "COMPRESS_ZSTD",
+    "DELTA",
     "FRAMES",
     "FrameError",
     "PLANE_WIDTH",
     "decode",
+    "decode_delta",
     "decode_view",
+    "delta_base",
     "encode",
+    "encode_delta",
     "encode_view",
 ]

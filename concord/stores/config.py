@@ -136,35 +136,72 @@ class Encoding:
     def chunk_name(self, cid: str) -> str:
         return self.cipher.name(cid) if self.cipher else cid
 
-    def encode_chunk(self, cid: str, data, dtype: str | None = None, *, transient: bool = False):
+    def encode_chunk(self, cid: str, data, dtype: str | None = None, *, transient: bool = False, base=None):
         """How chunk ``cid`` (raw ``data``) is stored; with ``transient``, in one of this thread's
-        buffers (see :mod:`.scratch`), for a caller that writes it at once."""
+        buffers (see :mod:`.scratch`), for a caller that writes it at once. ``base`` (``(base id,
+        its raw bytes)``, as long as ``data``) stores it as a delta against that chunk where the
+        delta is smaller than the chunk encoded alone (:func:`~concord.stores.codec.encode_delta`)."""
         if not self.framed:
             return data
-        if self.cipher is None:
-            return codec.encode_view(data, self.compress, dtype) if transient else codec.encode(data, self.compress, dtype)
+        delta = None
+        if base is not None and len(base[1]) == len(data):
+            delta = codec.encode_delta(data, base[1], base[0], dtype)
         if self.compress == codec.COMPRESS_NONE:
             kind, payload = codec.RAW, data
         else:
             frame = codec.encode_view(data, self.compress, dtype)
             kind, payload = frame[0], frame[1:]
-        return self.cipher.seal(payload, b"chunk:" + cid.encode(), kind, transient=transient)
+        if delta is not None and len(delta) < len(payload):
+            kind, payload = codec.DELTA, delta
+        if self.cipher is None:
+            if kind == codec.DELTA:
+                return bytes((codec.DELTA,)) + delta
+            return frame if transient else bytes(frame)  # a store framed unencrypted compresses
+        # a delta keeps its base's object name readable, for garbage collection (docs/deltas.md)
+        clear = bytes.fromhex(self.cipher.name(base[0])) if kind == codec.DELTA else b""
+        return self.cipher.seal(payload, b"chunk:" + cid.encode(), kind, transient=transient, clear=clear)
 
-    def decode_chunk(self, cid: str, blob, size: int | None = None, *, transient: bool = False):
+    def decode_chunk(self, cid: str, blob, size: int | None = None, *, transient: bool = False, base=None):
         """The raw bytes of stored chunk ``cid``; :class:`UnknownEncodingError` naming it if they
         do not decode. With ``transient``, a view that may lie in one of this thread's buffers or
-        in ``blob`` itself (see :mod:`.scratch`), for a caller that hashes and writes it at once."""
+        in ``blob`` itself (see :mod:`.scratch`), for a caller that hashes and writes it at once.
+        A chunk stored as a delta needs ``base``: a function of the base chunk's id that returns
+        that chunk's raw bytes (its store's :meth:`~concord.stores.base.Store.read_base`)."""
         if not self.framed:
             return blob
         try:
             if self.cipher is None:
-                view = codec.decode_view(codec.frame_kind(blob), memoryview(blob)[1:], size)
+                kind, payload = codec.frame_kind(blob), memoryview(blob)[1:]
             else:
-                kind, payload = self.cipher.open(blob, b"chunk:" + cid.encode(), framed=True, transient=True)
-                view = codec.decode_view(kind, payload, size)
+                clear = codec.BASE_ID_BYTES if len(blob) > 1 and blob[1] == codec.DELTA else 0
+                kind, payload = self.cipher.open(blob, b"chunk:" + cid.encode(), framed=True, transient=True, clear=clear)
+            if kind == codec.DELTA:
+                if base is None:
+                    raise codec.FrameError("it is a delta, and its base chunk was not given")
+                payload = bytes(payload)  # the base's read reuses this thread's buffers
+                base_id = codec.delta_base(payload)
+                return codec.decode_delta(payload, base(base_id), size, transient=transient)
+            view = codec.decode_view(kind, payload, size)
         except (codec.FrameError, SealError) as exc:
             raise UnknownEncodingError(self.store, f"chunk {cid}", str(exc)) from None
         return view if transient else bytes(view)
+
+    #: how many bytes of a stored chunk :meth:`base_of` reads
+    HEAD_BYTES = 2 + codec.BASE_ID_BYTES
+
+    def base_of(self, name: str, head) -> str | None:
+        """The object name of the base chunk that the chunk stored under ``name`` is a delta of,
+        from the first :data:`HEAD_BYTES` of it (kept in clear in an encrypted store too), or None
+        if it is stored whole. :class:`UnknownEncodingError` naming the object if ``head`` is no
+        delta's."""
+        if not self.framed or len(head) < 2:
+            return None
+        at = 1 if self.cipher is None else 2
+        if head[at - 1] != codec.DELTA:
+            return None
+        if len(head) < at + codec.BASE_ID_BYTES:
+            raise UnknownEncodingError(self.store, f"chunk object {name}", "delta frame cut short")
+        return bytes(head[at : at + codec.BASE_ID_BYTES]).hex()
 
     def frame_of(self, name: str, head: bytes) -> int:
         """The encoding byte of a stored chunk (object ``name``) from its first two bytes: the

@@ -370,10 +370,10 @@ class LocalDirStore(Store):
         return written
 
     def put_chunk_from_file(
-        self, cid: str, fd: int, offset: int, length: int, data: memoryview, *, dtype: str | None = None
+        self, cid: str, fd: int, offset: int, length: int, data: memoryview, *, dtype: str | None = None, base: str | None = None
     ) -> int | None:
         if self.encoding().framed:  # the bytes are encoded first: no kernel copy
-            return self.put_chunk_sized(cid, data, verify=False, dtype=dtype)
+            return self.put_chunk_sized(cid, data, verify=False, dtype=dtype, base=base)
         key = chunk_key(cid)
         folder = os.path.join(self.root, "chunks", cid[:2])
         path = os.path.join(folder, cid)

@@ -381,6 +381,7 @@ def test_an_empty_store_has_nothing_to_collect(tmp_path):
         "postponed_by": [],
         "deleted_leftovers": 0,
         "deleted_signatures": 0,
+        "kept_bases": 0,
     }
 
 
