@@ -9,15 +9,16 @@ STAMP  := $(VENV)/.installed
 PYTEST_ARGS ?=
 TEST_WORKERS ?= 2
 
-.PHONY: install test-prereqs bench-prereqs demo docs test test-unit test-integration e2e bench clean serve stop status
+.PHONY: install test-prereqs serve-prereqs bench-prereqs demo docs test test-unit test-integration e2e bench clean serve stop status
 
 install: $(STAMP)
 
 $(STAMP): pyproject.toml
 	@echo "Installing Concord and its dependencies into $(VENV) (PyTorch, Prefect, MLflow, ...): this usually takes about 5 minutes, once."
-	$(PYTHON) -m venv $(VENV)
-	$(PIP) install --quiet --upgrade pip
-	$(PIP) install --quiet -e '.[dev,demo,bench]'
+	@echo "pip says what it collects; while it works without a word, a line every 8 s says so."
+	@$(PYTHON) tools/heartbeat.py --label "creating $(VENV)" -- $(PYTHON) -m venv $(VENV)
+	@$(PYTHON) tools/heartbeat.py --label "upgrading pip" -- $(PIP) install --progress-bar off --upgrade pip
+	@$(PYTHON) tools/heartbeat.py --label "installing with pip" -- $(PIP) install --progress-bar off -e '.[dev,demo,bench]'
 	@touch $(STAMP)
 	@echo "Installed."
 
@@ -27,7 +28,7 @@ demo: install
 # Real servers the tests start that pip cannot install: CNCF distribution (an OCI registry) and
 # htpasswd (bcrypt users for it). Installed with apt when root; otherwise a message, and the OCI tests fail.
 REGISTRY_BIN := /usr/bin/docker-registry
-test-prereqs:
+test-prereqs: serve-prereqs
 	@if [ -x $(REGISTRY_BIN) ] && command -v htpasswd >/dev/null 2>&1; then :; \
 	elif [ "$$(id -u)" = 0 ]; then \
 	  (apt-get install -y -q docker-registry apache2-utils || (apt-get update -q && apt-get install -y -q docker-registry apache2-utils)) >/dev/null; \
@@ -62,10 +63,21 @@ e2e: install
 
 # Run it for real: seeds what the deployments' defaults name (only what is missing), then a Prefect
 # server (or $$PREFECT_API_URL), the work pool, blocks, every deployment, a worker and the checkpoint
-# watcher; it ends by printing the Prefect UI's address and the `mlflow ui` command of data/mlflow.db
-# (the database `make demo` writes too). `make stop` ends what `make serve` started, and only that.
-serve: install
+# watcher, first PostgreSQL (a cluster in data/postgres) and an MLflow server on it; it ends by
+# printing the Prefect UI's address and MLflow's. `make stop` ends what `make serve` started, and only that.
+serve: install serve-prereqs
 	$(PY) -m concord_pipelines.deployments.serve start
+
+# PostgreSQL (Debian's postgresql), which make serve runs the Prefect and MLflow servers on (a
+# cluster under data/postgres) and the end-to-end tests serve on. Installed with apt when root, its
+# progress shown; otherwise a message, and make serve keeps their data in SQLite.
+serve-prereqs:
+	@if ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || command -v initdb >/dev/null 2>&1; then :; \
+	elif [ "$$(id -u)" = 0 ]; then \
+	  echo "serve-prereqs: installing PostgreSQL (apt-get install -y postgresql)"; \
+	  export DEBIAN_FRONTEND=noninteractive; \
+	  apt-get install -y -q postgresql || (apt-get update -q && apt-get install -y -q postgresql); \
+	else echo "serve-prereqs: PostgreSQL is missing and this is not root: run 'sudo apt-get install -y postgresql' (without it make serve keeps the servers' data in SQLite, which locks under concurrent runs, and the Postgres end-to-end test fails)"; fi
 
 stop:
 	@if [ -x $(PY) ]; then $(PY) -m concord_pipelines.deployments.serve stop; else echo "nothing to stop (no $(VENV))"; fi

@@ -6,24 +6,33 @@
     python -m concord_pipelines.deployments.serve [--dir data/serve] restart NAME [NAME ...] [--timeout 15]
     python -m concord_pipelines.deployments.serve [--dir data/serve] stop [--timeout 15]
 
-``start`` seeds what the deployments' default parameters name into ``<project>/data``
-where it is missing (while the Prefect server it starts comes up) (:mod:`concord_pipelines.deployments.seed`; ``--seed-from DIR`` for another checkpoint than
-all-MiniLM-L6-v2), and gives every process it starts ``MLFLOW_TRACKING_URI`` (``$MLFLOW_TRACKING_URI``,
-else ``<project>/data/mlflow.db``, the database ``make demo`` writes too). Then it uses the
-Prefect server at ``$PREFECT_API_URL`` when it is set, otherwise starts
-``prefect server start`` on 127.0.0.1 (its home, database included, under ``<dir>/prefect``,
-analytics off) and waits until it is healthy. Then it creates the ``concord-process`` work pool
-and ``concord-serving`` work pools if missing, registers the project's blocks, deploys everything
-in ``prefect.yaml`` (their triggers included), applies the automations (``concord_pipelines.deployments.automations``,
-notifying the block named by ``$CONCORD_NOTIFY_BLOCK`` if set), and starts a process worker, the
-checkpoint watcher and one serving node (``node-local``: a worker of ``concord-serving`` polling its
-own queue; the serving deployments' defaults check out into ``<project>/data/serving/node-local``).
-When CNCF distribution's ``docker-registry`` is installed, it also starts an OCI registry on
-127.0.0.1 (a free port; its config and blobs under ``<project>/data/oci-registry``) and deploys
-``publish-oci/champion-to-registry`` again with that registry as its ``repository``; when it is
-missing, it says how to install it, and that deployment is given no repository, so its runs fail
-saying the same. It ends by printing the UI's address, the registry's, and the ``mlflow ui`` command
-of that database.
+``start`` first starts the project's PostgreSQL (:mod:`concord_pipelines.deployments.postgres`: a
+cluster in ``<project>/data/postgres`` on 127.0.0.1, recorded as ``postgres``; ``make serve-prereqs``
+installs Debian's ``postgresql``) for the servers below whose database no variable names:
+``$PREFECT_API_DATABASE_CONNECTION_URL`` (the Prefect server's) and ``$MLFLOW_BACKEND_STORE_URI``
+(the MLflow server's) point them at another PostgreSQL; ``$CONCORD_SERVE_DATABASE=sqlite``, or no
+PostgreSQL installed (one line says how to install it), keeps both on SQLite. Then, unless
+``$MLFLOW_TRACKING_URI`` names a tracking server to use, it starts ``mlflow server`` on 127.0.0.1
+(port 5000, ``$CONCORD_MLFLOW_PORT``, or a free one when 5000 is taken; its artifacts in
+``<project>/data/mlflow-artifacts``) and gives every process it starts that address as
+``MLFLOW_TRACKING_URI``. Then it uses the Prefect server at ``$PREFECT_API_URL`` when it is set,
+otherwise starts ``prefect server start`` on 127.0.0.1 (its home under ``<dir>/prefect``, analytics
+off). While that server comes up, it seeds what the deployments' default parameters name into
+``<project>/data`` where it is missing (:mod:`concord_pipelines.deployments.seed`; ``--seed-from
+DIR`` for another checkpoint than all-MiniLM-L6-v2), then waits until the server is healthy. Then it
+creates the ``concord-process`` and ``concord-serving`` work pools if missing, registers the
+project's blocks, deploys everything in ``prefect.yaml`` (their triggers included), applies the
+automations (``concord_pipelines.deployments.automations``, notifying the block named by
+``$CONCORD_NOTIFY_BLOCK`` if set), and starts a process worker, the checkpoint watcher and one
+serving node (``node-local``: a worker of ``concord-serving`` polling its own queue; the serving
+deployments' defaults check out into ``<project>/data/serving/node-local``). Each step is one line,
+and a step that runs longer says so every 5 s. When CNCF distribution's ``docker-registry`` is
+installed, it also starts an OCI registry on 127.0.0.1 (a free port; its config and blobs under
+``<project>/data/oci-registry``) and deploys ``publish-oci/champion-to-registry`` again with that
+registry as its ``repository``; when it is missing, it says how to install it, and that deployment
+is given no repository, so its runs fail saying the same. It ends by printing the UI's address, the
+registry's, and MLflow's runs list of Concord's lineage (or the ``mlflow ui`` command of a sqlite
+``$MLFLOW_TRACKING_URI``).
 Every process it starts runs in its own process group, logs to ``<dir>/logs/<name>.log``
 and is recorded (pid, start time, command, folder, log) in ``<dir>/processes.json`` the moment it
 starts, so ``stop`` can end it even after a failed start; the environment variables it sets for
@@ -31,8 +40,8 @@ them are recorded there too. Flow runs send a heartbeat every 30 s (Prefect's sh
 ``$PREFECT_FLOWS_HEARTBEAT_FREQUENCY`` overrides it), which the zombie automation of
 ``concord_pipelines.deployments.automations`` watches.
 
-``restart NAME`` ends the recorded process NAME (``server``, ``worker``, ``watcher``, ``node-local``
-or ``registry``) if it still
+``restart NAME`` ends the recorded process NAME (``server``, ``worker``, ``watcher``, ``node-local``,
+``registry``, ``mlflow`` or ``postgres``) if it still
 runs, and starts it again with its recorded command, folder and environment, in its place in the
 record; for the server it then waits until the API is healthy again. The server comes back on the
 same port with the same database: flow runs waiting on it carry on, since Prefect's client retries
@@ -40,8 +49,8 @@ a call that cannot connect ``$PREFECT_CLIENT_MAX_RETRIES`` times (default 5: abo
 off 2, 4, 8, 16, 32 s). A worker that died is replaced by ``restart worker``. ``start`` while only
 some recorded processes run starts nothing and names the ones to restart.
 
-``stop`` ends only the recorded processes (their process groups: SIGTERM, then SIGKILL after the
-timeout) and removes the record. A recorded pid that is no longer the recorded process (it exited,
+``stop`` ends only the recorded processes, the last started first (their process groups: SIGTERM,
+SIGINT for PostgreSQL's fast shutdown, then SIGKILL after the timeout) and removes the record. A recorded pid that is no longer the recorded process (it exited,
 and the number may since belong to someone else) is left alone.
 """
 
@@ -50,6 +59,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import logging
 import os
 import shutil
 import signal
@@ -64,6 +74,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from concord.files import atomic_write
+from concord_pipelines.deployments import postgres
 from concord_pipelines.deployments.automations import HEARTBEAT_SECONDS
 
 PROJECT_DIR = Path(__file__).resolve().parent.parent
@@ -83,6 +94,14 @@ REGISTRY_PATH = "models"
 RECORD = "processes.json"
 WATCHER_STATE = "watcher-state.json"
 HEARTBEAT_ENV = "PREFECT_FLOWS_HEARTBEAT_FREQUENCY"
+#: the database of the Prefect server started here, and that of the MLflow server (both read by
+#: the servers themselves); where unset, the project's PostgreSQL holds them
+PREFECT_DB_ENV = "PREFECT_API_DATABASE_CONNECTION_URL"
+PREFECT_DB_ENVS = (PREFECT_DB_ENV, "PREFECT_SERVER_DATABASE_CONNECTION_URL")
+MLFLOW_BACKEND_ENV = "MLFLOW_BACKEND_STORE_URI"
+#: ``sqlite`` keeps both servers on SQLite (the Prefect server's in its home, MLflow's data/mlflow.db)
+DATABASE_ENV = "CONCORD_SERVE_DATABASE"
+MLFLOW_PORT_ENV = "CONCORD_MLFLOW_PORT"
 
 
 class ServeError(RuntimeError):
@@ -102,6 +121,7 @@ class Started:
     log: str
     started_at: float | None  # the kernel's start time of the pid (None where it cannot be read)
     cwd: str | None = None  # the folder it started in (None: the folder of the command that started it)
+    stop_signal: int | None = None  # what ends it first (None: SIGTERM); PostgreSQL's fast shutdown is SIGINT
 
 
 def _proc_start_time(pid: int) -> float | None:
@@ -159,7 +179,7 @@ def write_record(state_dir: Path, data: Mapping) -> None:
 
 
 def _launch(state_dir: Path, name: str, command: Sequence[str], env: Mapping[str, str] | None,
-            cwd: Path | str | None) -> Started:
+            cwd: Path | str | None, stop_signal: int | None = None) -> Started:
     """Start ``command`` in its own process group, logging to ``logs/<name>.log``."""
     logs = Path(state_dir) / "logs"
     logs.mkdir(parents=True, exist_ok=True)
@@ -168,14 +188,14 @@ def _launch(state_dir: Path, name: str, command: Sequence[str], env: Mapping[str
         proc = subprocess.Popen(list(command), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 start_new_session=True, env=dict(env) if env is not None else None, cwd=cwd)
     return Started(name, proc.pid, list(command), str(log_path), _proc_start_time(proc.pid),
-                   str(cwd) if cwd is not None else None)
+                   str(cwd) if cwd is not None else None, stop_signal)
 
 
 def spawn(state_dir: Path, name: str, command: Sequence[str], *, env: Mapping[str, str] | None = None,
-          cwd: Path | None = None) -> Started:
+          cwd: Path | None = None, stop_signal: int | None = None) -> Started:
     """Start ``command`` in its own process group, logging to ``logs/<name>.log``, and add it to
     the record before returning."""
-    started = _launch(state_dir, name, command, env, cwd)
+    started = _launch(state_dir, name, command, env, cwd, stop_signal)
     data = read_record(state_dir)
     data["processes"] = [*data["processes"], started]
     write_record(state_dir, data)
@@ -216,7 +236,7 @@ def terminate(p: Started, *, timeout: float = 15.0) -> str:
     own_group = group == p.pid  # started with start_new_session: the group is the process's own
     kill = (lambda sig: os.killpg(group, sig)) if own_group else (lambda sig: os.kill(p.pid, sig))
     try:
-        kill(signal.SIGTERM)
+        kill(p.stop_signal or signal.SIGTERM)
     except ProcessLookupError:
         return "not running"
     deadline = time.monotonic() + timeout
@@ -256,6 +276,11 @@ def status(state_dir: Path, *, out=sys.stdout) -> int:
         print(f"Prefect UI: {data['ui_url']}", file=out)
     if data.get("registry"):
         print(f"OCI registry: {data['registry']} (plain HTTP)", file=out)
+    if data.get("postgres"):
+        print(f"PostgreSQL: {data['postgres']} (the databases of the servers started here)", file=out)
+    tracking = (data.get("env") or {}).get("MLFLOW_TRACKING_URI", "")
+    if tracking.startswith("http"):
+        print(f"MLflow: {tracking}", file=out)
     alive = [is_alive(p) for p in data["processes"]]
     for p, up in zip(data["processes"], alive):
         print(f"{p.name:<10} pid {p.pid:<8} {'running' if up else 'dead':<8} log {p.log}", file=out)
@@ -275,7 +300,7 @@ def restart(state_dir: Path, names: Sequence[str], *, timeout: float = 15.0, ser
     env = dict(os.environ, **data["env"])
     for p in old:
         print(f"{p.name} (pid {p.pid}): {terminate(p, timeout=timeout)}", file=out)
-        new = _launch(state_dir, p.name, p.command, env, p.cwd)
+        new = _launch(state_dir, p.name, p.command, env, p.cwd, p.stop_signal)
         data = read_record(state_dir)
         write_record(state_dir, dict(data, processes=replaced(data["processes"], p, new)))
         print(f"{p.name} started again (pid {new.pid})", file=out)
@@ -330,6 +355,34 @@ def _concurrently(steps: Sequence) -> None:
         future.result()
 
 
+class _Ticking:
+    """Prints ``... still WHAT (N s)`` every ``every`` seconds while its ``with`` block runs, so a
+    long step is never silent; ``done`` (the step's time) is printed at the end when asked."""
+
+    def __init__(self, what: str, out, *, every: float = 5.0, done: bool = False) -> None:
+        import threading
+
+        self.what, self.out, self.every, self.done = what, out, every, done
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._tick, daemon=True)
+        self._t0 = time.monotonic()
+
+    def _tick(self) -> None:
+        while not self._stop.wait(self.every):
+            print(f"  ... still {self.what} ({time.monotonic() - self._t0:.0f} s)", file=self.out, flush=True)
+
+    def __enter__(self) -> _Ticking:
+        self._t0 = time.monotonic()
+        self._thread.start()
+        return self
+
+    def __exit__(self, kind, *_) -> None:
+        self._stop.set()
+        self._thread.join()
+        if self.done and kind is None:
+            print(f"  {self.what}: done in {time.monotonic() - self._t0:.0f} s", file=self.out, flush=True)
+
+
 def _prefect() -> str:
     exe = Path(sys.executable).parent / "prefect"
     return str(exe) if exe.exists() else "prefect"
@@ -377,19 +430,7 @@ def start_registry(state_dir: Path, data_dir: Path, env: Mapping[str, str], exe:
 
 
 def _wait_registry(address: str, p: Started, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            with urllib.request.urlopen(f"http://{address}/v2/", timeout=2) as resp:
-                if resp.status == 200:
-                    return
-        except (urllib.error.URLError, OSError):
-            pass
-        if not is_alive(p):
-            raise ServeError(f"the OCI registry exited; see {p.log}")
-        if time.monotonic() > deadline:
-            raise ServeError(f"no OCI registry answers at http://{address}/v2/ after {timeout:.0f} s; see {p.log}")
-        time.sleep(0.2)
+    _wait_answers(f"http://{address}/v2/", p, "OCI registry", timeout, every=0.2)
 
 
 def _declares(project_dir: Path, deployment: str) -> bool:
@@ -410,12 +451,108 @@ def tracking_uri(project_dir: Path = PROJECT_DIR) -> str:
 
 
 def mlflow_ui_command(uri: str) -> str:
-    """The command that opens the MLflow UI on ``uri`` (a sqlite database or a server)."""
+    """What opens the MLflow UI on ``uri``: a server's address (its lineage runs list where there
+    is one), or, for a sqlite database, the ``mlflow ui`` command of this project's virtual
+    environment (as the README writes it)."""
     from concord.lineage.client import shown_uri
 
     if uri.startswith(("http://", "https://")):
-        return f"open {shown_uri(uri)}"
-    return f"mlflow ui --backend-store-uri {uri} --port 5000   # then open http://127.0.0.1:5000"
+        runs = mlflow_runs_url(uri)
+        return f"open {shown_uri(runs or uri)}" + ("  (the runs list of Concord's lineage; every experiment is "
+                                                    "on the runs view, not the GenAI one)" if runs else "")
+    exe = Path(sys.executable).parent / "mlflow"
+    try:
+        shown = str(exe.relative_to(Path.cwd()))
+    except ValueError:
+        shown = str(exe)
+    return f"{shown} ui --backend-store-uri {uri} --port 5000   # then open http://127.0.0.1:5000"
+
+
+def _shown_db(url: str) -> str:
+    """A database URL without its password; SQLite where it is empty (Prefect's default)."""
+    if not url:
+        return "SQLite"
+    from concord.lineage.client import shown_uri
+
+    return shown_uri(url)
+
+
+def _venv_exe(name: str) -> str:
+    exe = Path(sys.executable).parent / name
+    return str(exe) if exe.exists() else name
+
+
+def _mlflow_port(out) -> int:
+    """``$CONCORD_MLFLOW_PORT``, else 5000 when it is free, else a free port (said in one line)."""
+    configured = os.environ.get(MLFLOW_PORT_ENV, "").strip()
+    if configured:
+        return int(configured)
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind(("127.0.0.1", 5000))
+            return 5000
+        except OSError:
+            pass
+    port = _free_port()
+    print(f"port 5000 is taken: the MLflow server gets {port} (set {MLFLOW_PORT_ENV} to choose)", file=out)
+    return port
+
+
+def _wait_answers(url: str, p: Started, what: str, timeout: float, *, every: float = 0.5) -> None:
+    """Wait until ``url`` answers 200; a ServeError when ``p`` exits first or after ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with urllib.request.urlopen(url, timeout=2) as resp:
+                if resp.status == 200:
+                    return
+        except (urllib.error.URLError, OSError):
+            pass
+        if not is_alive(p):
+            raise ServeError(f"the {what} exited; see {p.log}")
+        if time.monotonic() > deadline:
+            raise ServeError(f"no {what} answers at {url} after {timeout:.0f} s; see {p.log}")
+        time.sleep(every)
+
+
+def start_databases(state_dir: Path, project_dir: Path, env: Mapping[str, str], *, own_server: bool, own_mlflow: bool,
+                    out, timeout: float = 60.0) -> dict[str, str]:
+    """The database variables of the servers started here: for the Prefect server (when started
+    here and ``$PREFECT_API_DATABASE_CONNECTION_URL`` is unset) and the MLflow server (when started
+    here and ``$MLFLOW_BACKEND_STORE_URI`` is unset), a database of the project's PostgreSQL,
+    started (and recorded, as ``postgres``) first. With ``$CONCORD_SERVE_DATABASE=sqlite``, or
+    where PostgreSQL is not installed (one line says how to install it), both stay on SQLite."""
+    wanted: dict[str, tuple[str, str]] = {}  # variable -> (database, SQLAlchemy driver)
+    if own_server and not any(env.get(v) for v in PREFECT_DB_ENVS):
+        wanted[PREFECT_DB_ENV] = ("prefect", "asyncpg")
+    if own_mlflow and not env.get(MLFLOW_BACKEND_ENV):
+        wanted[MLFLOW_BACKEND_ENV] = ("mlflow", "psycopg")
+    sqlite = {MLFLOW_BACKEND_ENV: tracking_uri(project_dir)} if MLFLOW_BACKEND_ENV in wanted else {}
+    if not wanted:
+        return {}
+    if env.get(DATABASE_ENV, "").strip().lower() == "sqlite":
+        print(f"{DATABASE_ENV}=sqlite: the Prefect and MLflow servers keep their data in SQLite", file=out)
+        return sqlite
+    cluster = postgres.cluster(project_dir)
+    if cluster is None:
+        print(f"no PostgreSQL: it is not installed; the servers keep their data in SQLite, which locks under "
+              f"concurrent runs: install it ({postgres.INSTALL}), then `make stop` and `make serve`", file=out)
+        return sqlite
+    try:
+        cluster.init(lambda line: print(line, file=out, flush=True))
+        port = int(env.get(postgres.PORT_ENV, "").strip() or _free_port())
+        print(f"starting PostgreSQL on 127.0.0.1:{port} (its cluster in {cluster.root})", file=out, flush=True)
+        p = spawn(state_dir, "postgres", cluster.command(port), env=env, cwd=cluster.root,
+                  stop_signal=signal.SIGINT)  # a fast shutdown: it is stopped last, when nothing uses it any more
+        with _Ticking("waiting for PostgreSQL", out):
+            cluster.wait_ready(port, lambda: is_alive(p), timeout, p.log)
+        made = [db for db, _ in wanted.values() if cluster.ensure_database(port, db)]
+        if made:
+            print(f"  created the database{'s' if len(made) > 1 else ''} {', '.join(made)}", file=out)
+        write_record(state_dir, dict(read_record(state_dir), postgres=f"127.0.0.1:{port}"))
+        return {var: cluster.url(port, db, driver=driver) for var, (db, driver) in wanted.items()}
+    except postgres.PostgresError as exc:
+        raise ServeError(str(exc)) from exc
 
 
 def start(state_dir: Path, *, port: int = 4200, watch: Sequence[str] = (), interval: float = 30.0,
@@ -440,13 +577,13 @@ def start(state_dir: Path, *, port: int = 4200, watch: Sequence[str] = (), inter
     write_record(state_dir, {"processes": []})
 
     ours = {"CONCORD_PROJECT_DIR": str(project_dir), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-            "MLFLOW_TRACKING_URI": tracking_uri(project_dir),
             "PYTHONPATH": os.pathsep.join(filter(None, [str(PROJECT_DIR), os.environ.get("PYTHONPATH")])),
             HEARTBEAT_ENV: os.environ.get(HEARTBEAT_ENV) or str(HEARTBEAT_SECONDS)}
     prefect = _prefect()
     try:
-        server = None
+        server = mlflow_server = None
         own_server = not os.environ.get("PREFECT_API_URL")
+        own_mlflow = not os.environ.get("MLFLOW_TRACKING_URI", "").strip()
         if own_server:
             api_url, ui_url = f"http://127.0.0.1:{port}/api", f"http://127.0.0.1:{port}"
             if _healthy(api_url):
@@ -463,14 +600,37 @@ def start(state_dir: Path, *, port: int = 4200, watch: Sequence[str] = (), inter
         env = dict(os.environ, **ours)
         # started first: it is ready long before the deployments are
         registry = start_registry(state_dir, project_dir / "data" / "oci-registry", env, registry_exe(), out)
+        # the databases: the project's PostgreSQL for what no variable points elsewhere
+        ours.update(start_databases(state_dir, project_dir, env, own_server=own_server, own_mlflow=own_mlflow, out=out))
+        if own_mlflow:
+            mlflow_port = _mlflow_port(out)
+            ours.update(MLFLOW_TRACKING_URI=f"http://127.0.0.1:{mlflow_port}", MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false")
+        else:
+            ours["MLFLOW_TRACKING_URI"] = tracking_uri(project_dir)
+        write_record(state_dir, dict(read_record(state_dir), env=ours))
+        env = dict(os.environ, **ours)
+        if own_mlflow:
+            artifacts = project_dir / "data" / "mlflow-artifacts"
+            print(f"starting an MLflow server on 127.0.0.1:{mlflow_port} (on {_shown_db(env.get(MLFLOW_BACKEND_ENV, ''))}, "
+                  f"its artifacts in {artifacts})", file=out, flush=True)
+            mlflow_server = spawn(state_dir, "mlflow", [_venv_exe("mlflow"), "server", "--host", "127.0.0.1",
+                                                        "--port", str(mlflow_port), "--workers", "2",
+                                                        "--artifacts-destination", str(artifacts)],
+                                  env=env, cwd=state_dir)
         if own_server:
-            print(f"starting a Prefect server on 127.0.0.1:{port}", file=out)
+            print(f"starting a Prefect server on 127.0.0.1:{port} (on {_shown_db(next((env[v] for v in PREFECT_DB_ENVS if env.get(v)), ''))})",
+                  file=out, flush=True)
             server = spawn(state_dir, "server", [prefect, "server", "start", "--host", "127.0.0.1", "--port", str(port)],
                            env=env, cwd=state_dir)
-        # seeded while the server starts: neither needs the other
-        print(f"seeding what the deployments' defaults name into {project_dir / 'data'} (only what is missing)", file=out)
+        if mlflow_server is not None:
+            with _Ticking("waiting for the MLflow server", out, done=True):
+                _wait_answers(f"{ours['MLFLOW_TRACKING_URI']}/health", mlflow_server, "MLflow server", server_timeout)
+        # seeded while the Prefect server starts: neither needs the other
+        print(f"seeding what the deployments' defaults name into {project_dir / 'data'} (only what is missing)",
+              file=out, flush=True)
         _seed(project_dir, seed_from, ours["MLFLOW_TRACKING_URI"], state_dir / WATCHER_STATE, out)
-        _wait_healthy(api_url, server, server_timeout)
+        with _Ticking("waiting for the Prefect server", out, done=True):
+            _wait_healthy(api_url, server, server_timeout)
 
         # the work pools and the blocks at once, each step's output in a log of its own
         def pool_step(pool: str) -> None:
@@ -479,25 +639,29 @@ def start(state_dir: Path, *, port: int = 4200, watch: Sequence[str] = (), inter
                 print(f"creating the work pool {pool}", file=out, flush=True)
                 _run(state_dir, log, [prefect, "work-pool", "create", pool, "--type", "process"], env)
 
-        print("registering blocks", file=out)
-        _concurrently([lambda pool=pool: pool_step(pool) for pool in (WORK_POOL, SERVING_POOL)]
-                      + [lambda: _run(state_dir, "setup-blocks", [prefect, "block", "register", "-m", "concord_pipelines.blocks"], env)])
-        print("deploying everything in prefect.yaml", file=out)
-        _run(state_dir, "setup", [prefect, "--no-prompt", "deploy", "--all"], env, cwd=project_dir)
+        print(f"registering blocks and the work pools {WORK_POOL} and {SERVING_POOL}", file=out, flush=True)
+        with _Ticking("registering blocks and work pools", out, done=True):
+            _concurrently([lambda pool=pool: pool_step(pool) for pool in (WORK_POOL, SERVING_POOL)]
+                          + [lambda: _run(state_dir, "setup-blocks", [prefect, "block", "register", "-m", "concord_pipelines.blocks"], env)])
+        print("deploying everything in prefect.yaml", file=out, flush=True)
+        with _Ticking("deploying", out, done=True):
+            _run(state_dir, "setup", [prefect, "--no-prompt", "deploy", "--all"], env, cwd=project_dir)
 
         # the publishing deployment given its repository and the automations applied, at once
         steps = []
         if _declares(project_dir, PUBLISH_DEPLOYMENT):
             repository = f"{registry}/{REGISTRY_PATH}" if registry else None
             print(f"deploying {PUBLISH_DEPLOYMENT} again with " + (f"repository {repository}" if repository else "no repository"),
-                  file=out)
+                  file=out, flush=True)
             steps.append(lambda: _run(state_dir, "setup", [prefect, "--no-prompt", "deploy", "--name", PUBLISH_DEPLOYMENT,
                                                            "--param", f"repository={json.dumps(repository)}"],
                                       env, cwd=project_dir))
-        print("applying the automations", file=out)
+        print("applying the automations", file=out, flush=True)
         steps.append(lambda: _run(state_dir, "setup-automations", [sys.executable, "-m", "concord_pipelines.deployments.automations", "--apply"],
                                   env))
-        _concurrently(steps)
+        with _Ticking("applying the automations" + (f" and deploying {PUBLISH_DEPLOYMENT}" if len(steps) > 1 else ""),
+                      out, done=True):
+            _concurrently(steps)
 
         print(f"starting a worker on {WORK_POOL}", file=out)
         spawn(state_dir, "worker", [prefect, "worker", "start", "--pool", WORK_POOL], env=env, cwd=PROJECT_DIR)
@@ -531,15 +695,42 @@ def start(state_dir: Path, *, port: int = 4200, watch: Sequence[str] = (), inter
     return 0
 
 
-def _seed(project_dir: Path, source: Path | None, uri: str, watcher_state: Path, out) -> None:
-    from concord.errors import ConcordError
-    from concord_pipelines.deployments.seed import Seeder
+def mlflow_runs_url(uri: str) -> str | None:
+    """The MLflow UI's runs list of Concord's lineage experiment on the server ``uri``
+    (``/#/experiments/ID/runs``: the classic runs view, not the GenAI one), None when the
+    experiment is not there yet or the server does not answer."""
+    from concord.lineage.tags import EXPERIMENT_LINEAGE
 
     try:
-        Seeder(project_dir, source=source, tracking_uri=uri, watcher_state=watcher_state,
-               say=lambda line: print(f"  {line}", file=out, flush=True)).run()
-    except (ConcordError, OSError, ImportError) as exc:
-        raise ServeError(f"seeding {project_dir / 'data'} failed: {exc}") from exc
+        from mlflow import MlflowClient
+
+        exp = MlflowClient(tracking_uri=uri).get_experiment_by_name(EXPERIMENT_LINEAGE)
+    except Exception:  # the UI's address is printed anyway
+        return None
+    return f"{uri.rstrip('/')}/#/experiments/{exp.experiment_id}/runs" if exp is not None else None
+
+
+def _seed(project_dir: Path, source: Path | None, uri: str, watcher_state: Path, out) -> None:
+    from concord.home import patched_environ
+
+    # MLflow's own lines (its INFO logs, "View run ... at" of each run against a server) stay out of
+    # this output: the seeding says what it made
+    with _Ticking("seeding", out), patched_environ({"MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT": "true"}):
+        import mlflow  # noqa: F401  (imported first: importing it sets its loggers' levels)
+
+        from concord.errors import ConcordError
+        from concord_pipelines.deployments.seed import Seeder
+
+        quiet = logging.getLogger("mlflow")
+        level = quiet.level
+        quiet.setLevel(logging.WARNING)
+        try:
+            Seeder(project_dir, source=source, tracking_uri=uri, watcher_state=watcher_state,
+                   say=lambda line: print(f"  {line}", file=out, flush=True)).run()
+        except (ConcordError, OSError, ImportError) as exc:
+            raise ServeError(f"seeding {project_dir / 'data'} failed: {exc}") from exc
+        finally:
+            quiet.setLevel(level)
 
 
 def parser() -> argparse.ArgumentParser:
