@@ -92,7 +92,9 @@ def ensure_store(data_dir: Path, sizes: tuple[int, int]):
 
     folder = data_dir / "drift-profile"
     sidecar = data_dir / "drift-profile.json"
-    params = {"format": DATA_FORMAT, "nights": [list(night) for night in nights(sizes)], "seed": SEED, "group": GROUP_ROWS, "labels": len(LABELS)}
+    from concord.audit.profile import VALUES_LAYOUT
+
+    params = {"format": DATA_FORMAT, "profile_values": VALUES_LAYOUT, "nights": [list(night) for night in nights(sizes)], "seed": SEED, "group": GROUP_ROWS, "labels": len(LABELS)}
     found = read_json(sidecar)
     if found and found.get("params") == params and (folder / "store").is_dir():
         log(f"reusing {folder}")

@@ -35,6 +35,7 @@ VERBS = (
     "tier_drill",
     "tier_gc",
     "federate_round",
+    "federate_cosign",
     "federate_verify",
     "federate_log",
     "federate_aggregate",

@@ -768,7 +768,7 @@ def federate_cosign(
 
     if not isinstance(key, SigningKey):  # a bad key fails before any store is opened
         key = load_signing_key_spec(key, password if password is not None else os.environ.get("CONCORD_KEY_PASSWORD") or None)
-    return cosign(open_store(ledger), tenant, _to_read(cluster, None), key, number=round, progress=_progress(progress))
+    return cosign(open_store(ledger, must_exist=True), tenant, _to_read(cluster, None), key, number=round, progress=_progress(progress))
 
 
 def federate_verify(

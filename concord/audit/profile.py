@@ -79,6 +79,11 @@ _MAX_INDEX_BYTES = 64 << 20
 _MAX_COLUMNS = 100_000
 _FAMILIES = ("number", "datetime", "timedelta", "label")
 _KINDS = ("numeric", "categorical")
+#: how a numeric column's values member is laid out: "plain" (little-endian float64, stored; what
+#: profiles are written with) or "byte-shuffled" (the 8 bytes of the values grouped by position, deflated)
+_VALUE_LAYOUTS = ("plain", "byte-shuffled")
+#: the layout profiles are written with
+VALUES_LAYOUT = _VALUE_LAYOUTS[0]
 #: fields of a side that are arrays or label counts, kept as members of their own; the rest are JSON scalars
 _ARRAY_FIELDS = ("values", "counts")
 #: fields of a side only the current side of a streamed audit has
@@ -244,10 +249,10 @@ class TableProfile:
                         raise TypeError(f"profile: field {f.name!r} of column {name!r} is a {type(value).__name__}, not a JSON scalar")
                     entry[f.name] = value
                 if s.values is not None:
+                    # stored as they are, not deflated: read every night, the values are taken
+                    # straight from the archive's bytes (a store compresses its chunks itself)
                     values = np.ascontiguousarray(s.values, dtype="<f8")
-                    # bytes grouped by position (sorted values share their high bytes): deflate packs them
-                    shuffled = values.view(np.uint8).reshape(-1, 8).T.tobytes()
-                    entry["values"] = put(f"columns/{i}/values.f8", shuffled) | {"count": int(values.size), "layout": "byte-shuffled"}
+                    entry["values"] = put(f"columns/{i}/values.f8", values.tobytes(), compress=False) | {"count": int(values.size), "layout": VALUES_LAYOUT}
                 if s.counts is not None:
                     labels = [str(x) for x in s.counts.index]
                     counts = np.ascontiguousarray(s.counts.to_numpy(), dtype="<i8")
@@ -312,8 +317,9 @@ def _read_profile(data: bytes, where: str) -> TableProfile:
         raise fail(f"is a {type(data).__name__}, not bytes")
     if len(data) > MAX_PROFILE_BYTES:
         raise fail(f"is larger than {MAX_PROFILE_BYTES} bytes")
+    data = data if isinstance(data, bytes) else bytes(data)
     try:
-        zf = zipfile.ZipFile(io.BytesIO(bytes(data)))
+        zf = zipfile.ZipFile(io.BytesIO(data))
         infos = zf.infolist()
     except (zipfile.BadZipFile, zipfile.LargeZipFile, ValueError, OSError, EOFError) as exc:
         raise fail(f"is not a profile (not a zip archive: {exc})") from exc
@@ -338,11 +344,13 @@ def _read_profile(data: bytes, where: str) -> TableProfile:
         size = ref.get("bytes")
         if isinstance(size, bool) or not isinstance(size, int) or not 0 <= size <= max_bytes or info.file_size != size:
             raise fail(f"{what}: member {ref['member']!r} is {info.file_size} bytes, not the {size!r} its index says")
-        try:
-            with zf.open(info) as f:
-                raw = f.read(size + 1)
-        except (zipfile.BadZipFile, ValueError, OSError, EOFError, RuntimeError) as exc:  # a CRC that does not match, a cut member
-            raise fail(f"{what}: member {ref['member']!r} is damaged ({exc})") from exc
+        raw = _stored_member(data, info) if info.compress_type == zipfile.ZIP_STORED else None
+        if raw is None:
+            try:
+                with zf.open(info) as f:
+                    raw = f.read(size + 1)
+            except (zipfile.BadZipFile, ValueError, OSError, EOFError, RuntimeError) as exc:  # a CRC that does not match, a cut member
+                raise fail(f"{what}: member {ref['member']!r} is damaged ({exc})") from exc
         if len(raw) != size or blake3(raw).hexdigest() != ref.get("digest"):
             raise fail(f"{what}: member {ref['member']!r} does not match its digest (damaged or altered)")
         return raw
@@ -382,6 +390,29 @@ def _read_profile(data: bytes, where: str) -> TableProfile:
         rows=rows, columns=tuple(profiles), profiles=profiles, sample_size=sample_size, max_labels=max_labels,
         source={str(k): v for k, v in source.items()},
     )
+
+
+#: a zip member's local header: signature, then fixed fields; the name's and the extra field's lengths at 26 and 28
+_LOCAL_HEADER = 30
+_LOCAL_SIGNATURE = b"PK\x03\x04"
+
+
+def _stored_member(data: bytes, info: zipfile.ZipInfo) -> memoryview | None:
+    """A stored (not compressed) member's bytes, a view of the archive's (no copy; its digest is
+    checked by the caller); None when its local header is not where the directory says (read it
+    through zipfile, which says what is wrong)."""
+    start = info.header_offset
+    head = data[start : start + _LOCAL_HEADER]
+    if len(head) != _LOCAL_HEADER or head[:4] != _LOCAL_SIGNATURE:
+        return None
+    name_len = int.from_bytes(head[26:28], "little")
+    extra_len = int.from_bytes(head[28:30], "little")
+    if data[start + _LOCAL_HEADER : start + _LOCAL_HEADER + name_len] != info.orig_filename.encode("utf-8" if info.flag_bits & 0x800 else "cp437"):
+        return None
+    begin = start + _LOCAL_HEADER + name_len + extra_len
+    if begin + info.file_size > len(data):
+        return None
+    return memoryview(data)[begin : begin + info.file_size]
 
 
 def _count(value: Any, what: str, fail, least: int = 0) -> int:
@@ -442,12 +473,16 @@ def _read_column(entry: Any, rows: int, member, fail) -> ColumnProfile:
     if family in ("number", "datetime", "timedelta"):
         ref = entry.get("values")
         n = _count((ref or {}).get("count"), "values count", bad, least=1)
-        if ref.get("layout") != "byte-shuffled":
-            raise bad(f"values layout {ref.get('layout')!r} is unknown")
+        layout = ref.get("layout")
+        if layout not in _VALUE_LAYOUTS:
+            raise bad(f"values layout {layout!r} is unknown (a profile has {' or '.join(_VALUE_LAYOUTS)})")
         raw = member(ref, f"column {name!r} values", 8 * n)
         if len(raw) != 8 * n:
             raise bad(f"holds {len(raw)} bytes of values, not {8 * n}")
-        values = np.frombuffer(raw, dtype=np.uint8).reshape(8, n).T.copy().view("<f8").ravel().astype(np.float64, copy=False)
+        if layout == "plain":
+            values = np.frombuffer(raw, dtype="<f8").astype(np.float64, copy=False)
+        else:  # byte-shuffled: the bytes grouped by position, as profiles were first written
+            values = np.frombuffer(raw, dtype=np.uint8).reshape(8, n).T.copy().view("<f8").ravel().astype(np.float64, copy=False)
         if not np.isfinite(values).all() or (n > 1 and (values[1:] < values[:-1]).any()):
             raise bad("its values are not sorted finite numbers")
         if n > size or (n < size) != bool(side.sampled):
@@ -728,13 +763,10 @@ def stored_profile(store: Store, data_id: str) -> tuple[str, TableProfile] | Non
         raise ProfileError(where, f"its snapshot {ref.root[:12]} holds no {PROFILE_FILE}")
     if entry.size > MAX_PROFILE_BYTES:
         raise ProfileError(where, f"its {PROFILE_FILE} is {entry.size} bytes, more than any profile")
-    data = bytearray()
-    for part in sorted(entry.parts, key=lambda p: p.offset):
-        for cid in part.chunk_ids():
-            data += store.get_chunk(cid)
+    data = b"".join(store.get_chunk(cid) for part in sorted(entry.parts, key=lambda p: p.offset) for cid in part.chunk_ids())
     if len(data) != entry.size:
         raise ProfileError(where, f"its chunks hold {len(data)} bytes, not the {entry.size} of {PROFILE_FILE}")
-    profile = TableProfile.from_bytes(bytes(data), where)
+    profile = TableProfile.from_bytes(data, where)
     if profile.source.get("id") not in (None, data_id):
         raise ProfileError(where, f"profiles data snapshot {profile.source.get('id')}, not {data_id}")
     return ref.root, profile

@@ -90,22 +90,25 @@ def cmd_aggregate(args, out) -> int:
     return 0
 
 
-def _signing_key(args):
-    """The cluster's signing key of ``--key`` (its password from ``--key-password-env`` or
-    ``$CONCORD_KEY_PASSWORD``), or None: rounds are then appended unsigned."""
-    if not args.key:
-        return None
+def _signing_keys(args) -> list:
+    """The clusters' signing keys of ``--key`` (repeatable; their password from
+    ``--key-password-env`` or ``$CONCORD_KEY_PASSWORD``), in the clusters' order; none: rounds
+    are then appended unsigned."""
     import os
 
     from concord.trust import load_signing_key_spec
 
-    return load_signing_key_spec(args.key, os.environ.get(args.key_password_env or "CONCORD_KEY_PASSWORD") or None)
+    keys = args.key if isinstance(args.key, list) else [args.key] if args.key else []
+    password = os.environ.get(args.key_password_env or "CONCORD_KEY_PASSWORD") or None
+    return [load_signing_key_spec(k, password) for k in keys]
 
 
 def cmd_run(args, out) -> int:
     from concord.api import federate_round
 
-    key = _signing_key(args)  # a bad key fails before any store is opened
+    keys = _signing_keys(args)  # a bad key fails before any store is opened
+    if len(keys) > len(args.cluster):
+        raise ValueError(f"{len(keys)} --key for {len(args.cluster)} --cluster: give at most one key per cluster, in the clusters' order")
     if args.track:
         quiet_mlflow()
     r = federate_round(
@@ -119,7 +122,8 @@ def cmd_run(args, out) -> int:
         robust=args.robust,
         out_name=args.out_name,
         ledger=keyed_store(writable_store(args.ledger), args.ledger_key_file, "--ledger-key-file") if args.ledger else None,
-        key=key,
+        key=keys[0] if keys else None,
+        cosigners=keys[1:],
         tracking_uri=args.tracking_uri,
         track=args.track,
         remember=not args.no_remember,
@@ -128,6 +132,7 @@ def cmd_run(args, out) -> int:
     lines = [
         f"round {r['round']} of {r['tenant']}: {r['method']} over {len(r['clients'])} adapter(s) → {r['ref']} {r['root'][:12]} (rank {r['rank']})",
         f"  relative error {_error(r['relative_error'])}; ledger: {r['ledger_note']}",
+        *([f"  signed by {len(r['signatures'])} cluster key(s): {', '.join(k[:16] for k in r['signatures'])}"] if r["signatures"] else []),
         *_client_lines(r["clients"]),
         *(f"  replica {p['store']}: sent {p['chunks_sent']} chunk(s), {p['bytes_sent']} bytes" for p in r["replicas"]),
     ]
@@ -135,6 +140,21 @@ def cmd_run(args, out) -> int:
         lin = r["lineage"]
         lines.append(f"  lineage: {lin['name']} version {lin['version']}" if "version" in lin else f"  lineage NOT recorded: {lin['error']}")
     out.emit(r, lines)
+    return 0
+
+
+def cmd_cosign(args, out) -> int:
+    from concord.api import federate_cosign
+
+    (key,) = _signing_keys(args)  # a bad key fails before any store is opened
+    r = federate_cosign(args.store, args.tenant, args.cluster, key, round=args.round, progress=out.progress)
+    doc = r.pop("doc")
+    signers = [s.get("key_id", "?") for s in [doc.get("signature"), *(doc.get("signatures") or [])] if isinstance(s, dict)]
+    r.update(store=args.store, signatures=signers)
+    out.emit(r, [
+        f"round {r['round']} of {args.tenant}: cluster {r['cluster']} holds {r['root'][:12]} and it verifies; signed with key {r['key_id'][:16]}",
+        f"  the round now carries {len(signers)} signature(s) (check them with concord federate verify {args.tenant} --store {args.store} --trust ...)",
+    ])
     return 0
 
 
@@ -161,6 +181,7 @@ def cmd_verify(args, out) -> int:
     report = result.report
     head = report.head[:12] if report.head else "(none)"
     lines = [f"ledger of {report.tenant} in {report.store}: {report.rounds} round(s), head {head}: {'ok' if report.ok else 'TAMPERED'}"]
+    lines += [f"  round {n}: signed by {', '.join(names) or 'no trusted key'}" for n, names in report.signed_by.items()]
     lines += [f"  ✗ {p}" for p in report.problems]
     if result.kept is not None and report.ok:
         how = "first seen here (trusted on first use)" if result.seen is None else f"seen before at round {result.seen.round}"
@@ -226,8 +247,9 @@ def register(sub, common: list) -> None:
     s.add_argument("--track", action="store_true", help="register the result as an MLflow model version TENANT-OUT_NAME")
     s.add_argument("--tracking-uri", help=TRACKING_URI_HELP)
     s.add_argument(
-        "--key", metavar="KEY.pem|block:NAME",
-        help="sign the round with this cluster's ECDSA private key, or a saved Concord Trust block's (checked by verify --trust)",
+        "--key", metavar="KEY.pem|block:NAME", action="append",
+        help="sign the round with this cluster's ECDSA private key, or a saved Concord Trust block's (checked by verify --trust); "
+        "repeat it, one per --cluster in the same order, so that each other cluster checks the aggregate it received and co-signs",
     )
     s.add_argument("--key-password-env", metavar="NAME", help="environment variable holding the key's password (default: CONCORD_KEY_PASSWORD)")
     s.add_argument(
@@ -236,10 +258,24 @@ def register(sub, common: list) -> None:
     )
     s.set_defaults(func=cmd_run)
 
+    s = fed.add_parser(
+        "cosign", parents=common, help="a cluster checks the aggregate of a round it received, then adds its signature to the round"
+    )
+    s.add_argument("tenant", metavar="TENANT")
+    s.add_argument("--store", required=True, help=f"store of the ledger: {STORE_HELP}")
+    s.add_argument("--cluster", required=True, metavar="STORE", help="this cluster's store, where the round's aggregate must be and verify")
+    s.add_argument("--key", required=True, metavar="KEY.pem|block:NAME", help="this cluster's ECDSA private key, or a saved Concord Trust block's")
+    s.add_argument("--key-password-env", metavar="NAME", help="environment variable holding the key's password (default: CONCORD_KEY_PASSWORD)")
+    s.add_argument("--round", type=positive_int, metavar="N", help="the round to co-sign (default: the newest)")
+    s.set_defaults(func=cmd_cosign)
+
     s = fed.add_parser("verify", parents=common, help="check a tenant's ledger: hashes, chain, head (exit 1 when tampered)")
     s.add_argument("tenant", metavar="TENANT")
     s.add_argument("--store", required=True, help=STORE_HELP)
-    s.add_argument("--trust", metavar="PUB.pem|block:NAME[,...]", help=TRUST_HELP + "; every round, and the head, must be signed by one of them")
+    s.add_argument(
+        "--trust", metavar="PUB.pem|block:NAME[,...]|POLICY.yaml",
+        help=TRUST_HELP + "; every round, and the head, must be signed by the policy's threshold of them (a policy file's threshold:, or --trust-threshold K)",
+    )
     s.add_argument(
         "--min-round", type=positive_int, metavar="N",
         help="the last round seen before: a ledger that now ends before it was rolled back (exit 1); "

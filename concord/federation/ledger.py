@@ -25,6 +25,14 @@ older copy of the whole ledger): only a reader that remembers how far the ledger
 it, and ``verify_ledger(..., min_round=N, min_hash=H)`` is that check (``concord federate verify``
 keeps N and H for each ledger it verified: :mod:`concord.federation.seen`).
 
+Quorum. A round's record and the head carry, beside the appender's ``signature``, the
+``signatures`` of the other clusters that verified the round's aggregate (:func:`cosign_round`:
+each cluster checks the root it received before it signs). Under a policy with a threshold K
+(``--trust policy.yaml``, ``--trust-threshold K``) a round, and the head, count only when at
+least K *distinct* trusted keys signed them, by :meth:`~concord.trust.TrustPolicy.count_records`,
+the rule every consumer of a trust policy applies: a forged signature, one over another round,
+or one key signing twice never makes up the number.
+
 Appending is safe under concurrency: the round's document is written only if no document holds
 that number yet (two rounds racing for one number: one wins, the other gets
 :class:`~concord.errors.LedgerConflictError` and writes nothing), then the head moves by
@@ -58,7 +66,9 @@ LEDGER_FORMAT = "concord/ledger-round@1"
 #: the ref (in the tenant's namespace) holding the hash of the newest round
 HEAD_NAME = LEDGER_HEAD
 #: fields every round has, set by :func:`append_round` (a record may not carry them)
-RESERVED = ("format", "round", "tenant", "time", "prev", "hash", "signature")
+RESERVED = ("format", "round", "tenant", "time", "prev", "hash", "signature", "signatures")
+#: fields a round's hash does not cover: the hash itself and the signatures over it
+UNSIGNED = ("hash", "signature", "signatures")
 
 _ROUND_FILE = re.compile(r"^(\d{6})\.json$")
 #: the signed head's format and document name (``ledger/<tenant>/head.json``)
@@ -105,11 +115,11 @@ def head_statement(tenant: str, number: int, digest: str) -> str:
 
 
 def round_hash(doc: dict) -> str:
-    """BLAKE3 of the canonical JSON of every field of ``doc`` but ``hash`` and ``signature``
-    (which signs the hash)."""
+    """BLAKE3 of the canonical JSON of every field of ``doc`` but ``hash``, ``signature`` and
+    ``signatures`` (which sign the hash)."""
     from blake3 import blake3
 
-    return blake3(canonical_json({k: v for k, v in doc.items() if k not in ("hash", "signature")})).hexdigest()
+    return blake3(canonical_json({k: v for k, v in doc.items() if k not in UNSIGNED})).hexdigest()
 
 
 def content_hash(doc: dict) -> str:
@@ -356,6 +366,16 @@ def sign_head(store: Store, tenant: str, key: SigningKey) -> dict | None:
             return None
         doc = {"format": HEAD_FORMAT, "tenant": tenant, "round": number, "hash": digest}
         doc["signature"] = sign_record(key, HEAD_TYPE, head_statement(tenant, number, digest))
+        try:
+            before = read_signed_head(store, tenant) or {}
+        except LedgerError:
+            before = {}
+        same = (before.get("format"), before.get("tenant"), before.get("round"), before.get("hash")) == (HEAD_FORMAT, tenant, number, digest)
+        if same and isinstance(before.get("signatures"), list):
+            doc["signatures"] = before["signatures"]  # the co-signers of this same head stay
+        old = before.get("signature")
+        if same and isinstance(old, dict) and old.get("key_id") != key.id:
+            doc = _add_signature(doc, old)  # so does the cluster that signed it before
         store.put_document(head_key(tenant), json.dumps(doc, indent=1, sort_keys=True).encode() + b"\n", overwrite=True)
         if read_head(store, tenant) == digest:
             return doc
@@ -374,7 +394,7 @@ def read_signed_head(store: Store, tenant: str) -> dict | None:
 
 def _head_problems(store: Store, tenant: str, trust: TrustPolicy, last: int | None, digest: str | None) -> list[str]:
     """Why the signed head does not vouch for the ledger's last round ``last`` (hash ``digest``)."""
-    from concord.trust.records import HEAD_TYPE, check_record
+    from concord.trust.records import HEAD_TYPE
 
     where = f"{head_key(tenant)}"
     try:
@@ -389,9 +409,9 @@ def _head_problems(store: Store, tenant: str, trust: TrustPolicy, last: int | No
     number, said = doc.get("round"), doc.get("hash")
     if doc.get("format") != HEAD_FORMAT or doc.get("tenant") != tenant or not isinstance(number, int) or not isinstance(said, str):
         return [f"signed head: not a head of tenant {tenant!r} ({where} altered or copied from another ledger)"]
-    _, problem = check_record(doc.get("signature"), HEAD_TYPE, head_statement(tenant, number, said), trust.keys)
+    problem = _quorum_problem(trust, _signatures_of(doc), HEAD_TYPE, head_statement(tenant, number, said))[1]
     if problem:
-        problems.append(f"signed head: {problem} (no trusted key vouches for it)")
+        problems.append(f"signed head: {problem}")
     if (number, said) != (last, digest):
         if number == last:
             now = f"round {last} now hashes to {str(digest)[:12]} (rounds rewritten after it was signed)"
@@ -401,6 +421,73 @@ def _head_problems(store: Store, tenant: str, trust: TrustPolicy, last: int | No
             now = f"the ledger goes on to round {last} (rounds appended without a trusted key after it was signed)"
         problems.append(f"signed head names round {number} (hash {said[:12]}), but {now}")
     return problems
+
+
+def _signatures_of(doc: dict) -> list[object]:
+    """Every signature a round or head document carries: the appender's, then the co-signers'."""
+    extra = doc.get("signatures")
+    extra = extra if isinstance(extra, list) else [] if extra is None else [extra]  # a malformed list is a malformed signature
+    return [s for s in (doc.get("signature"), *extra) if s is not None]
+
+
+def _quorum_problem(trust: TrustPolicy, signatures: list[object], payload_type: str, digest: str) -> tuple[tuple[str, ...], str | None]:
+    """The distinct trusted keys whose signature over ``digest`` verifies, and why that is not
+    enough (None when at least the policy's threshold signed)."""
+    signers, problems = trust.count_records(signatures, payload_type, digest)
+    if len(signers) >= trust.threshold:
+        return signers, None
+    if not signatures:
+        return signers, "not signed (no trusted key vouches for it)"
+    if trust.threshold == 1:
+        return signers, f"{next(iter(problems.values()))} (no trusted key vouches for it)"
+    why = "; ".join(f"{kid[:16]}: {p}" for kid, p in list(problems.items())[:3])
+    return signers, f"signed by {trust.quorum(signers)}" + (f" ({why})" if why else "")
+
+
+def _add_signature(doc: dict, signature: dict) -> dict:
+    """``doc`` with ``signature`` among its co-signatures (replacing an older one by its key)."""
+    others = [s for s in doc.get("signatures") or [] if not (isinstance(s, dict) and s.get("key_id") == signature["key_id"])]
+    return {**doc, "signatures": [*others, signature]}
+
+
+def cosign_round(store: Store, tenant: str, number: int, key: SigningKey) -> dict:
+    """Add ``key``'s signature over round ``number``'s hash to the round's document in ``store``
+    (and to the signed head, when the head names that round): what a cluster does once it has
+    checked the round's aggregate (:func:`concord.federation.rounds.cosign`). The round's hash
+    is recomputed first: an edited round is never co-signed. Safe to repeat and beside other
+    co-signers: each write is read back, and written again if another one replaced it."""
+    from concord.trust.records import HEAD_TYPE, ROUND_TYPE, sign_record
+
+    validate_tenant(tenant)
+    where = round_key(tenant, number)
+    for _ in range(_ADOPT_ATTEMPTS):
+        if store.get_document(where) is None:
+            raise LedgerError(f"ledger of {tenant!r} in {store.uri}", f"there is no round {number}", "Co-sign a round the ledger holds.")
+        doc = _load(store, where)
+        actual = round_hash(doc)
+        if doc.get("hash") != actual or doc.get("round") != number or doc.get("tenant") != tenant:
+            raise LedgerError(
+                f"round {number} of {tenant!r} in {store.uri}", "it does not hash to what it records (edited)",
+                f"Check it with `concord federate verify {tenant} --store {store.uri}`; nothing was signed.",
+            )
+        signature = sign_record(key, ROUND_TYPE, actual)
+        if signature not in (doc.get("signatures") or []) and doc.get("signature") != signature:
+            store.put_document(where, json.dumps(_add_signature(doc, signature), indent=1, sort_keys=True).encode() + b"\n", overwrite=True)
+        if any(isinstance(s, dict) and s.get("key_id") == key.id for s in _signatures_of(_load(store, where))):
+            break
+    else:
+        raise LedgerError(f"round {number} of {tenant!r} in {store.uri}", "other co-signers kept replacing it", "Co-sign it again.")
+    for _ in range(_ADOPT_ATTEMPTS):
+        head = read_signed_head(store, tenant)
+        if head is None or head.get("round") != number or head.get("hash") != actual:
+            break  # the head has moved on: it is signed for its own round
+        statement = head_statement(tenant, number, actual)
+        signed = _add_signature(head, sign_record(key, HEAD_TYPE, statement))
+        store.put_document(head_key(tenant), json.dumps(signed, indent=1, sort_keys=True).encode() + b"\n", overwrite=True)
+        again = read_signed_head(store, tenant) or {}
+        if any(isinstance(s, dict) and s.get("key_id") == key.id for s in _signatures_of(again)) or again.get("round") != number:
+            break
+    return _load(store, where)
 
 
 def append_round(store: Store, tenant: str, record: dict) -> dict:
@@ -425,6 +512,9 @@ class LedgerReport:
     #: the problem, among ``problems``, saying the ledger is behind or unlike what was seen before
     #: (``min_round``/``min_hash``): rolled back or rewritten; None when it is not
     rollback: str | None = None
+    #: under a trust policy, each round's number → the names of the distinct trusted keys whose
+    #: signatures over it verify (empty without a policy)
+    signed_by: dict[int, tuple[str, ...]] = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         return {
@@ -436,6 +526,7 @@ class LedgerReport:
             "head": self.head,
             "problems": list(self.problems),
             "rollback": self.rollback,
+            "signed_by": {str(n): list(names) for n, names in self.signed_by.items()},
         }
 
 
@@ -454,6 +545,7 @@ def verify_ledger(
     Every problem found is listed; nothing is changed."""
     validate_tenant(tenant)
     problems: list[str] = []
+    signed_by: dict[int, tuple[str, ...]] = {}
     prefix = ledger_prefix(tenant)
     docs: dict[int, dict] = {}
     for key in store.list_documents(prefix):
@@ -488,11 +580,12 @@ def verify_ledger(
         if doc.get("hash") != actual:
             problems.append(f"round {n}: edited (its content hashes to {actual[:12]}, it records {str(doc.get('hash'))[:12]})")
         if trust is not None:
-            from concord.trust.records import ROUND_TYPE, check_record
+            from concord.trust.records import ROUND_TYPE
 
-            _, problem = check_record(doc.get("signature"), ROUND_TYPE, actual, trust.keys)
+            signers, problem = _quorum_problem(trust, _signatures_of(doc), ROUND_TYPE, actual)
+            signed_by[n] = tuple(trust.name_of(k) for k in signers)
             if problem:
-                problems.append(f"round {n}: {problem} (no trusted key vouches for it)")
+                problems.append(f"round {n}: {problem}")
 
     previous: str | None = None  # the real hash of the round before
     for i, n in enumerate(numbers):
@@ -538,7 +631,7 @@ def verify_ledger(
         )
     if rollback is not None:
         problems.append(rollback)
-    return LedgerReport(tenant, store.uri, not problems, len(numbers), head, tuple(problems), last, rollback)
+    return LedgerReport(tenant, store.uri, not problems, len(numbers), head, tuple(problems), last, rollback, signed_by)
 
 
 __all__ = [
@@ -551,6 +644,7 @@ __all__ = [
     "RoundOutcome",
     "append_round",
     "content_hash",
+    "cosign_round",
     "head_key",
     "head_ref",
     "head_statement",

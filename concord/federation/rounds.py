@@ -142,9 +142,15 @@ def run_round(
     progress: Progress | None = None,
     key: SigningKey | None = None,
     memory: LedgerMemory | None = None,
+    cosigners: Sequence[SigningKey] = (),
 ) -> dict:
     """Run one federation round of ``tenant`` over ``adapters`` (ref names ``tenant/NAME`` or
     ``NAME``) held by ``clusters``; see the module's docstring for the steps.
+
+    ``key`` (the first cluster's) signs the round as it is appended; ``cosigners`` are the keys
+    of the other clusters, in order (``cosigners[i]`` belongs to ``clusters[i + 1]``): each
+    cluster checks the aggregate it received (:func:`cosign`) and adds its signature to the round
+    and the head, so a policy with a threshold can ask for a quorum of clusters.
 
     With ``memory`` (this machine's memory of ledgers, :mod:`concord.federation.seen`) a ledger
     behind or unlike what was seen of it before is refused before any adapter is read
@@ -167,6 +173,10 @@ def run_round(
     clusters = list(clusters)
     if not clusters:
         raise ValueError("name at least one cluster store")
+    if len(cosigners) > len(clusters) - 1:
+        raise ValueError(
+            f"{len(cosigners) + (key is not None)} signing key(s) for {len(clusters)} cluster(s): give at most one key per cluster, in the clusters' order"
+        )
     if len({s.uri for s in clusters}) != len(clusters):
         raise ValueError(f"a cluster store is named twice: {', '.join(s.uri for s in clusters)}")
     ledger_store = ledger_store or clusters[0]
@@ -229,6 +239,8 @@ def run_round(
     }
     outcome = record_round(ledger_store, tenant, record, key=key)  # key: the round is signed by this cluster
     entry = outcome.doc
+    for cluster, cosigner in zip(clusters[1:], cosigners):  # each cluster checks what it received, then signs
+        entry = cosign(ledger_store, tenant, cluster, cosigner, number=entry["round"], progress=prog)["doc"]
     if memory is not None:
         memory.remember(ledger_store, tenant, entry["round"], entry["hash"])
     out = {
@@ -255,10 +267,56 @@ def run_round(
         "recorded": outcome.status,
         "ledger_note": outcome.describe(),
         "lineage": None,
+        "signatures": [s["key_id"] for s in _signed(entry)],
     }
     if lineage is not None:
         out["lineage"] = _register(lineage, tenant, out_name, clusters, out)
     return out
+
+
+def _signed(doc: dict) -> list[dict]:
+    """The signatures a round document carries (the appender's first), as stored (unverified)."""
+    extra = doc.get("signatures") if isinstance(doc.get("signatures"), list) else []
+    return [s for s in (doc.get("signature"), *extra) if isinstance(s, dict) and isinstance(s.get("key_id"), str)]
+
+
+def cosign(
+    ledger_store: Store, tenant: str, cluster: Store, key: SigningKey, *, number: int | None = None, progress: Progress | None = None
+) -> dict:
+    """What one cluster does before it vouches for a round: read round ``number`` (default the
+    newest) of ``tenant``'s ledger, check that ``cluster`` holds the round's aggregate, the
+    root the round records, and that every chunk of it verifies there; then add ``key``'s
+    signature to the round (and the head naming it): :func:`~concord.federation.ledger.cosign_round`.
+    Returns ``{"round", "root", "cluster", "key_id", "doc"}``.
+
+    Raises :class:`~concord.errors.LedgerError` when the round does not hold together or the
+    cluster's copy of the aggregate is missing or damaged (nothing is signed then)."""
+    from concord.errors import LedgerError
+    from concord.federation.ledger import cosign_round, list_rounds
+    from concord.snapshots.verify import verify
+
+    validate_tenant(tenant)
+    rounds = list_rounds(ledger_store, tenant)
+    doc = rounds[-1] if number is None and rounds else next((r for r in rounds if r.get("round") == number), None)
+    if doc is None:
+        raise LedgerError(f"ledger of {tenant!r} in {ledger_store.uri}", f"there is no round {number or 1}", "Co-sign a round the ledger holds.")
+    result = doc.get("result") if isinstance(doc.get("result"), dict) else {}
+    root = result.get("root")
+    where = f"round {doc['round']} of {tenant!r} in {ledger_store.uri}"
+    if not isinstance(root, str) or not cluster.has_manifest(root):
+        raise LedgerError(
+            where, f"cluster {cluster.uri} does not hold its aggregate {str(root)[:12]}",
+            "Replicate the round's result to the cluster first (concord sync); nothing was signed.",
+        )
+    checked = verify(cluster, root=root, progress=progress)
+    if not checked.ok:
+        raise LedgerError(
+            where, f"the aggregate {root[:12]} in cluster {cluster.uri} does not verify",
+            f"Repair it (concord verify {cluster.uri} --root {root} --repair-from ...); nothing was signed.",
+        )
+    signed = cosign_round(ledger_store, tenant, doc["round"], key)
+    log.info("cluster %s checked %s and co-signed round %d of %s with key %s", cluster.uri, root[:12], doc["round"], tenant, key.id[:16])
+    return {"round": doc["round"], "root": root, "cluster": cluster.uri, "key_id": key.id, "doc": signed}
 
 
 def _register(lineage: Lineage, tenant: str, out_name: str, clusters: list[Store], r: dict) -> dict:

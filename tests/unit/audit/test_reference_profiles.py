@@ -95,6 +95,39 @@ def test_a_profile_round_trips_through_its_bytes_and_the_same_profile_is_the_sam
     assert index["format"] == PROFILE_FORMAT and [c["name"] for c in index["columns"]] == list(df.columns)
 
 
+def test_values_are_stored_plain_and_profiles_of_the_byte_shuffled_layout_still_read(tmp_path):
+    """Numeric values are stored (not deflated) little-endian float64, read without a copy; a
+    profile written with the first layout (bytes grouped by position, deflated) reads the same."""
+    p = profile_table(batches(shapes(5_000, 3)), sample_size=2_000)
+    data = p.to_bytes()
+    with zipfile.ZipFile(io.BytesIO(data)) as zf:
+        infos = [i for i in zf.infolist() if i.filename.endswith("/values.f8")]
+        index = json.loads(zf.read("profile.json"))
+        assert infos and all(i.compress_type == zipfile.ZIP_STORED for i in infos)
+        np.testing.assert_array_equal(np.frombuffer(zf.read(infos[0]), "<f8"), p.column("normal").side.values)
+    assert {c["values"]["layout"] for c in index["columns"] if c.get("values")} == {"plain"}
+    back = TableProfile.from_bytes(data)
+    assert not back.column("normal").side.values.flags.writeable  # a view of the archive's bytes
+    same_sides(back, p)
+
+    def shuffled(name, raw):
+        if name.endswith("/values.f8"):
+            return np.frombuffer(raw, np.uint8).reshape(-1, 8).T.tobytes()
+        if name == "profile.json":
+            doc = json.loads(raw)
+            for c in doc["columns"]:
+                if c.get("values"):
+                    c["values"]["layout"] = "byte-shuffled"
+            return json.dumps(doc).encode()
+        return raw
+
+    old = _rewrite(_rewrite(data, shuffled), _fix_digests)
+    same_sides(TableProfile.from_bytes(old, "old.profile"), p)
+    unknown = _rewrite(data, _index_edit(lambda doc: doc["columns"][0]["values"].update(layout="pickled")))
+    with pytest.raises(ProfileError, match="values layout 'pickled' is unknown"):
+        TableProfile.from_bytes(unknown, "x.profile")
+
+
 def _rewrite(data: bytes, change) -> bytes:
     """The archive with its members passed through ``change(name, bytes) -> bytes | None`` (None drops it)."""
     src = zipfile.ZipFile(io.BytesIO(data))
@@ -140,8 +173,7 @@ def _damaged_cases(tmp_path):
 
     def unsorted(name, raw):
         if name.endswith("/values.f8") and b"" != raw:
-            values = np.frombuffer(raw, np.uint8).reshape(8, -1).T.copy().view("<f8").ravel()[::-1].copy()
-            return values.view(np.uint8).reshape(-1, 8).T.tobytes()
+            return np.frombuffer(raw, "<f8")[::-1].tobytes()
         return raw
 
     return marker, [

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 from oms_interop import import_model_signing
+from quorum_keys import CLUSTERS, key
 from test_tier_trust import policy_doc
 
 from concord.cli import main
@@ -29,9 +30,8 @@ from concord.snapshots.sync import replicate
 from concord.stores import LocalDirStore
 from concord.tiering.engine import TierState, add_checkpoint
 from concord.tiering.policy import TierPolicy
-from concord.trust import ENV, TrustPolicy, generate_key, load_policy, read_signature, sign_root, signature_key
+from concord.trust import ENV, TrustPolicy, load_policy, read_signature, sign_root, signature_key
 
-CLUSTERS = ("us-east", "eu-central", "ap-south")
 UNTRUSTED = UntrustedRootError.exit_code
 #: every way a second signature can fail to count, and the one where it counts
 REFUSED = ("forged", "other-root", "outsider", "same-key-twice")
@@ -42,23 +42,6 @@ CASES = (*REFUSED, "two-valid")
 def no_env_policy(monkeypatch):
     monkeypatch.delenv(ENV, raising=False)
     monkeypatch.delenv("CONCORD_TRUST_THRESHOLD", raising=False)
-
-
-@pytest.fixture(scope="module")
-def clusters(tmp_path_factory) -> Path:
-    """A key pair per cluster (and one outside the policy), and ``policy.yaml``: threshold 2."""
-    d = tmp_path_factory.mktemp("cluster-keys")
-    for name in (*CLUSTERS, "outsider"):
-        generate_key(d / f"{name}.pem")
-    lines = ["threshold: 2", "keys:"] + [f"  {n}: {n}.pub.pem" for n in CLUSTERS]
-    (d / "policy.yaml").write_text("\n".join(lines) + "\n")
-    return d
-
-
-def key(clusters: Path, name: str):
-    from concord.trust import load_signing_key
-
-    return load_signing_key(clusters / f"{name}.pem")
 
 
 @pytest.fixture
