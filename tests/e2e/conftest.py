@@ -4,14 +4,20 @@ a real Prefect server (temporary home), the work pools, blocks, every deployment
 a process worker, the checkpoint watcher on the copy's ``data/checkpoints``, the serving node
 ``node-local`` (its link under the copy's ``data/serving``) and an OCI registry (``docker-registry``,
 its blobs under the copy's ``data/oci-registry``), all started by ``python -m concord_pipelines.deployments.serve`` and
-stopped by it afterwards. The checkpoint seeded is a small one
+stopped by it afterwards. As ``make serve`` does, it runs the Prefect server and an MLflow server on
+a PostgreSQL cluster of its own (in a folder of /tmp the ``postgres`` user can reach when the tests
+run as root), on free ports. The checkpoint seeded is a small one
 (``--seed-from``), standing in for all-MiniLM-L6-v2 to keep the tests light."""
 
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -66,11 +72,11 @@ class Served:
     watched: Path
     project_dir: Path  # where flow runs start: the deployments' relative store paths resolve here
     tier_policy: Path  # the tier policy the tier-checkpoints deployment reads (data/tiering/policy.yaml)
-    tracking_uri: str  # the MLflow database of the served runs (data/mlflow.db)
+    tracking_uri: str  # the MLflow server of the served runs (on the PostgreSQL started with it)
     start_output: str = ""  # what `start` printed
 
 
-def _serve(state_dir: Path, *args: str, timeout: float) -> subprocess.CompletedProcess:
+def _serve(state_dir: Path, *args: str, timeout: float, extra: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items()
            if k not in ("PREFECT_API_URL", "PREFECT_PROFILE", "MLFLOW_TRACKING_URI", "CONCORD_HOME",
                         "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3")}
@@ -78,14 +84,18 @@ def _serve(state_dir: Path, *args: str, timeout: float) -> subprocess.CompletedP
     # every 10 s: a rollout waits on two of them in turn; and the server looks at the zombie
     # automation's window every second instead of every 5 s (the window itself is unchanged)
     env.update(PREFECT_SERVER_ANALYTICS_ENABLED="false", DO_NOT_TRACK="true", CONCORD_ZOMBIE_AFTER=str(ZOMBIE_AFTER),
-               PREFECT_WORKER_QUERY_SECONDS="1", PREFECT_SERVER_EVENTS_PROACTIVE_GRANULARITY="PT1S")
+               PREFECT_WORKER_QUERY_SECONDS="1", PREFECT_SERVER_EVENTS_PROACTIVE_GRANULARITY="PT1S", **(extra or {}))
+    for name in ("PREFECT_API_DATABASE_CONNECTION_URL", "PREFECT_SERVER_DATABASE_CONNECTION_URL", "MLFLOW_BACKEND_STORE_URI",
+                 "CONCORD_SERVE_DATABASE", "CONCORD_POSTGRES_PORT"):
+        env.pop(name, None)  # the databases are the served instance's own
     return subprocess.run([sys.executable, "-m", "concord_pipelines.deployments.serve", "--dir", str(state_dir), *args],
                           cwd=PROJECT_DIR, env=env, capture_output=True, text=True, timeout=timeout)
 
 
-@pytest.fixture(scope="package")
-def served(tmp_path_factory):
-    base = tmp_path_factory.mktemp("served")
+@contextmanager
+def serving(base: Path) -> Iterator[Served]:
+    """A fresh copy of the project under ``base`` served as ``make serve`` serves it (module
+    docstring), with a PostgreSQL cluster of its own; everything started is stopped afterwards."""
     state_dir, project_dir = base / "serve", base / "project"
     # a fresh copy: the project's code seen from a folder of the test's own with no data/, so that
     # the seeding, the runs with the deployments' default parameters (data/stores/...) and those
@@ -96,19 +106,25 @@ def served(tmp_path_factory):
     watched = project_dir / "data" / "checkpoints"  # the watcher's default
     tier_policy = project_dir / "data" / "tiering" / "policy.yaml"  # seeded
     seed = seed_checkpoint(base / "seed-checkpoint")
+    # run as root, the cluster belongs to the postgres user, who cannot enter pytest's folders (0700)
+    pg_dir = Path(tempfile.mkdtemp(prefix="concord-e2e-pg-"))
+    pg_dir.chmod(0o755)
+    extra = {"CONCORD_POSTGRES_DIR": str(pg_dir / "cluster"), "CONCORD_MLFLOW_PORT": str(free_port())}
     port = free_port()
     try:
         started = _serve(state_dir, "start", "--port", str(port), "--interval", "1", "--seed-from", str(seed),
-                         "--project-dir", str(project_dir), timeout=300)
+                         "--project-dir", str(project_dir), timeout=420, extra=extra)
         if started.returncode != 0:
             logs = "\n".join(f"--- {p.name}\n{p.read_text()[-4000:]}" for p in sorted((state_dir / "logs").glob("*.log")))
             pytest.fail(f"serve start failed:\n{started.stdout}\n{started.stderr}\n{logs}")
         api_url = f"http://127.0.0.1:{port}/api"
         from prefect.settings import PREFECT_API_URL, temporary_settings
 
+        from concord_pipelines.deployments import serve
+
+        tracking_uri = serve.read_record(state_dir)["env"]["MLFLOW_TRACKING_URI"]
         with patched_environ({"PREFECT_API_URL": api_url}), temporary_settings(updates={PREFECT_API_URL: api_url}):
-            yield Served(api_url, state_dir, watched, project_dir, tier_policy,
-                         f"sqlite:///{project_dir.resolve() / 'data' / 'mlflow.db'}", started.stdout)
+            yield Served(api_url, state_dir, watched, project_dir, tier_policy, tracking_uri, started.stdout)
     finally:
         from concord_pipelines.deployments import serve
 
@@ -116,7 +132,15 @@ def served(tmp_path_factory):
         stopped = _serve(state_dir, "stop", "--timeout", "15", timeout=120)
         (base / "stop.log").write_text(stopped.stdout + stopped.stderr)  # which process needed a SIGKILL
         left = [p.name for p in recorded if serve.is_alive(p)]
+        if not left:
+            shutil.rmtree(pg_dir, ignore_errors=True)
         assert not left, f"still running after stop: {left}"
+
+
+@pytest.fixture(scope="package")
+def served(tmp_path_factory):
+    with serving(tmp_path_factory.mktemp("served")) as instance:
+        yield instance
 
 
 @pytest.fixture

@@ -98,7 +98,7 @@ def default_runs(phases):
 def test_the_seeded_project_holds_what_the_defaults_name(served):
     data = served.project_dir / "data"
     for path in ("checkpoints/minilm/step-0/COMPLETE", "checkpoints/minilm/step-100/COMPLETE", "datasets/penguins.csv",
-                 "tiering/policy.yaml", "mlflow.db", "stores/us-east/refs/models/minilm"):
+                 "tiering/policy.yaml", "stores/us-east/refs/models/minilm"):
         assert (data / path).exists(), path
 
 
@@ -106,7 +106,8 @@ def test_start_says_what_it_seeded_and_how_to_open_mlflow(served):
     out = served.start_output
     assert "seeding what the deployments' defaults name" in out and "promoted to champion" in out, out
     assert "starting the serving node node-local" in out and "OCI registry: 127.0.0.1:" in out, out
-    assert f"mlflow ui --backend-store-uri {served.tracking_uri}" in out, out
+    # MLflow is served (on the instance's PostgreSQL), and opens on the runs list of Concord's lineage
+    assert f"open {served.tracking_uri}/#/experiments/" in out and "/runs" in out, out
 
 
 def test_every_deployment_run_with_its_defaults_completes(default_runs, client):
