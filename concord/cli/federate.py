@@ -27,7 +27,8 @@ from concord.cli._common import (
 METHOD_HELP = (
     "exact: the weighted mean of the clients' updates, refactored to its true rank (default); "
     "stack: the clients' factors side by side (rank = sum of ranks); fedavg: the mean of the A and "
-    "B factors (needs equal ranks; not exact)"
+    "B factors (needs equal ranks; not exact); fedex: the mean of the factors at the clients' rank, with the rest of "
+    "the exact mean folded into the base model (federate run --base; exact at a fixed rank)"
 )
 
 
@@ -124,6 +125,7 @@ def cmd_run(args, out) -> int:
         ledger=keyed_store(writable_store(args.ledger), args.ledger_key_file, "--ledger-key-file") if args.ledger else None,
         key=keys[0] if keys else None,
         cosigners=keys[1:],
+        base=args.base,
         tracking_uri=args.tracking_uri,
         track=args.track,
         remember=not args.no_remember,
@@ -133,6 +135,9 @@ def cmd_run(args, out) -> int:
         f"round {r['round']} of {r['tenant']}: {r['method']} over {len(r['clients'])} adapter(s) → {r['ref']} {r['root'][:12]} (rank {r['rank']})",
         f"  relative error {_error(r['relative_error'])}; ledger: {r['ledger_note']}",
         *([f"  signed by {len(r['signatures'])} cluster key(s): {', '.join(k[:16] for k in r['signatures'])}"] if r["signatures"] else []),
+        *([f"  base {r['base']['from']} {r['base']['parent'][:12]} → {r['base']['ref']} {r['base']['root'][:12]}: residual folded into "
+           f"{r['base']['modules']} module(s), {r['base']['folded_bytes']} bytes (share {_error(r['residual_share'])} of the update)"]
+          if r.get("base") else []),
         *_client_lines(r["clients"]),
         *(f"  replica {p['store']}: sent {p['chunks_sent']} chunk(s), {p['bytes_sent']} bytes" for p in r["replicas"]),
     ]
@@ -221,7 +226,7 @@ def cmd_log(args, out) -> int:
 
 def register(sub, common: list) -> None:
     agg = argparse.ArgumentParser(add_help=False)
-    agg.add_argument("--method", choices=("exact", "stack", "fedavg"), default="exact", help=METHOD_HELP)
+    agg.add_argument("--method", choices=("exact", "stack", "fedavg", "fedex"), default="exact", help=METHOD_HELP)
     agg.add_argument("--weights", type=_weights, metavar="W1,W2,...", help="one weight per adapter (normalised; default: equal)")
     agg.add_argument("--rank", type=positive_int, metavar="R", help="exact only: keep each module's R largest singular values (default: the exact rank)")
     agg.add_argument("--clip-norm", type=positive_float, metavar="C", help="scale down client updates whose norm exceeds C")
@@ -242,6 +247,10 @@ def register(sub, common: list) -> None:
     s.add_argument("--cluster", action="append", required=True, metavar="STORE", help=f"a cluster store (repeatable; the first gets the result): {STORE_HELP}")
     s.add_argument("--adapter", action="extend", nargs="+", required=True, metavar="NAME", help="adapter refs, NAME or TENANT/NAME (repeatable)")
     s.add_argument("--out-name", default="federated", help="the result's ref is TENANT/OUT_NAME (default: federated)")
+    s.add_argument(
+        "--base", metavar="REF",
+        help="fedex only: the base model the adapters were trained on (default: TENANT/OUT_NAME-base, the folded base of the round before)",
+    )
     s.add_argument("--ledger", metavar="STORE", help="store of the ledger (default: the first cluster)")
     key_file_options(s, ("ledger", "the --ledger store"))
     s.add_argument("--track", action="store_true", help="register the result as an MLflow model version TENANT-OUT_NAME")

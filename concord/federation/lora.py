@@ -22,6 +22,15 @@ The common practice (FedIT, Flower's FlowerTune) averages the factors instead, a
     in float64; the factors come out in the adapters' common dtype (float32 if they differ).
 ``stack``
     FLoRA: ``B' = B_cat``, ``A' = A_cat``; rank Σ r_k, exact, no decomposition, no truncation.
+``fedex``
+    FedEx-LoRA: the adapter is the factor-wise mean at the clients' rank R (as ``fedavg``), and
+    the residual ``ΔW* − B'A'`` (in weight space: each client's scale ``s_k`` and clip factor
+    already in, so nothing is scaled twice) is returned per module in ``residuals``, to be folded
+    into the frozen base weights (:func:`fold_into_base`). Base + residual + ``B'A'`` is then
+    ``W₀ + ΔW*`` (the exact weighted mean of the clients' merged models) at a fixed rank R, round
+    after round, where ``exact`` at rank R truncates and ``stack`` grows the rank by Σ r_k.
+    ``relative_error`` is that of the folded model (0); ``residual_share`` says how much of
+    ``‖ΔW*‖`` had to be folded. Same ranks per module needed, as for ``fedavg``.
 ``fedavg``
     The factor-wise mean, for compatibility and comparison: ``A' = Σ_k p_k A_k`` and
     ``B' = Σ_k p_k s_k B_k`` (every client's scale folded into its B). When all clients share one
@@ -82,11 +91,15 @@ from concord.errors import AdapterError, AdapterOutputExistsError, AggregationEr
 if TYPE_CHECKING:
     import torch
 
+    from concord.snapshots.safetensors_header import TensorInfo
+
 CONFIG_NAME = "adapter_config.json"
 WEIGHTS_NAME = "adapter_model.safetensors"
 #: prefix of module names in PEFT's saved files; rank/alpha patterns match the name without it
 PEFT_PREFIX = "base_model.model."
-METHODS = ("exact", "stack", "fedavg")
+METHODS = ("exact", "stack", "fedavg", "fedex")
+#: safetensors dtypes a residual can be folded into, as torch dtype names
+FOLD_DTYPES = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16"}
 ROBUST = ("none", "krum", "trimmed")
 REQUIRED_CONFIG = ("r", "lora_alpha", "target_modules", "base_model_name_or_path")
 #: initialisations that change the base weights: their factors are not updates of the base
@@ -180,6 +193,10 @@ class AggregateResult:
     #: name -> (A [r, in], B [out, r]) with the scale folded into B: the update is B @ A
     modules: dict[str, tuple[torch.Tensor, torch.Tensor]] = field(repr=False)
     base_model: str
+    #: ``fedex`` only: name -> the dense float64 residual [out, in] to add to the base weight
+    residuals: dict[str, torch.Tensor] = field(default_factory=dict, repr=False)
+    #: ``fedex`` only: ‖residual‖ / ‖ΔW*‖ over all modules (how much was folded into the base)
+    residual_share: float | None = None
 
     def to_dict(self) -> dict:
         return {
@@ -189,6 +206,7 @@ class AggregateResult:
             "clients": [asdict(c) for c in self.clients],
             "relative_error": self.relative_error,
             "base_model": self.base_model,
+            "residual_share": self.residual_share,
         }
 
 
@@ -462,7 +480,7 @@ def _distances(g: torch.Tensor, c: list[float]) -> list[list[float]]:
 def aggregate(
     adapters: Sequence[Adapter],
     *,
-    method: Literal["exact", "stack", "fedavg"] = "exact",
+    method: Literal["exact", "stack", "fedavg", "fedex"] = "exact",
     weights: Sequence[float] | None = None,
     rank: int | None = None,
     clip_norm: float | None = None,
@@ -488,6 +506,7 @@ def aggregate(
     out_dtype = getattr(torch, _output_dtype([adapters[k] for k in active]))
 
     modules: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+    residuals: dict[str, torch.Tensor] = {}
     ranks: dict[str, int] = {}
     lost = total = 0.0
     for name in adapters[0].modules:
@@ -499,20 +518,30 @@ def aggregate(
         elif method == "stack":
             a, b = _stacked(mods, [x * y for x, y in zip(wk, gain)])
             lost_m = total_m = 0.0
+        elif method == "fedex":
+            a, b, lost_m, total_m = _fedavg_module(name, mods, wk, gain)
+            # the low-rank result as it is written (in the output dtype), so that the residual
+            # makes up for the rounding of the factors too
+            a, b = a.to(out_dtype).to(torch.float64), b.to(out_dtype).to(torch.float64)
+            a_cat, b_cat = _stacked(mods, [x * y for x, y in zip(wk, gain)])
+            residuals[name] = b_cat @ a_cat - b @ a
         else:
             a, b, lost_m, total_m = _fedavg_module(name, mods, wk, gain)
         lost += lost_m
         total += total_m
         modules[name] = (a.to(out_dtype).contiguous(), b.to(out_dtype).contiguous())
         ranks[name] = int(a.shape[0])
+    share = math.sqrt(lost / total) if total > 0 else 0.0
     return AggregateResult(
         method=method,
         rank=max(ranks.values()),
         ranks=ranks,
         clients=tuple(reports),
-        relative_error=math.sqrt(lost / total) if total > 0 else 0.0,
+        relative_error=0.0 if method == "fedex" else share,
         modules=modules,
         base_model=adapters[0].base_model,
+        residuals=residuals,
+        residual_share=share if method == "fedex" else None,
     )
 
 
@@ -752,6 +781,124 @@ def write_adapter(result: AggregateResult, out_dir: str | os.PathLike, *, like: 
         if os.path.exists(tmp):
             shutil.rmtree(tmp, ignore_errors=True)
     return out
+
+
+# --------------------------------------------------------------------------- folding (fedex)
+
+
+@dataclass(frozen=True)
+class FoldResult:
+    """What :func:`fold_into_base` wrote: the new base folder and the tensors it changed."""
+
+    path: str
+    #: module name -> (file, tensor name) of the base weight each residual went into
+    tensors: dict[str, tuple[str, str]]
+    #: bytes of the tensors changed (every other byte of the folder is the old base's)
+    folded_bytes: int
+
+    def to_dict(self) -> dict:
+        return {"path": self.path, "tensors": {k: list(v) for k, v in self.tensors.items()}, "folded_bytes": self.folded_bytes}
+
+
+def _base_tensors(base: str) -> dict[str, tuple[str, TensorInfo]]:
+    """Tensor name -> (file relative to ``base``, its :class:`TensorInfo`) over every
+    safetensors file of the base model folder."""
+    from concord.snapshots.safetensors_header import read_header
+
+    found: dict[str, tuple[str, TensorInfo]] = {}
+    for folder, _dirs, files in os.walk(base):
+        for f in sorted(files):
+            if not f.endswith(".safetensors"):
+                continue
+            path = os.path.join(folder, f)
+            rel = os.path.relpath(path, base)
+            with open(path, "rb") as fh:
+                header = read_header(fh, os.fstat(fh.fileno()).st_size, path)
+            for t in header.tensors:
+                if t.name in found:
+                    raise AdapterError(base, f"tensor {t.name} is in both {found[t.name][0]} and {rel}")
+                found[t.name] = (rel, t)
+    return found
+
+
+def _weight_of(name: str, tensors: dict[str, tuple[str, TensorInfo]], base: str) -> str:
+    """The base tensor the adapted module ``name`` (PEFT's saved name) adapts: ``<module>.weight``,
+    or the one tensor ending in ``.<module>.weight`` (a checkpoint saved with a model prefix)."""
+    module = name.removeprefix(PEFT_PREFIX)
+    if f"{module}.weight" in tensors:
+        return f"{module}.weight"
+    hits = [t for t in tensors if t.endswith(f".{module}.weight")]
+    if len(hits) != 1:
+        raise AggregationError(
+            f"the base model in {base} has {'no' if not hits else len(hits)} weight tensor(s) for the adapted module {module}"
+            + (f" ({_few(hits)})" if hits else ""),
+            "Give the base model the adapters were trained on (its safetensors files hold <module>.weight).",
+        )
+    return hits[0]
+
+
+def fold_into_base(
+    base_dir: str | os.PathLike, residuals: dict[str, torch.Tensor], out_dir: str | os.PathLike, *, fan_in_fan_out: bool = False
+) -> FoldResult:
+    """Write the base model folder ``base_dir`` again as ``out_dir`` with each residual of
+    ``residuals`` (module name -> [out, in], from ``aggregate(method="fedex")``) added to its
+    module's weight (transposed for ``fan_in_fan_out`` layers such as GPT-2's Conv1D). Every
+    file is copied byte for byte; in a safetensors file only the bytes of the folded tensors are
+    rewritten, in place, at the same offsets and in the same dtype (the addition runs in float64,
+    then is rounded once to the tensor's dtype), so the new base shares every other tensor, and
+    its header, with the old one: replicating it moves only the folded tensors. Every module is
+    matched and checked (shape, dtype) before anything is written; the folder is assembled under
+    a temporary name beside ``out_dir`` and renamed into place."""
+    import torch
+
+    base = os.path.abspath(os.fspath(base_dir))
+    out = os.path.abspath(os.fspath(out_dir))
+    if not os.path.isdir(base):
+        raise AdapterError(base, "the base model is not a folder")
+    if os.path.exists(out) and (not os.path.isdir(out) or os.listdir(out)):
+        raise AdapterOutputExistsError(out)
+    tensors = _base_tensors(base)
+    plan: dict[str, tuple[str, TensorInfo, torch.Tensor]] = {}
+    for name, res in residuals.items():
+        tname = _weight_of(name, tensors, base)
+        rel, info = tensors[tname]
+        want = tuple(res.shape[::-1]) if fan_in_fan_out else tuple(res.shape)
+        if tuple(info.shape) != want:
+            raise AggregationError(
+                f"base tensor {tname} in {rel} has shape {list(info.shape)}, the adapters' module {name} updates {list(want)}",
+                "Give the base model the adapters were trained on (and fan_in_fan_out as in their config).",
+            )
+        if info.dtype not in FOLD_DTYPES:
+            raise AggregationError(
+                f"base tensor {tname} in {rel} is {info.dtype}; a residual can be folded into {', '.join(FOLD_DTYPES)} only",
+                "Fold into a floating-point copy of the base model.",
+            )
+        plan[name] = (rel, info, res.T if fan_in_fan_out else res)
+    parent = os.path.dirname(out)
+    os.makedirs(parent, exist_ok=True)
+    tmp = os.path.join(parent, f".{os.path.basename(out)}.concord-tmp-{uuid.uuid4().hex[:12]}")
+    try:
+        shutil.copytree(base, tmp)
+        folded = 0
+        for rel, info, res in plan.values():
+            dtype = getattr(torch, FOLD_DTYPES[info.dtype])
+            with open(os.path.join(tmp, rel), "r+b") as fh:
+                fh.seek(info.begin)
+                raw = bytearray(fh.read(info.length))
+                w = torch.frombuffer(raw, dtype=dtype).reshape(res.shape)
+                new = (w.to(torch.float64) + res).to(dtype).contiguous()
+                data = new.view(torch.uint8).numpy().tobytes()  # bfloat16 has no numpy dtype: its bytes
+                fh.seek(info.begin)
+                fh.write(data)
+            folded += len(data)
+        try:
+            os.rename(tmp, out)
+        except OSError as exc:
+            raise AdapterOutputExistsError(out) from exc
+    finally:
+        if os.path.exists(tmp):
+            shutil.rmtree(tmp, ignore_errors=True)
+    return FoldResult(out, {name: (rel, info.name) for name, (rel, info, _) in plan.items()}, folded)
 
 
 def _output_config(result: AggregateResult, like: Adapter) -> dict:

@@ -14,6 +14,13 @@ recorded; re-running the same round sends only what is still missing, and never 
 twice: a round whose record (inputs, options, result and the result ref's version) is already in
 the ledger is reported as recorded there (``recorded``: ``already``), whoever wrote it. Registering the result
 in MLflow comes last and never loses the round: its failure is logged and reported.
+
+A ``fedex`` round also needs the frozen base model the adapters were trained on (``base``: a
+ref in the clusters; default the tenant's folded base ``t/<out_name>-base`` of the round
+before). The residual of the rank-R average is folded into it (:func:`concord.federation.lora.fold_into_base`)
+and the new base is snapshotted as ``t/<out_name>-base`` beside the adapter: it shares every
+untouched tensor with the old base, so replicating it moves only the folded modules' tensors.
+The round records both (``result.base``), and lineage registers base → folded base → adapter.
 """
 
 from __future__ import annotations
@@ -34,9 +41,11 @@ if TYPE_CHECKING:  # pragma: no cover
     from concord.lineage import Lineage
     from concord.trust import SigningKey
 
-METHODS = ("exact", "stack", "fedavg")
+METHODS = ("exact", "stack", "fedavg", "fedex")
 ROBUST = ("none", "krum", "trimmed")
 DEFAULT_OUT = "federated"
+#: the folded base of a ``fedex`` round is the ref ``TENANT/<out_name>`` + this
+BASE_SUFFIX = "-base"
 
 log = logging.getLogger("concord.federation")
 
@@ -110,6 +119,8 @@ def aggregate_folders(
     from concord.federation import lora
 
     check_options(method, robust)
+    if method == "fedex":
+        raise ValueError("fedex folds a residual into the base model, which adapter folders alone do not hold: run a round with a base (federate run --method fedex --base REF)")
     adapters = [lora.read_adapter(os.fspath(p)) for p in paths]
     result = lora.aggregate(adapters, method=method, weights=list(weights) if weights else None, rank=rank, clip_norm=clip_norm, robust=robust)
     out = lora.write_adapter(result, os.fspath(out_dir), like=adapters[0])
@@ -143,6 +154,7 @@ def run_round(
     key: SigningKey | None = None,
     memory: LedgerMemory | None = None,
     cosigners: Sequence[SigningKey] = (),
+    base: str | None = None,
 ) -> dict:
     """Run one federation round of ``tenant`` over ``adapters`` (ref names ``tenant/NAME`` or
     ``NAME``) held by ``clusters``; see the module's docstring for the steps.
@@ -186,6 +198,17 @@ def run_round(
 
     found = [(ref, *locate(clusters, ref)) for ref in refs]
     inputs = [{"adapter": ref, "root": root, "cluster": store.uri} for ref, store, root in found]
+    base_out = f"{out_ref}{BASE_SUFFIX}"
+    if method == "fedex":
+        base_ref = base or base_out
+        if base is None and all(s.read_ref(base_out) is None for s in clusters):
+            raise ValueError(
+                f"a fedex round folds into the base model: name its ref (base=..., --base REF); after the first round "
+                f"it defaults to {base_out}, the folded base of the round before"
+            )
+        base_store, base_root = locate(clusters, base_ref)
+    elif base is not None:
+        raise ValueError(f"base applies to method 'fedex' only, not {method!r}")
     from concord.federation import lora  # torch comes with it: only once there is work for it
     from concord.snapshots.refs import load_manifest
     from concord.snapshots.restore import restore
@@ -203,6 +226,21 @@ def run_round(
             read, method=method, weights=list(weights) if weights else None, rank=rank, clip_norm=clip_norm, robust=robust
         )
         out_dir = lora.write_adapter(result, os.path.join(tmp, "result"), like=read[0])
+        folded = None
+        if method == "fedex":
+            base_dir = os.path.join(tmp, "base")
+            restore(base_store, load_manifest(base_store, base_root), base_dir, progress=prog)
+            fold = lora.fold_into_base(
+                base_dir, result.residuals, os.path.join(tmp, "folded-base"), fan_in_fan_out=bool(read[0].config.get("fan_in_fan_out"))
+            )
+            # the new base goes in first: an adapter is never there without the base it needs
+            base_snap = snapshot(
+                fold.path, clusters[0], ref=base_out, message=f"base of {tenant} with the residual of a fedex round folded in", progress=prog
+            )
+            folded = {
+                "ref": base_out, "root": base_snap.root, "version": base_snap.ref_version, "parent": base_root, "from": base_ref,
+                "modules": len(fold.tensors), "folded_bytes": fold.folded_bytes, "bytes_sent": base_snap.new_bytes,
+            }
         snap = snapshot(
             out_dir,
             clusters[0],
@@ -213,11 +251,17 @@ def run_round(
     replicas = [
         {"store": clusters[0].uri, "root": snap.root, "chunks_sent": snap.new_chunks, "bytes_sent": snap.new_bytes, "ref_version": snap.ref_version}
     ]
+    base_replicas: list[dict] = []
     if len(clusters) > 1:
         from concord.trust.copying import signature_problem
 
+        if folded is not None:
+            for r in replicate(clusters[0], clusters[1:], ref=base_out, progress=prog, check_signature=signature_problem):
+                base_replicas.append({"store": r.store, "root": r.root, "chunks_sent": r.chunks_sent, "bytes_sent": r.bytes_sent})
         for r in replicate(clusters[0], clusters[1:], ref=out_ref, progress=prog, check_signature=signature_problem):
             replicas.append({"store": r.store, "root": r.root, "chunks_sent": r.chunks_sent, "bytes_sent": r.bytes_sent, "ref_version": r.ref_version})
+    if folded is not None:
+        folded["replicas"] = base_replicas
 
     clients = [_client(c, {"adapter": inp["adapter"], "root": inp["root"], "cluster": inp["cluster"]}) for c, inp in zip(result.clients, inputs)]
     record = {
@@ -230,9 +274,13 @@ def run_round(
         "client_ranks": client_ranks(read),
         "inputs": inputs,
         # the ref's version tells a re-run that moved the ref (back) to a root from a plain retry
-        "result": {"ref": out_ref, "root": snap.root, "version": snap.ref_version, "base_model": result.base_model},
+        "result": {
+            "ref": out_ref, "root": snap.root, "version": snap.ref_version, "base_model": result.base_model,
+            **({"base": {k: folded[k] for k in ("ref", "root", "version", "parent", "from", "modules", "folded_bytes")}} if folded else {}),
+        },
         "metrics": {
             "relative_error": result.relative_error,
+            **({"residual_share": result.residual_share} if folded else {}),
             "clients": [{k: c[k] for k in ("adapter", "weight", "norm", "distance", "accepted", "clipped", "reason")} for c in clients],
         },
         "replicas": [r["store"] for r in replicas],
@@ -268,6 +316,8 @@ def run_round(
         "ledger_note": outcome.describe(),
         "lineage": None,
         "signatures": [s["key_id"] for s in _signed(entry)],
+        "base": folded,
+        "residual_share": result.residual_share,
     }
     if lineage is not None:
         out["lineage"] = _register(lineage, tenant, out_name, clusters, out)
@@ -319,8 +369,34 @@ def cosign(
     return {"round": doc["round"], "root": root, "cluster": cluster.uri, "key_id": key.id, "doc": signed}
 
 
+def _base_versions(lineage: Lineage, name: str, clusters: list[Store], base: dict, r: dict) -> list[str]:
+    """Register the folded base of a fedex round as a version of ``name`` whose parent is the
+    base it was folded from (that root's version of ``name``, registered first when it has none,
+    as the first round's base is): the parents of the adapter's version."""
+    from concord.lineage.registry import search_versions
+    from concord.lineage.tags import TAG_ROOT, read_tags
+
+    def version_of(root: str) -> str | None:
+        try:
+            held = [v for v in search_versions(lineage, f"name = '{name}'") if read_tags(v.tags).get(TAG_ROOT) == root]
+        except Exception:  # a model not registered yet
+            return None
+        return f"{name}/{max(int(v.version) for v in held)}" if held else None
+
+    parent = version_of(base["parent"])
+    if parent is None:
+        mv = lineage.register_model_version(name, base["parent"], clusters, description=f"base model {base['from']} of tenant {r['tenant']}")
+        parent = f"{mv['name']}/{mv['version']}"
+    mv = lineage.register_model_version(
+        name, base["root"], clusters, parents=[parent],
+        description=f"{base['from']} with the residual of fedex round {r['round']} folded into {base['modules']} module(s)",
+    )
+    return [f"{mv['name']}/{mv['version']}"]
+
+
 def _register(lineage: Lineage, tenant: str, out_name: str, clusters: list[Store], r: dict) -> dict:
-    """Register the round's result as a model version; a failure is logged and returned, never raised."""
+    """Register the round's result as a model version (with a fedex round, after its folded base,
+    its parent); a failure is logged and returned, never raised."""
     name = f"{tenant}-{out_name}"
     description = (
         f"federation round {r['round']} of tenant {tenant}: {r['method']} aggregation of "
@@ -328,8 +404,9 @@ def _register(lineage: Lineage, tenant: str, out_name: str, clusters: list[Store
         f"ledger hash {r['hash']}"
     )
     try:
-        mv = lineage.register_model_version(name, r["root"], clusters, description=description, parents=[])
+        parents = _base_versions(lineage, f"{name}{BASE_SUFFIX}", clusters, r["base"], r) if r.get("base") else []
+        mv = lineage.register_model_version(name, r["root"], clusters, description=description, parents=parents)
     except Exception as exc:  # lineage records the round; it must never lose it
         log.warning("federation round %d of %s is recorded in the ledger but not in lineage: %s", r["round"], tenant, exc)
         return {"name": name, "error": f"{type(exc).__name__}: {exc}"}
-    return {"name": mv["name"], "version": mv["version"]}
+    return {"name": mv["name"], "version": mv["version"], **({"parents": parents} if parents else {})}
