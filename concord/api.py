@@ -510,7 +510,7 @@ def checkout(
         UntrustedRootError, CheckoutBusyError, HealthCheckFailedError, CheckoutTargetError, RefNotFoundError.
     """
     from concord.serving.checkout import checkout as write
-    from concord.snapshots.refs import load_manifest
+    from concord.snapshots.manifest import Manifest
     from concord.trust import check_root
 
     policy = _policy(trust)
@@ -518,9 +518,10 @@ def checkout(
     shared = open_store(cache, key_file=cache_key_file) if cache is not None else None
     found = _root("checkout", source, ref, root)
     check_root(source, found, policy)  # an untrusted root: refused before its manifest is even read
+    data = source.get_manifest_bytes(found)
     result: CheckoutResult = write(
         source,
-        load_manifest(source, found),
+        Manifest.from_json(data, expected_root=found),
         dest,
         cache=shared,
         keep=keep,
@@ -530,6 +531,7 @@ def checkout(
         fsync=fsync,
         rehash=rehash,
         progress=_progress(progress),
+        manifest_json=data,  # checked against the root as it was parsed: kept on the node as it is
     )
     return result
 
@@ -700,7 +702,6 @@ def federate_round(
     remember: bool = True,
     progress: ProgressLike = None,
     cosigners: Sequence[SigningKey | str | os.PathLike[str]] = (),
-    base: str | None = None,
 ) -> dict[str, Any]:
     """One LoRA federation round: find each adapter ref of ``tenant`` in ``clusters``, aggregate
     (``method``: exact, stack or fedavg), snapshot the result into the first cluster as
@@ -710,9 +711,6 @@ def federate_round(
     adds the round to, this machine's memory of ledgers. ``cosigners`` are the keys of the other
     clusters, in the clusters' order: each cluster checks the aggregate it received, then signs the
     round and the head beside ``key`` (a quorum for ``federate_verify`` under a threshold).
-    ``method="fedex"`` folds the rest of the exact mean into the base model ``base`` (a ref; by
-    default the tenant's folded base ``TENANT/OUT_NAME-base`` of the round before), snapshotted and
-    replicated as ``TENANT/OUT_NAME-base`` beside the adapter (docs/federation.md).
 
     Returns the round's record (what ``--json`` prints).
 
@@ -744,7 +742,6 @@ def federate_round(
         key=key,
         memory=LedgerMemory() if remember else None,
         cosigners=keys,
-        base=base,
     )
 
 

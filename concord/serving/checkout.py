@@ -37,7 +37,7 @@ import stat
 import threading
 import time
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -112,11 +112,18 @@ def _stat_key(st: os.stat_result) -> list[int]:
     return [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
 
 
-def _record_files(layout: Layout, root: str, base: str, manifest: Manifest, fsync: bool) -> None:
+def _record_files(
+    layout: Layout, root: str, base: str, manifest: Manifest, fsync: bool, known: dict[str, list[int]] | None = None
+) -> None:
     """Note each verified file's size, times and inode beside the manifest: while they are the
     same, the file holds the bytes that were verified, and a later checkout copies from it
-    without reading it back (``rehash`` reads everything again)."""
-    files = {f.path: _stat_key(os.stat(os.path.join(base, *f.path.split("/")))) for f in manifest.files}
+    without reading it back (``rehash`` reads everything again). ``known``: the keys of files
+    taken from their descriptors after their last write (manifest path -> key), not looked up again."""
+    known = known or {}
+    files = {
+        f.path: known[f.path] if f.path in known else _stat_key(os.stat(os.path.join(base, *f.path.split("/"))))
+        for f in manifest.files
+    }
     atomic_write(_files_path(layout, root), json.dumps({"root": root, "files": files}).encode(), fsync=fsync)
 
 
@@ -262,6 +269,43 @@ def _copy(src_fd: int, src_off: int, dst_fd: int, dst_off: int, length: int) -> 
             done += got
 
 
+class _EarlySync:
+    """``syncfs`` of the filesystem ``fd`` is open on, run in the background after every
+    ``SYNCFS_EVERY`` bytes :meth:`wrote` was told of, one at a time (``fd`` None: nothing)."""
+
+    def __init__(self, fd: int | None) -> None:
+        self.fd = fd
+        self.lock = threading.Lock()
+        self.bytes = 0
+        self.pool: ThreadPoolExecutor | None = None
+        self.running: Future | None = None
+
+    def wrote(self, n: int) -> None:
+        if self.fd is None:
+            return
+        with self.lock:
+            self.bytes += n
+            if self.bytes < local_store.SYNCFS_EVERY or (self.running is not None and not self.running.done()):
+                return
+            if self.running is not None:
+                self.running.result()  # ended: a write-back error it was told of fails the checkout now
+            self.bytes = 0
+            if self.pool is None:
+                self.pool = ThreadPoolExecutor(1, thread_name_prefix="concord-syncfs")
+            self.running = self.pool.submit(local_store.syncfs, self.fd)
+
+    def wait(self) -> None:
+        """Raise the error of the last one, if it had one (its predecessors' were raised as they ended)."""
+        with self.lock:
+            running = self.running
+        if running is not None:
+            running.result()
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.shutdown(wait=True)
+
+
 def materialise(
     store: Store,
     manifest: Manifest,
@@ -273,12 +317,15 @@ def materialise(
     rehash: bool = False,
     progress: Progress | None = None,
     damaged: list[str] | None = None,
+    manifest_json: bytes | None = None,
 ) -> _Tally:
     """Write ``manifest`` into ``<versions>/<root>/``, whole and verified (see the module's doc).
     ``sources`` are the roots of versions on this node to copy from, most preferred first. With
     ``rehash``, bytes copied from files unchanged since they were verified are hashed again too.
     ``damaged``: ``<root>/`` is kept already and these of its files are damaged; the others are
-    hard-linked into the new copy, which then takes the kept one's place."""
+    hard-linked into the new copy, which then takes the kept one's place. ``manifest_json``: the
+    bytes ``manifest`` was read (and checked) from, kept beside the version as they are instead of
+    being encoded again."""
     root = manifest.root
     part_dir = layout.partial_dir(root)
     kept_dir = layout.version_dir(root) if damaged is not None else None
@@ -297,9 +344,15 @@ def materialise(
     # (no bookkeeping); with ``fsync`` they are flushed together by one ``syncfs`` of the version's
     # filesystem before the rename, through a descriptor opened before any of them is written, so
     # that a failed write-back of any is reported there (no ``syncfs``: each is flushed as it closes)
-    single: set[str] = set()
+    single: dict[str, str] = {}  # such a file's path -> its manifest path
     fs_fd = os.open(part_dir, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)) if fsync and local_store._SYNCFS is not None else None
     flush_each = fsync and fs_fd is None
+    # while they are written, a syncfs starts in the background after every SYNCFS_EVERY bytes of
+    # them (one at a time), so the disk writes them back meanwhile and the last one has little left
+    early = _EarlySync(fs_fd)
+    # each one's size, times and inode, taken from its descriptor after its last write (the note
+    # of verified files is made of these, with no lookup of each file again)
+    stats: dict[str, list[int]] = {}
     try:
         # a resumed partial version may hold links: each path is then resolved before it is trusted
         paths = target_paths((f.path for f in manifest.files), part_dir, resolve=resuming)
@@ -325,7 +378,7 @@ def materialise(
                     os.close(fd)
             whole = f.path in intact
             if not resuming and f.size and sum(p.n_chunks for p in f.parts) == 1:
-                single.add(path)
+                single[path] = f.path
             pieces = 0
             for p in f.parts:
                 for cid, offset, length in p.chunk_spans(manifest.chunk_size):
@@ -356,6 +409,9 @@ def materialise(
                 yield fd
                 if flush_each:
                     os.fsync(fd)
+                st = os.fstat(fd)
+                stats[single[path]] = _stat_key(st)  # one key per file: no lock needed
+                early.wrote(st.st_size)
             finally:
                 os.close(fd)
 
@@ -425,7 +481,8 @@ def materialise(
                 write(path2, data, offset2)
                 counts.reused += length2
 
-        workers = max(4, store.parallelism)
+        # one thread per core for a local store, as restore: more only contend for the interpreter
+        workers = store.parallelism
         # runs of chunks, one task each (a small file's chunk costs the queue little), a few per thread at least
         per = max(1, min(RUN_CHUNKS, len(places) // (4 * workers)))
         ids = list(places)
@@ -434,10 +491,11 @@ def materialise(
                 pass
         dst.close()  # with fsync, each file is flushed as it is closed
         if fs_fd is not None:
+            early.wait()  # a write-back error the one in the background was told of is raised here
             local_store.syncfs(fs_fd)  # and every new file of one chunk, with the folders, all at once
-        atomic_write(layout.manifest_path(root), manifest.to_json(), fsync=fsync)
+        atomic_write(layout.manifest_path(root), manifest.to_json() if manifest_json is None else manifest_json, fsync=fsync)
         if kept_dir is None:
-            _record_files(layout, root, part_dir, manifest, fsync)
+            _record_files(layout, root, part_dir, manifest, fsync, stats)
             os.rename(part_dir, layout.version_dir(root))
         else:  # the repaired copy and the damaged kept one change places at once
             if fsync:
@@ -459,6 +517,7 @@ def materialise(
     finally:
         dst.abandon()  # closed above unless something failed
         src.abandon()
+        early.close()  # done with the descriptor before it closes
         if fs_fd is not None:
             os.close(fs_fd)
         prog.close()
@@ -497,6 +556,7 @@ def checkout(
     fsync: bool = True,
     rehash: bool = False,
     progress: Progress | None = None,
+    manifest_json: bytes | None = None,
 ) -> CheckoutResult:
     """Make ``dest`` (a symlink) name ``manifest``'s snapshot, written whole and verified beside it.
 
@@ -504,7 +564,8 @@ def checkout(
     (:class:`~concord.errors.UntrustedRootError`) before any byte is written. The same root as the current one does nothing (but ``keep`` still prunes). With
     ``health``, the gate runs after the flip; when it fails the link flips back and
     :class:`HealthCheckFailedError` is raised. ``keep`` prunes to that many versions after a
-    healthy flip (never the current one or the one before)."""
+    healthy flip (never the current one or the one before). ``manifest_json``: the bytes
+    ``manifest`` was read from (checked against its root), kept beside the version as they are."""
     t0 = time.perf_counter()
     layout = Layout.of(dest)
     root = manifest.root
@@ -557,7 +618,7 @@ def checkout(
                 order = ([current] if current else []) + [r for r in reversed(layout.versions()) if r != current]
                 tally = materialise(
                     store, manifest, layout, sources=order, cache=cache, fsync=fsync, rehash=rehash,
-                    progress=progress, damaged=damaged,
+                    progress=progress, damaged=damaged, manifest_json=manifest_json,
                 )
             if health is not None:
                 layout.mark_gate(root, fallback, health.describe())

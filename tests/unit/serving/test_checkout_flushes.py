@@ -1,10 +1,13 @@
 """A checkout of many small files flushes them all before the rename that makes the version and the
 flip that serves it: by one ``syncfs`` of the version's filesystem begun after the last of them was
 written (no ``fsync`` each), or, where the system has no ``syncfs``, by an ``fsync`` each; a file of
-several chunks is flushed by its own ``fsync`` as before. Told ``fsync=False``, nothing is flushed."""
+several chunks is flushed by its own ``fsync`` as before. Told ``fsync=False``, nothing is flushed.
+While many are written, a ``syncfs`` also runs in the background after every ``SYNCFS_EVERY`` bytes
+of them, and a write-back error it reports fails the checkout before the flip."""
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 from pathlib import Path
@@ -12,6 +15,7 @@ from pathlib import Path
 import pytest
 from toy_checkpoints import SMALL_CHUNK
 
+from concord.errors import LocalFileError
 from concord.serving.checkout import checkout
 from concord.serving.versions import Layout
 from concord.snapshots.snapshot import snapshot
@@ -109,3 +113,75 @@ def test_every_new_file_is_flushed_before_the_version_is_renamed_into_place(fold
         assert not rec.of("syncfs")
         for p in small:
             assert writes[p] < rec.index("fsync", p) < renamed
+
+
+def test_syncfs_runs_in_the_background_while_small_files_are_written_and_once_more_after_the_last(folder, tmp_path, monkeypatch):
+    """After every ``SYNCFS_EVERY`` bytes of small files a ``syncfs`` starts beside the writers (so
+    the disk works meanwhile); the last still begins after the last write and ends before the rename."""
+    monkeypatch.setattr(local, "SYNCFS_EVERY", 8000)  # a few of the 40 small files
+    store = LocalDirStore(tmp_path / "store")
+    m = snapshot(folder, store, chunk_size=SMALL_CHUNK).manifest
+    dest = tmp_path / "srv" / "current"
+    rec = Recorder(monkeypatch, tmp_path / "srv")
+    checkout(store, m, dest)
+    layout = Layout.of(dest)
+    part, vdir = layout.partial_dir(m.root), layout.version_dir(m.root)
+    small = {os.path.join(part, f.path) for f in m.files if f.path != "big.bin"}
+    writes = [i for i, (w, p) in enumerate(rec.events) if w == "write" and p in small]
+    begins = [i for i, (w, p) in enumerate(rec.events) if w == "syncfs-begin" and p == part]
+    assert len(begins) >= 2 and begins[0] < writes[-1], "no syncfs ran while the files were written"
+    assert writes[-1] < begins[-1] < rec.index("rename", vdir)
+    assert len(rec.of("syncfs")) == len(begins) and rec.events.index(("syncfs", part)) < rec.index("rename", vdir)
+    for f in m.files:
+        assert Path(vdir, f.path).read_bytes() == (folder / f.path).read_bytes()
+
+
+def test_a_write_back_error_the_background_syncfs_reports_fails_the_checkout_before_any_flip(folder, tmp_path, monkeypatch):
+    monkeypatch.setattr(local, "SYNCFS_EVERY", 8000)
+    store = LocalDirStore(tmp_path / "store")
+    m1 = snapshot(folder / "d0", store, chunk_size=SMALL_CHUNK).manifest
+    m2 = snapshot(folder, store, chunk_size=SMALL_CHUNK).manifest
+    dest = tmp_path / "srv" / "current"
+    checkout(store, m1, dest)
+    calls = []
+    real = local.syncfs
+
+    def failing_once(fd):  # the first syncfs of m2's checkout: the one that runs beside the writers
+        calls.append(threading.current_thread().name)
+        if len(calls) == 1:
+            raise OSError(5, "Input/output error")
+        real(fd)
+
+    monkeypatch.setattr(local, "syncfs", failing_once)
+    with pytest.raises(LocalFileError, match="Input/output error"):
+        checkout(store, m2, dest)
+    assert calls[0].startswith("concord-syncfs")  # the one beside the writers, not the last
+    layout = Layout.of(dest)
+    assert layout.current() == m1.root and not os.path.isdir(layout.version_dir(m2.root))
+
+
+def test_the_note_of_verified_files_taken_from_their_descriptors_is_what_stat_says(folder, tmp_path):
+    """The size, times and inode noted for each new file (from its descriptor after its last write)
+    are what a lookup of the renamed file gives: a later checkout copies from it without reading it."""
+    store = LocalDirStore(tmp_path / "store")
+    m = snapshot(folder, store, chunk_size=SMALL_CHUNK).manifest
+    dest = tmp_path / "srv" / "current"
+    checkout(store, m, dest)
+    layout = Layout.of(dest)
+    vdir = layout.version_dir(m.root)
+    noted = json.loads(Path(layout.manifest_path(m.root)[: -len(".json")] + ".files.json").read_bytes())["files"]
+    assert sorted(noted) == sorted(f.path for f in m.files)
+    for f in m.files:
+        st = os.stat(os.path.join(vdir, f.path))
+        assert noted[f.path] == [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino], f.path
+
+
+def test_the_manifest_kept_beside_a_version_checked_out_through_the_api_is_the_stores_bytes(folder, tmp_path):
+    import concord
+
+    store = LocalDirStore(tmp_path / "store")
+    root = snapshot(folder, store, chunk_size=SMALL_CHUNK, ref="models/small").manifest.root
+    dest = tmp_path / "srv" / "current"
+    r = concord.checkout(str(tmp_path / "store"), dest, ref="models/small")
+    assert r.root == root and r.files == SMALL + 1
+    assert Path(Layout.of(dest).manifest_path(root)).read_bytes() == store.get_manifest_bytes(root)
