@@ -702,6 +702,7 @@ def federate_round(
     remember: bool = True,
     progress: ProgressLike = None,
     cosigners: Sequence[SigningKey | str | os.PathLike[str]] = (),
+    base: str | None = None,
 ) -> dict[str, Any]:
     """One LoRA federation round: find each adapter ref of ``tenant`` in ``clusters``, aggregate
     (``method``: exact, stack or fedavg), snapshot the result into the first cluster as
@@ -711,6 +712,9 @@ def federate_round(
     adds the round to, this machine's memory of ledgers. ``cosigners`` are the keys of the other
     clusters, in the clusters' order: each cluster checks the aggregate it received, then signs the
     round and the head beside ``key`` (a quorum for ``federate_verify`` under a threshold).
+    ``method="fedex"`` folds the rest of the exact mean into the base model ``base`` (a ref; by
+    default the tenant's folded base ``TENANT/OUT_NAME-base`` of the round before), snapshotted and
+    replicated as ``TENANT/OUT_NAME-base`` beside the adapter (docs/federation.md).
 
     Returns the round's record (what ``--json`` prints).
 
@@ -742,6 +746,7 @@ def federate_round(
         key=key,
         memory=LedgerMemory() if remember else None,
         cosigners=keys,
+        base=base,
     )
 
 
