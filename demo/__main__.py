@@ -118,7 +118,10 @@ def main(argv: list[str] | None = None) -> int:
     from concord.lineage.client import shown_uri
 
     uri = shown_uri(os.environ["MLFLOW_TRACKING_URI"])
-    opens = f"mlflow ui --backend-store-uri {uri} --port 5000   # then open http://127.0.0.1:5000" if uri.startswith("sqlite:") else uri
+    # the mlflow of this virtual environment, as the README writes it (.venv/bin/mlflow from the project)
+    exe = Path(sys.executable).parent / "mlflow"
+    shown = os.path.relpath(exe) if exe.is_relative_to(Path.cwd()) else str(exe)
+    opens = f"{shown} ui --backend-store-uri {uri} --port 5000   # then open http://127.0.0.1:5000" if uri.startswith("sqlite:") else uri
     print(f"Lineage, drills and audits are in MLflow: {opens}")
     return 0
 
