@@ -1,6 +1,6 @@
 """Run the benchmarks and print one table per benchmark: ``python -m bench [BENCHMARK ...]``, each BENCHMARK
 one of snapshot, sync, diff, lora, tier, drift, drift-power, verify, audit-memory, drift-profile,
-oci, compress, trust, checkout, lineage, formats, s3-scale, fanout, scale, scale-memory."""
+oci, compress, trust, checkout, lineage, formats, s3-scale, fanout, scale, scale-memory, finetune."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from bench.common import DEFAULT_OUT, Options, Table, machine_summary, parse_siz
 
 BENCHMARKS = (
     "snapshot", "sync", "diff", "lora", "tier", "drift", "drift-power", "verify", "audit-memory", "drift-profile", "oci",
-    "compress", "trust", "checkout", "lineage", "formats", "s3-scale", "fanout", "scale", "scale-memory",
+    "compress", "trust", "checkout", "lineage", "formats", "s3-scale", "fanout", "scale", "scale-memory", "finetune",
 )
 DEFAULT_SIZE_GB = 2.1
 QUICK_SIZE_GB = 0.1

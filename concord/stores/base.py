@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING
 
 from concord.errors import (
     ChunkNotFoundError,
+    FrameError,
     IntegrityError,
     InvalidNameError,
     ManifestNotFoundError,
@@ -351,7 +352,7 @@ class Store(ABC):
         ``dtype`` (the safetensors dtype of the tensor the chunk is part of) lets a compressed
         store choose its codec. ``base`` (the id of the same region's chunk in the version this
         one follows) stores it as a delta against that chunk, where that is smaller
-        (:meth:`delta_base_bytes` says when a chunk can be a base).
+        (:meth:`delta_base` says which chunk it is a delta of).
         """
         return self.put_chunk_sized(cid, data, overwrite=overwrite, verify=verify, dtype=dtype, base=base) is not None
 
@@ -376,8 +377,9 @@ class Store(ABC):
         if enc.framed and not overwrite and self._exists_many([key])[0]:
             return None  # present: not worth encoding
         # a chunk written over (a repair) is stored whole: it may be another delta's base
-        base_bytes = self.delta_base_bytes(base, len(data)) if base is not None and base != cid and not overwrite else None
-        pair = (base, base_bytes) if base_bytes is not None else None
+        pair = self.delta_base(base, len(data)) if base is not None and base != cid and not overwrite else None
+        if pair is not None and pair[0] == cid:
+            pair = None
         stored = enc.encode_chunk(cid, data, dtype, transient=True, base=pair)  # written at once, then reused
         return len(stored) if self._put_object(key, stored, overwrite=overwrite) else None
 
@@ -392,35 +394,50 @@ class Store(ABC):
 
     # ------------------------------------------------------------------ deltas
 
-    def delta_base_bytes(self, base: str, length: int) -> memoryview | None:
-        """The raw bytes of chunk ``base`` if a chunk of ``length`` bytes can be stored as a delta
-        against it here, else None: the store is framed (compressed or encrypted), holds ``base``
-        whole (never a delta itself: a read decodes at most one level), ``length`` bytes long, and
-        its bytes hash to its id (a delta on damaged bytes would break once they are repaired).
-        Transient (see :mod:`.scratch`)."""
+    def delta_base(self, base: str, length: int) -> tuple[str, memoryview] | None:
+        """``(id, raw bytes)`` of the chunk a chunk of ``length`` bytes is stored as a delta
+        against when ``base`` is the same region's chunk in the version it follows, or None where
+        no delta can be made. The store must be framed (compressed or encrypted); a delta's base
+        is always a chunk stored whole, so a read decodes at most one level: ``base`` itself if
+        it is stored whole, else the chunk ``base`` is a delta of (the next training step is a
+        delta of the last step stored whole, and a chunk whose delta grows past the plain chunk
+        is stored whole again, becoming the base of the steps after it). The chunk must be
+        ``length`` bytes long, and hash to its id (a delta on damaged bytes would break once
+        they are repaired). The bytes are transient (see :mod:`.scratch`)."""
         enc = self.encoding()
         if not enc.framed:
             return None
-        blob = self._read_object_transient(chunk_key(enc.chunk_name(_check_digest(base, "base chunk id"))))
-        if blob is None or enc.base_of(base, memoryview(blob)[: enc.HEAD_BYTES]) is not None:
-            return None
-        try:
-            data = enc.decode_chunk(base, blob, transient=True)
-        except UnknownEncodingError:
-            return None
-        if len(data) != length or chunk_id(data) != base:
-            return None
-        return memoryview(data)
+        for _ in range(2):
+            blob = self._read_object_transient(chunk_key(enc.chunk_name(_check_digest(base, "base chunk id"))))
+            if blob is None:
+                return None
+            if enc.base_of(base, memoryview(blob)[: enc.HEAD_BYTES]) is None:
+                try:
+                    data = enc.decode_chunk(base, blob, transient=True)
+                except UnknownEncodingError:
+                    return None
+                if len(data) != length or chunk_id(data) != base:
+                    return None
+                return base, memoryview(data)
+            further = self.delta_of(base)  # stored as a delta: its own base is stored whole
+            if further is None:
+                return None
+            base = further
+        return None
 
-    def read_base(self, base: str) -> memoryview:
-        """The raw bytes of chunk ``base``, which a delta chunk needs to be decoded: stored whole
-        (a delta of a delta is refused as damaged). Not hash-checked here: the delta's own check
-        covers them. Transient (see :mod:`.scratch`)."""
+    def read_base(self, base: str) -> tuple[int, memoryview]:
+        """The frame of chunk ``base`` (``(encoding byte, what follows it)``, opened in an
+        encrypted store), which a delta chunk needs to be decoded: stored whole (a delta of a
+        delta is refused as damaged). Not hash-checked here: the delta's own check covers it.
+        Transient (see :mod:`.scratch`); :class:`ChunkNotFoundError` if it is gone."""
         enc = self.encoding()
         blob = self._read_object_transient(chunk_key(enc.chunk_name(_check_digest(base, "base chunk id"))))
         if blob is None:
             raise ChunkNotFoundError(self.uri, base)
-        return memoryview(enc.decode_chunk(base, blob, transient=True))
+        try:
+            return enc.open_frame(base, blob)
+        except (FrameError, SealError) as exc:
+            raise UnknownEncodingError(self.uri, f"chunk {base}", f"the base of a delta: {exc}") from None
 
     def decode_stored(self, cid: str, blob, *, transient: bool = False):
         """The raw bytes of ``blob``, chunk ``cid`` as this store keeps it (a delta decoded

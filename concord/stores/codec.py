@@ -200,13 +200,13 @@ def _encode_planes_view(view: memoryview, width: int) -> memoryview:
     return out[: pos + len(tail)]
 
 
-def _decode_planes_into(payload: memoryview, out: memoryview, *, rotated: bool = False) -> None:
-    """Write into ``out`` the raw bytes of a byte-plane frame's ``payload`` (what follows 0x03,
-    or 0x02 with ``rotated``)."""
+def _read_planes(payload: memoryview, size: int, prefix: str = "plane") -> tuple[int, int, list, memoryview]:
+    """``(width, elements, planes, tail)`` of a byte-plane frame's ``payload`` standing for
+    ``size`` bytes: each plane a uint8 array, decompressed into this thread's ``<prefix><i>``
+    buffer or a read-only view of ``payload`` for a plane kept raw."""
     import numpy as np
 
     view = payload
-    size = len(out)
     if len(view) < 1 or view[0] not in _UINT:
         raise FrameError("byte-plane frame with an unknown element width")
     width = view[0]
@@ -223,7 +223,7 @@ def _decode_planes_into(payload: memoryview, out: memoryview, *, rotated: bool =
             raise FrameError("byte-plane frame cut short")
         pos += length
         if mode == 1:
-            plane = scratch.array(f"plane{i}", np.uint8, n)
+            plane = scratch.array(f"{prefix}{i}", np.uint8, n)
             _zstd_decompress_into(body, memoryview(plane))
         elif mode == 0 and length == n:
             plane = np.frombuffer(body, dtype=np.uint8)
@@ -233,6 +233,13 @@ def _decode_planes_into(payload: memoryview, out: memoryview, *, rotated: bool =
     tail = view[pos:]
     if n * width + len(tail) != size:
         raise FrameError(f"byte-plane frame holds {n * width + len(tail)} bytes, {size} expected")
+    return width, n, planes, tail
+
+
+def _decode_planes_into(payload: memoryview, out: memoryview, *, rotated: bool = False) -> None:
+    """Write into ``out`` the raw bytes of a byte-plane frame's ``payload`` (what follows 0x03,
+    or 0x02 with ``rotated``)."""
+    width, n, planes, tail = _read_planes(payload, len(out))
     _join_into(planes, width, out)
     if rotated:
         _unrotate(width, out[: n * width])
@@ -323,6 +330,23 @@ def decode_view(kind: int, payload, size: int | None = None, *, slot: str = "dec
     raise FrameError(f"unknown encoding byte 0x{kind:02x}")
 
 
+def _raw_size(kind: int, payload) -> int:
+    """The raw size the frame ``payload`` (after its encoding byte ``kind``) stands for."""
+    if kind == RAW:
+        return len(payload)
+    if kind in (PLANES, ROTATED_PLANES):
+        return planes_size(payload)
+    if kind == ZSTD:
+        try:
+            n = _zstd().frame_content_size(memoryview(payload))
+        except _zstd().ZstdError as exc:
+            raise FrameError(f"zstd payload does not decode ({exc})") from None
+        if n >= 0:
+            return n
+        raise FrameError("zstd frame does not state its size")
+    raise FrameError(f"unknown encoding byte 0x{kind:02x}")
+
+
 def planes_size(payload) -> int:
     """The raw size a byte-plane frame's payload stands for (read from its planes' headers)."""
     view = memoryview(payload)
@@ -387,27 +411,44 @@ def delta_base(payload) -> str:
     return bytes(payload[:BASE_ID_BYTES]).hex()
 
 
-def decode_delta(payload, base, size: int | None = None, *, transient: bool = False):
-    """The raw bytes a delta frame's ``payload`` stands for, given ``base``: the raw bytes of the
-    chunk :func:`delta_base` names (they may lie in any of this thread's buffers but ``delta``).
-    With ``transient``, this thread's ``delta`` buffer (see :mod:`.scratch`); else a new buffer."""
+def decode_delta(payload, base_kind: int, base_payload, size: int | None = None, *, transient: bool = False):
+    """The ``size`` raw bytes a delta frame's ``payload`` stands for, given the frame of the chunk
+    :func:`delta_base` names (its encoding byte ``base_kind`` and what follows it, ``base_payload``,
+    which may lie in any of this thread's buffers but ``delta`` and the planes'). When both are
+    byte planes of one width, each plane of the XOR is applied to the base's plane and the planes
+    joined once (a read of a delta then costs little more than two plane decodes). With
+    ``transient``, this thread's ``delta`` buffer (see :mod:`.scratch`); else a new buffer."""
+    import numpy as np
+
     body = memoryview(payload)[BASE_ID_BYTES:]
     kind = frame_kind(body)
-    if kind == DELTA:
+    if kind == DELTA or base_kind == DELTA:
         raise FrameError("a delta of a delta (a delta's base is always a chunk stored whole)")
-    n = len(base)
-    if size is not None and size != n:
-        raise FrameError(f"delta's base holds {n} bytes, {size} expected")
-    if kind == RAW:
-        if len(body) - 1 != n:
-            raise FrameError(f"delta holds {len(body) - 1} bytes, its base {n}")
-        out = scratch.buffer("delta", n) if transient else memoryview(bytearray(n))
-        _xor_into(out, body[1:], base)
-    else:
-        out = decode_view(kind, body[1:], n, slot="delta")
-        if not transient:
-            out = memoryview(bytearray(out))
-        _xor_into(out, out, base)
+    if size is None:
+        size = _raw_size(base_kind, base_payload)
+    if size > MAX_RAW_BYTES:
+        raise FrameError(f"delta says it holds {size} bytes, more than any chunk ({MAX_RAW_BYTES})")
+    out = scratch.buffer("delta", size) if transient else memoryview(bytearray(size))
+    bview = memoryview(base_payload)
+    if kind == PLANES and base_kind == PLANES and len(bview) and body[1] == bview[0]:
+        width, n, xs, xtail = _read_planes(body[1:], size)
+        bwidth, bn, bs, btail = _read_planes(bview, size, "bplane")
+        planes = []
+        for i, (x, b) in enumerate(zip(xs, bs)):
+            dst = x if x.flags.writeable else scratch.array(f"xplane{i}", np.uint8, n)
+            np.bitwise_xor(x, b, out=dst)
+            planes.append(dst)
+        _join_into(planes, width, out)
+        if len(xtail):
+            _xor_into(out[n * width :], xtail, btail)
+        return out if transient else out.obj
+    base = decode_view(base_kind, bview, size)  # in the ``decoded`` buffer, or a view of the frame
+    if len(base) != size:
+        raise FrameError(f"delta's base holds {len(base)} bytes, {size} expected")
+    xor = body[1:] if kind == RAW else decode_view(kind, body[1:], size, slot="delta")
+    if len(xor) != size:
+        raise FrameError(f"delta holds {len(xor)} bytes, its base {size}")
+    _xor_into(out, xor, base)
     return out if transient else out.obj
 
 

@@ -166,25 +166,31 @@ class Encoding:
         do not decode. With ``transient``, a view that may lie in one of this thread's buffers or
         in ``blob`` itself (see :mod:`.scratch`), for a caller that hashes and writes it at once.
         A chunk stored as a delta needs ``base``: a function of the base chunk's id that returns
-        that chunk's raw bytes (its store's :meth:`~concord.stores.base.Store.read_base`)."""
+        that chunk's frame (its store's :meth:`~concord.stores.base.Store.read_base`)."""
         if not self.framed:
             return blob
         try:
-            if self.cipher is None:
-                kind, payload = codec.frame_kind(blob), memoryview(blob)[1:]
-            else:
-                clear = codec.BASE_ID_BYTES if len(blob) > 1 and blob[1] == codec.DELTA else 0
-                kind, payload = self.cipher.open(blob, b"chunk:" + cid.encode(), framed=True, transient=True, clear=clear)
+            kind, payload = self.open_frame(cid, blob)
             if kind == codec.DELTA:
                 if base is None:
                     raise codec.FrameError("it is a delta, and its base chunk was not given")
                 payload = bytes(payload)  # the base's read reuses this thread's buffers
-                base_id = codec.delta_base(payload)
-                return codec.decode_delta(payload, base(base_id), size, transient=transient)
+                base_kind, base_payload = base(codec.delta_base(payload))
+                return codec.decode_delta(payload, base_kind, base_payload, size, transient=transient)
             view = codec.decode_view(kind, payload, size)
         except (codec.FrameError, SealError) as exc:
             raise UnknownEncodingError(self.store, f"chunk {cid}", str(exc)) from None
         return view if transient else bytes(view)
+
+    def open_frame(self, cid: str, blob) -> tuple[int, memoryview]:
+        """``(encoding byte, what follows it)`` of stored chunk ``cid`` in a framed store, opened
+        (decrypted, into this thread's ``opened`` buffer) in an encrypted one; not decoded.
+        :class:`~concord.errors.FrameError` or :class:`~concord.errors.SealError` if it is no frame."""
+        if self.cipher is None:
+            return codec.frame_kind(blob), memoryview(blob)[1:]
+        clear = codec.BASE_ID_BYTES if len(blob) > 1 and blob[1] == codec.DELTA else 0
+        kind, payload = self.cipher.open(blob, b"chunk:" + cid.encode(), framed=True, transient=True, clear=clear)
+        return kind, memoryview(payload)
 
     #: how many bytes of a stored chunk :meth:`base_of` reads
     HEAD_BYTES = 2 + codec.BASE_ID_BYTES

