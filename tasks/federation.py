@@ -43,6 +43,8 @@ def federate_task(
     tracking_uri: str | None = None,
     trust_block: str | None = None,
     remember: bool = True,
+    cosigner_blocks: Sequence[str] | None = None,
+    base: str | None = None,
 ) -> dict:
     """One federation round of ``tenant``: aggregate ``adapters`` (refs ``NAME`` or
     ``tenant/NAME``) found in ``clusters``, snapshot the result into the first cluster under
@@ -53,7 +55,10 @@ def federate_task(
 
     With ``trust_block`` (a saved Concord Trust block holding this cluster's signing key) the
     round is signed over its hash, so ``verify_ledger_task`` under that block's trusted keys
-    accepts it. With ``remember`` (the default) a ledger behind what this worker saw of it is
+    accepts it. ``cosigner_blocks`` are the trust blocks of the other clusters, in the clusters'
+    order: each one's signing key co-signs the round once its cluster has checked the aggregate it
+    received (a quorum for a threshold policy). ``base`` is the base model of a ``fedex`` round.
+    With ``remember`` (the default) a ledger behind what this worker saw of it is
     refused before any adapter is read, and the round is remembered. Emits ``concord.federation.completed``. Retried only when a store does not answer; a retry
     before the ledger append redoes nothing already done (same result, same root, ref in place).
     """
@@ -66,6 +71,7 @@ def federate_task(
         from concord_pipelines.blocks.trust import load_trust_block
 
         key = load_trust_block(trust_block).get_signing_key()
+    cosigners = [_signing_key_of(name) for name in cosigner_blocks or ()]  # a block without a key fails before any store is read
     lineage = None
     if record_lineage:
         from concord.lineage import Lineage
@@ -88,6 +94,8 @@ def federate_task(
             progress=PrefectProgress(),
             key=key,
             memory=LedgerMemory() if remember else None,
+            cosigners=cosigners,
+            base=base,
         )
     log = run_logger()
     if r["lineage"] and "error" in r["lineage"]:
@@ -117,10 +125,22 @@ def federate_task(
     return r
 
 
+def _signing_key_of(block: str):
+    """The signing key of the trust block ``block`` (one line naming it when it has none)."""
+    from concord.errors import KeyFileError
+    from concord_pipelines.blocks.trust import load_trust_block
+
+    key = load_trust_block(block).get_signing_key()
+    if key is None:
+        raise KeyFileError(f"block:{block}", "the co-signer's trust block has no signing key", "Set its signing_key, or leave it out of cosigner_blocks")
+    return key
+
+
 @task(name="verify-ledger", task_run_name="verify-ledger-{tenant}", **RETRIED)
-def verify_ledger_task(store: str, tenant: str, trust_block: str | None = None, remember: bool = True) -> dict:
+def verify_ledger_task(store: str, tenant: str, trust_block: str | None = None, remember: bool = True, threshold: int | None = None) -> dict:
     """Check ``tenant``'s ledger in ``store`` (round hashes, chain, head; under a trust policy,
-    the trust block's keys or ``$CONCORD_TRUSTED_KEYS``, every round's signature too). With
+    the trust block's keys or ``$CONCORD_TRUSTED_KEYS``, every round's signatures too: at least
+    the policy's threshold of distinct keys, or ``threshold``; ``signed_by`` names them per round). With
     ``remember`` (the default), also against what this worker saw of it before, as ``concord
     federate verify`` does: a ledger rolled back below that round, or rewritten, is tampered
     (``error`` names it and the fix); one that verifies is remembered. Returns the report rather
@@ -129,7 +149,7 @@ def verify_ledger_task(store: str, tenant: str, trust_block: str | None = None, 
     from concord.federation.seen import LedgerMemory, verify_remembered
     from concord_pipelines.tasks.trust import trust_policy
 
-    policy = trust_policy(trust_block)
+    policy = trust_policy(trust_block, threshold)
     with open_stores(store) as (s,):
         result = verify_remembered(s, tenant, trust=policy, memory=LedgerMemory() if remember else None)
     report = result.report

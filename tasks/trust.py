@@ -17,15 +17,16 @@ from concord_pipelines.tasks.common import RETRIED, open_stores
 from concord_pipelines.tasks.progress import run_logger
 
 
-def trust_policy(trust_block: str | None):
-    """The policy of the trust block ``trust_block``, else of ``$CONCORD_TRUSTED_KEYS``, else None."""
+def trust_policy(trust_block: str | None, threshold: int | None = None):
+    """The policy of the trust block ``trust_block``, else of ``$CONCORD_TRUSTED_KEYS`` (and
+    ``$CONCORD_TRUST_THRESHOLD``), else None; ``threshold`` replaces the policy's own."""
+    from concord.trust import load_policy
+
     if trust_block:
         from concord_pipelines.blocks.trust import load_trust_block
 
-        return load_trust_block(trust_block).get_policy()
-    from concord.trust import load_policy
-
-    return load_policy(None)
+        return load_policy(load_trust_block(trust_block).get_policy(), threshold=threshold)
+    return load_policy(None, threshold=threshold)
 
 
 @task(name="sign-snapshot", **RETRIED)

@@ -63,7 +63,9 @@ def test_a_deployment_signs_its_snapshots_and_refuses_a_forged_root(checkpoints,
     assert ok["root"] == root
 
     v = verify_store(eu, REF, trust_block=name)
-    assert v["signatures"] == [{"root": forged, "store": eu, "signed_by": [], "trusted": False, "trusted_by": None, "problems": {}}]
+    quorum = v["signatures"][0].pop("quorum")
+    assert quorum.startswith("0 of 1 (none; ") and quorum.endswith(" missing), 1 needed"), quorum
+    assert v["signatures"] == [{"root": forged, "store": eu, "signed_by": [], "trusted": False, "trusted_by": None, "problems": {}, "threshold": 1}]
     audit = audit_replicas_task(REF, [us, eu], trust_block=name)
     assert audit["severity"] == "critical"
     assert [(x["cluster"], x["trusted"]) for x in audit["replicas"]] == [("us-east", True), ("eu-central", False)]
