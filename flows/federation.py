@@ -29,6 +29,9 @@ Rank = Annotated[int, Field(ge=1, description="exact only: cap each module's ran
 Weight = Annotated[float, Field(ge=0)]
 ClipNorm = Annotated[float, Field(gt=0, description="Scale down client updates whose norm exceeds this.")]
 OutName = Annotated[str, Field(pattern=NAME_PATTERN, description="The result's ref is TENANT/OUT_NAME.")]
+BaseRef = Annotated[str, Field(pattern=r"^[^\s/]+(/[^\s/]+)?$", description="fedex only: the base model's ref (empty: TENANT/OUT_NAME-base).")]
+BlockName = Annotated[str, Field(min_length=1, description="The name of a saved Concord Trust block.")]
+Threshold = Annotated[int, Field(ge=1, description="How many distinct trusted keys must sign each round and the head.")]
 
 
 @flow(name="lora-federation")
@@ -36,7 +39,7 @@ def lora_federation(
     tenant: Tenant,
     clusters: Clusters,
     adapters: Adapters,
-    method: Literal["exact", "stack", "fedavg"] = "exact",
+    method: Literal["exact", "stack", "fedavg", "fedex"] = "exact",
     rank: Rank | None = None,
     weights: list[Weight] | None = None,
     clip_norm: ClipNorm | None = None,
@@ -45,6 +48,9 @@ def lora_federation(
     record_lineage: bool = True,
     tracking_uri: str | None = None,
     trust_block: str | None = None,
+    cosigner_blocks: list[BlockName] | None = None,
+    trust_threshold: Threshold | None = None,
+    base: BaseRef | None = None,
 ) -> dict:
     """Aggregate one tenant's LoRA adapters from the clusters into one adapter, replicate it to
     every cluster, and append the round to the tenant's ledger.
@@ -60,8 +66,10 @@ def lora_federation(
             snapshotted into the first and replicated to the others (only missing chunks move).
         adapters: The adapter refs, as NAME or TENANT/NAME.
         method: exact (the weighted mean of the clients' updates, refactored to its true rank),
-            stack (the clients' factors side by side), or fedavg (the mean of the A and B
-            factors: needs equal ranks, not exact).
+            stack (the clients' factors side by side), fedavg (the mean of the A and B
+            factors: needs equal ranks, not exact), or fedex (the mean of the factors at the
+            clients' rank, the rest of the exact mean folded into the base model: exact at a
+            fixed rank; needs base on the first round).
         rank: exact only: keep each module's largest singular values up to this rank; empty for
             the exact rank.
         weights: One weight per adapter (normalised); empty for equal weights.
@@ -73,8 +81,15 @@ def lora_federation(
             fails the round: a lineage failure is logged.
         tracking_uri: MLflow tracking URI; empty for the worker's MLFLOW_TRACKING_URI (else the
             embedded sqlite database).
-        trust_block: A saved Concord Trust block: its signing key (this cluster's) signs the
-            round, its trusted keys check every round of the ledger afterwards.
+        trust_block: A saved Concord Trust block: its signing key (the first cluster's) signs
+            the round, its trusted keys (and threshold) check every round of the ledger afterwards.
+        cosigner_blocks: The trust blocks of the other clusters, in the clusters' order: each
+            cluster checks the aggregate it received, then its block's key co-signs the round and
+            the head. Empty: only the first cluster signs.
+        trust_threshold: How many distinct trusted keys must have signed each round and the head
+            (empty: the trust block's threshold).
+        base: fedex only: the ref of the base model the adapters were trained on; empty for the
+            tenant's folded base of the round before (TENANT/OUT_NAME-base).
     """
     r = federate_task(
         tenant,
@@ -89,8 +104,10 @@ def lora_federation(
         record_lineage=record_lineage,
         tracking_uri=tracking_uri or None,
         trust_block=trust_block or None,
+        cosigner_blocks=cosigner_blocks or None,
+        base=base or None,
     )
-    ledger = verify_ledger_task(clusters[0], tenant, trust_block or None)  # the spec, not the URI: a block's credentials stay with it
+    ledger = verify_ledger_task(clusters[0], tenant, trust_block or None, threshold=trust_threshold)  # the spec, not the URI: a block's credentials stay with it
     r["ledger_report"] = ledger
 
     create_table_artifact(
@@ -125,7 +142,14 @@ def lora_federation(
         ("result", f"`{r['ref']}` → {short(r['root'])}"),
         ("ledger", f"round {r['round']}, hash {short(r['hash'])}, prev {short(r['prev'])} in `{r['ledger']}`; {ledger['rounds']} round(s), {verdict}"),
         ("lineage", lineage_text),
+        ("signed by", ", ".join(ledger.get("signed_by", {}).get(str(r["round"]), [])) or (
+            f"{len(r['signatures'])} key(s), not checked (no trust policy)" if r["signatures"] else "nobody (no signing key)")),
     ]
+    if r.get("base"):
+        b = r["base"]
+        rows.append(("folded base", f"`{b['from']}` {short(b['parent'])} → `{b['ref']}` {short(b['root'])}: {b['modules']} module(s), "
+                                    f"{human(b['folded_bytes'])} folded, share {r['residual_share']:.3g} of the update"))
+    signers = md_table(["round", "signed by"], [(n, ", ".join(names) or "(none)") for n, names in ledger.get("signed_by", {}).items()])
     replicas = md_table(
         ["cluster", "root", "chunks sent", "bytes sent", "ref version"],
         [(f"`{p['store']}`", short(p["root"]), p["chunks_sent"], human(p["bytes_sent"]), p["ref_version"]) for p in r["replicas"]],
@@ -134,7 +158,8 @@ def lora_federation(
     create_markdown_artifact(
         f"## Federation round {r['round']} of `{tenant}`\n\n"
         + md_table(["", ""], rows)
-        + f"\n\n### Inputs\n\n{inputs}\n\n### Result on every cluster\n\n{replicas}\n",
+        + f"\n\n### Inputs\n\n{inputs}\n\n### Result on every cluster\n\n{replicas}\n"
+        + (f"\n### Who signed each round\n\n{signers}\n" if ledger.get("signed_by") else ""),
         key="federation-summary",
         description=f"{tenant} round {r['round']}: {r['method']} → {r['root'][:12]}",
     )
