@@ -3,7 +3,10 @@
 The nightly flow and ``concord audit … --track`` log an audit through :func:`log_audit`, with the
 report as :func:`run_markdown` renders it and the parameters :func:`audit_params` lists, so its
 run is the same whichever wrote it: per column ``psi/<column>``, ``ks/<column>``,
-``js/<column>`` (where they apply), ``drift_share``, ``severity_rank`` and the counts as metrics;
+``js/<column>``, its p-value (``pvalue/``, ``pvalue_adjusted/``) and effect (``effect/``,
+``mean_shift/``, ``scale_ratio/``, ``new_share/``, ``new_share_expected/``) and
+``severity_rank/<column>`` (where they apply: :func:`column_metrics`), ``drift_share``,
+``severity_rank`` and the counts as metrics;
 the inputs, thresholds and bins as parameters (and ``reference_profile`` when the reference was a
 profile); the PNGs under ``histograms/``, ``report.json`` and ``report.md`` as artifacts (and the
 profile file under ``profile/`` when it is at hand: a profile file, or one made by this audit); the markdown also as the run's description. The run itself is written
@@ -14,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import re
 from collections.abc import Mapping, Sequence
@@ -62,9 +66,7 @@ def audit_run(
         metrics["columns_drifted"] = float(report.get("columns_drifted", 0))
         metrics["columns_compared"] = float(report.get("columns_compared", 0))
     for c in report.get("columns", []):
-        for stat in ("psi", "ks", "js"):
-            if c.get(stat) is not None:
-                metrics[_metric_key(stat, c["column"])] = float(c[stat])
+        metrics.update(column_metrics(c))
     contract = report.get("contract")
     if contract:
         metrics["contract_failed"] = float(len(contract.get("failed", [])))
@@ -102,6 +104,33 @@ def audit_run(
         },
         "description": _note(markdown),
     }
+
+
+#: a column's statistics logged as metrics ``<name>/<column>``, where they apply: the divergences;
+#: the rule's p-value (its tests combined) and that p-value adjusted over the audit's columns
+#: (Benjamini–Hochberg: what ``alpha`` judges); the effect the floor judges (numeric: Wasserstein
+#: distance in reference σ, categorical: share of mass moved) and its readable parts
+COLUMN_METRICS = {
+    "psi": "psi", "ks": "ks", "js": "js",
+    "pvalue": "pvalue", "pvalue_adjusted": "pvalue_adjusted",
+    "effect_size": "effect", "mean_shift": "mean_shift", "scale_ratio": "scale_ratio",
+    "new_share": "new_share", "new_share_expected": "new_share_expected",
+}
+
+
+def column_metrics(column: Mapping[str, Any]) -> dict[str, float]:
+    """One column's metrics (a ``ColumnDrift.to_dict()``): each statistic of :data:`COLUMN_METRICS`
+    it has, as ``<name>/<column>``, and ``severity_rank/<column>`` (0 ok, 1 warning, 2 critical)
+    for a compared column. A statistic that is not a finite number (the mean shift of a constant
+    reference) is left out: its finding says it."""
+    out: dict[str, float] = {}
+    for stat, name in COLUMN_METRICS.items():
+        value = column.get(stat)
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+            out[_metric_key(name, column["column"])] = float(value)
+    if column.get("compared", True) and column.get("severity") in SEVERITIES:
+        out[_metric_key("severity_rank", column["column"])] = float(SEVERITIES.index(column["severity"]))
+    return out
 
 
 def audit_params(

@@ -4,6 +4,7 @@ rows and PNG overlays; inputs named as people type them; the nights behind escal
 from __future__ import annotations
 
 import json
+import re
 from datetime import date
 from pathlib import Path
 from types import SimpleNamespace
@@ -20,6 +21,7 @@ from concord.audit.render import (
     column_rows,
     plot_histograms,
     plot_histograms_by_column,
+    png_data_uri,
     render_markdown,
     replica_rows,
     worst_tensor_rows,
@@ -207,6 +209,25 @@ def test_pngs_are_written_for_drifted_columns_only(tmp_path):
         data = Path(path).read_bytes()
         assert data.startswith(PNG) and len(data) > 5000
     assert sorted(p.name for p in (tmp_path / "plots").iterdir()) == ["drift-kind.png", "drift-mass.png"]
+
+
+def test_the_report_draws_its_histograms_inline_as_data_uris(tmp_path):
+    import base64
+
+    ref, cur = frames(shift=800, tilt=True)
+    report = AuditReport.assemble(drift=data_drift(ref, cur))
+    by_column = plot_histograms_by_column(report, ref, cur, tmp_path / "plots")
+    gone = {**by_column, "lost": str(tmp_path / "plots" / "drift-lost.png")}  # a PNG that is not there
+    md = render_markdown(report, plots=gone, embed=True, plots_where="the MLflow run's `histograms/` folder")
+    images = re.findall(r"!\[([^\]]*)\]\((data:image/png;base64,[A-Za-z0-9+/=]+)\)", md)
+    assert [alt.split(":")[0] for alt, _ in images] == ["mass", "kind"]  # worst first, each drawn
+    for (_, uri), path in zip(images, by_column.values()):
+        assert base64.b64decode(uri.split(",", 1)[1]) == Path(path).read_bytes()
+    assert str(tmp_path) not in md  # no worker path in the report a person reads
+    assert "Not drawn here: `lost` (`drift-lost.png`)." in md and "`histograms/` folder" in md
+    assert png_data_uri(tmp_path / "plots" / "nothing.png") is None
+    (tmp_path / "fake.png").write_text("not a png")
+    assert png_data_uri(tmp_path / "fake.png") is None
 
 
 def test_no_png_without_drift_nor_for_a_column_that_is_gone(tmp_path):
@@ -459,3 +480,26 @@ def test_an_audit_summary_puts_the_worst_columns_first_and_cuts_every_list():
     assert [c["column"] for c in s["drifted_columns"]] == ["mass"]  # the worst one, and only one
     assert s["contract"]["ref"] == "toy@1" and len(s["contract"]["failed"]) == 1 < s["contract"]["failed_count"]
     json.dumps(s)
+
+
+def test_each_columns_p_values_and_effects_are_metrics_and_what_is_not_finite_is_left_out():
+    from concord.audit.tracking import audit_run, column_metrics
+
+    ref = pd.DataFrame({"flat": np.zeros(500), "x": np.linspace(0, 1, 500), "k": ["a", "b"] * 250})
+    cur = pd.DataFrame({"flat": np.ones(500), "x": np.linspace(0, 1, 500), "k": ["a", "b"] * 200 + ["c"] * 100})
+    d = data_drift(ref, cur).to_dict()
+    by = {c["column"]: c for c in d["columns"]}
+    flat = column_metrics(by["flat"])
+    assert by["flat"]["mean_shift"] is None and "mean_shift/flat" not in flat  # a constant reference: infinitely many σ
+    assert column_metrics({"column": "c", "severity": "warning", "mean_shift": float("inf"), "scale_ratio": float("nan"), "pvalue": 0.0}) == {
+        "pvalue/c": 0.0, "severity_rank/c": 1.0,
+    }
+    assert flat["pvalue_adjusted/flat"] == by["flat"]["pvalue_adjusted"] and flat["severity_rank/flat"] == 2
+    x = column_metrics(by["x"])
+    assert x["mean_shift/x"] == 0 and x["scale_ratio/x"] == 1 and x["severity_rank/x"] == 0 and x["pvalue/x"] == by["x"]["pvalue"]
+    k = column_metrics(by["k"])
+    assert k["new_share/k"] == pytest.approx(0.2) and k["effect/k"] == by["k"]["effect_size"] and "scale_ratio/k" not in k
+    metrics = audit_run(d, "# report", name="t", night="2025-01-01")["metrics"]
+    assert {**flat, **x, **k}.items() <= metrics.items()
+    # a column only the current table has is not compared: no severity of its own
+    assert "severity_rank/new" not in column_metrics({"column": "new", "severity": "ok", "compared": False})

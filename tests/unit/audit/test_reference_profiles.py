@@ -417,3 +417,38 @@ def test_a_data_snapshots_profile_is_stored_beside_it_and_found_again(tmp_path):
         problem = "is not a profile" if name == "reference.profile" else "its snapshot .* holds no reference.profile"
         with pytest.raises(ProfileError, match=f"profiles/{other.id} in {store.uri}: {problem}"):
             stored_profile(store, other.id)
+
+
+def test_a_profile_stored_in_an_s3_store_is_read_back_and_audits_like_the_raw_reference(s3_store):
+    """On S3 (a real moto_server): the first night profiles the reference data snapshot and stores
+    the profile beside it; it reads back from its verified chunks, equal to the one made; the next
+    night audits against it alone and gives the raw reference's report."""
+    from concord.audit.nightly import nightly_drift
+    from concord.lineage.data import register_data
+
+    ref, cur = shapes(4_000, 11), shapes(3_000, 12, shift=0.3, moved=0.1)
+    snap = register_data(ref, s3_store, name="ref")
+    register_data(cur, s3_store, name="cur")
+    assert stored_profile(s3_store, snap.id) is None
+    first = nightly_drift("data/ref", "data/cur", s3_store, draw_plots=False, profile="create")
+    assert first["reference"]["profile"] is not None and first["reference"]["kind"] == "snapshot"
+    root, found = stored_profile(s3_store, snap.id)
+    assert s3_store.read_ref(f"profiles/{snap.id}").root == root == first["reference"]["profile"]
+    assert found.rows == 4_000 and found.source["id"] == snap.id
+    same_sides(found, profile_table(ref, source=dict(found.source)))
+    # the stored profile's file is an ordinary snapshot in the bucket: every chunk there, verified on reading
+    from concord.snapshots.refs import load_manifest
+
+    entry = load_manifest(s3_store, root).by_path["reference.profile"]
+    ids = [cid for part in entry.parts for cid in part.chunk_ids()]
+    assert ids and s3_store.has_chunks(ids) == set(ids)
+    night = nightly_drift("data/ref", "data/cur", s3_store, draw_plots=False, profile="use")
+    raw = nightly_drift("data/ref", "data/cur", s3_store, draw_plots=False, profile="off")
+    assert night["reference"]["profile"] == root and raw["reference"]["profile"] is None
+    assert {c["column"]: c["severity"] for c in night["drift"]["columns"]} == {c["column"]: c["severity"] for c in raw["drift"]["columns"]}
+    assert night["drift"]["severity"] == raw["drift"]["severity"] == "critical"
+    for x, y in zip(night["drift"]["columns"], raw["drift"]["columns"]):
+        assert x["column"] == y["column"] and x["pvalue_adjusted"] == pytest.approx(y["pvalue_adjusted"], rel=1e-9, abs=1e-300)
+        assert x["effect"] == y["effect"]
+    # and an audit against the profile read back from S3 directly
+    assert profile_drift(found, cur).severities() == {c["column"]: c["severity"] for c in raw["drift"]["columns"]}

@@ -83,6 +83,16 @@ def test_audit_data_track_logs_the_run_the_nightly_flow_logs(capsys, tables, tra
     assert metrics["columns_compared"] == 2 and metrics["columns_drifted"] == d["columns_drifted"]
     mass = next(c for c in d["columns"] if c["column"] == "mass")
     assert metrics["psi/mass"] == pytest.approx(mass["psi"]) and metrics["ks/mass"] == pytest.approx(mass["ks"])
+    # each column's p-values and effects, as the report has them, so a night's run shows why it drifted
+    kind = next(c for c in d["columns"] if c["column"] == "kind")
+    for column, stats in (("mass", ("pvalue", "pvalue_adjusted", "mean_shift", "scale_ratio")), ("kind", ("pvalue", "pvalue_adjusted", "new_share_expected"))):
+        row = mass if column == "mass" else kind
+        for stat in stats:
+            assert metrics[f"{stat}/{column}"] == pytest.approx(row[stat], rel=1e-12, abs=1e-300), (stat, column)
+    assert metrics["effect/mass"] == pytest.approx(mass["effect_size"]) and metrics["effect/kind"] == pytest.approx(kind["effect_size"])
+    assert metrics["mean_shift/mass"] > 1.5 and metrics["pvalue_adjusted/mass"] < 1e-9  # 900 on a σ of 500
+    assert metrics["severity_rank/mass"] == 2 and metrics["severity_rank/kind"] == ["ok", "warning", "critical"].index(kind["severity"])
+    assert "mean_shift/kind" not in metrics and "new_share_expected/mass" not in metrics
     params = r.data.params
     assert params["reference"] == str(tables["ref"]) and params["current"] == str(tables["hot"])
     assert params["bins"] == "10" and params["max_ulps"] == "1"
