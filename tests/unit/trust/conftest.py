@@ -37,14 +37,9 @@ def keydir(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def clusters(tmp_path_factory) -> Path:
     """A key pair per cluster (and one outside the policy), and ``policy.yaml``: threshold 2."""
-    from quorum_keys import CLUSTERS
+    from quorum_keys import make_cluster_keys
 
-    d = tmp_path_factory.mktemp("cluster-keys")
-    for name in (*CLUSTERS, "outsider"):
-        generate_key(d / f"{name}.pem")
-    lines = ["threshold: 2", "keys:"] + [f"  {n}: {n}.pub.pem" for n in CLUSTERS]
-    (d / "policy.yaml").write_text("\n".join(lines) + "\n")
-    return d
+    return make_cluster_keys(tmp_path_factory.mktemp("cluster-keys"))
 
 
 @pytest.fixture

@@ -13,3 +13,15 @@ def key(clusters: Path, name: str):
     from concord.trust import load_signing_key
 
     return load_signing_key(clusters / f"{name}.pem")
+
+
+def make_cluster_keys(d: Path) -> Path:
+    """A key pair per cluster (and one outside the policy) in ``d``, and ``d/policy.yaml``:
+    the three cluster keys, by name, threshold 2."""
+    from concord.trust import generate_key
+
+    for name in (*CLUSTERS, "outsider"):
+        generate_key(d / f"{name}.pem")
+    lines = ["threshold: 2", "keys:"] + [f"  {n}: {n}.pub.pem" for n in CLUSTERS]
+    (d / "policy.yaml").write_text("\n".join(lines) + "\n")
+    return d
