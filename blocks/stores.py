@@ -172,7 +172,9 @@ class LocalStore(StoreBlockMixin, Block):
         "A Concord content-addressed store (chunks, manifests, refs) in a local or "
         "network-mounted folder."
     )
-    _logo_url = "https://raw.githubusercontent.com/PrefectHQ/prefect/420d0d6a78bb6df1fc18bcf188fdad43c1d22ea9/assets/block-logos/filesystem.png"  # noqa: E501
+    # no logo: a remote image does not load where the UI has no internet, and Prefect accepts only
+    # http(s) addresses (no data: URI); the UI shows its own block icon instead
+    _logo_url = None
     _documentation_url = _DOCUMENTATION_URL
     _code_example = """
     Save a store once (or create it in the UI after `prefect block register -m concord_pipelines.blocks.stores`):
@@ -249,7 +251,9 @@ class S3Store(StoreBlockMixin, Block):
         "A Concord content-addressed store (chunks, manifests, refs) under a prefix of an S3 "
         "bucket, on AWS or any S3-compatible endpoint."
     )
-    _logo_url = "https://cdn.sanity.io/images/3ugk85nk/production/d74b16fe84ce626345adf235a47008fea2869a60-225x225.png"  # noqa: E501
+    # no logo: a remote image does not load where the UI has no internet, and Prefect accepts only
+    # http(s) addresses (no data: URI); the UI shows its own block icon instead
+    _logo_url = None
     _documentation_url = _DOCUMENTATION_URL
     _code_example = """
     Save a store once (or create it in the UI after `prefect block register -m concord_pipelines.blocks.stores`):

@@ -78,7 +78,9 @@ class TierPolicyBlock(Block):
         "Hot, warm and cold stores for a namespace of checkpoints, how many checkpoints each keeps, "
         "recovery objectives, and how archived copies are restored."
     )
-    _logo_url = "https://raw.githubusercontent.com/PrefectHQ/prefect/420d0d6a78bb6df1fc18bcf188fdad43c1d22ea9/assets/block-logos/filesystem.png"  # noqa: E501
+    # no logo: a remote image does not load where the UI has no internet, and Prefect accepts only
+    # http(s) addresses (no data: URI); the UI shows its own block icon instead
+    _logo_url = None
     _documentation_url = _DOCUMENTATION_URL
     _code_example = """
     Save a policy once (or create it in the UI after `prefect block register -m concord_pipelines.blocks.tiers`):

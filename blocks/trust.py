@@ -42,7 +42,9 @@ class TrustBlock(Block):
     _block_type_name = "Concord Trust"
     _description = "Trusted public keys (a trust policy) and the signing key of a Concord deployment."
     _documentation_url = _DOCUMENTATION_URL
-    _logo_url = "https://raw.githubusercontent.com/PrefectHQ/prefect/420d0d6a78bb6df1fc18bcf188fdad43c1d22ea9/assets/block-logos/filesystem.png"  # noqa: E501
+    # no logo: a remote image does not load where the UI has no internet, and Prefect accepts only
+    # http(s) addresses (no data: URI); the UI shows its own block icon instead
+    _logo_url = None
 
     trusted_keys: list[str] = Field(
         default_factory=list,

@@ -10,14 +10,22 @@ Three automations, one per event that needs a person:
 
 and one that cleans up after a lost machine:
 
-    concord: crash zombie flow runs   no prefect.flow-run.heartbeat from a running flow run for
-                                      --zombie-after seconds (default 90, or $CONCORD_ZOMBIE_AFTER)
+    concord: crash zombie flow runs   no prefect.flow-run.heartbeat from a running flow run, nor
+                                      any state change, for --zombie-after seconds (default 90,
+                                      or $CONCORD_ZOMBIE_AFTER)
 
 A flow run sends a heartbeat every ``HEARTBEAT_SECONDS`` (30; ``concord_pipelines.deployments.serve`` sets
 ``PREFECT_FLOWS_HEARTBEAT_FREQUENCY`` for its worker). When the process running it dies with no
 chance to report (its machine lost, the worker and the run killed), the run would stay Running
-forever; this automation moves it to Crashed once its heartbeats stop, and a completed, failed,
-cancelled or crashed run stops being watched. The window must be longer than the heartbeat
+forever; this automation moves it to Crashed once its heartbeats stop. After each heartbeat it
+waits for the next heartbeat or any event of the run's state (``prefect.flow-run.*``): the state
+is matched whatever its name, so a run ending in a state of Concord's own (checkout-node's
+``Switched`` and ``Unchanged``, of type COMPLETED) stops being watched like one ending in
+``Completed``, and so does one waiting for a retry (``AwaitingRetry``). Prefect can stamp a run's
+last heartbeat just after its final state (its heartbeat thread races the final state), which
+would open a watch no event closes; every Concord flow therefore sends ``concord.flow-run.ended``
+about its run once the final state is set (``flows/_ended.py``), and that event closes it. No
+firing on a healthy run. The window must be longer than the heartbeat
 interval; the default, three heartbeats, also lets a run ride out a Prefect server restart of up
 to a minute without being crashed by mistake.
 
@@ -47,6 +55,8 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
+from concord_pipelines.flows._ended import FLOW_RUN_ENDED
+
 # the events that need a person, and the resources they are about, named where the tasks emit them
 from concord_pipelines.tasks.events import (
     DRIFT_DETECTED,
@@ -70,8 +80,10 @@ HEARTBEAT_SECONDS = 30
 DEFAULT_ZOMBIE_AFTER = 3 * HEARTBEAT_SECONDS
 ZOMBIE = "concord: crash zombie flow runs"
 HEARTBEAT = "prefect.flow-run.heartbeat"
-#: the events that end a flow run's watch (its final states)
-FLOW_RUN_ENDED = tuple(f"prefect.flow-run.{s}" for s in ("Completed", "Failed", "Cancelled", "Crashed"))
+#: the events that close a watch opened by a heartbeat: the next heartbeat, any state of the run
+#: whatever its name (a custom-named Completed such as Switched included), and FLOW_RUN_ENDED, which
+#: every Concord flow sends after its final state
+FLOW_RUN_STATES = "prefect.flow-run.*"
 
 
 @dataclass(frozen=True)
@@ -198,7 +210,7 @@ def zombie_automation(after_seconds: float = DEFAULT_ZOMBIE_AFTER, notify_block_
     )
     trigger = EventTrigger(
         after={HEARTBEAT},
-        expect={HEARTBEAT, *FLOW_RUN_ENDED},
+        expect={HEARTBEAT, FLOW_RUN_STATES, FLOW_RUN_ENDED},
         match={"prefect.resource.id": "prefect.flow-run.*"},
         for_each={"prefect.resource.id"},
         posture=Posture.Proactive,
@@ -215,7 +227,8 @@ def zombie_automation(after_seconds: float = DEFAULT_ZOMBIE_AFTER, notify_block_
     return AutomationCore(
         name=ZOMBIE,
         description=(
-            f"When: a running flow run sent {HEARTBEAT} and then no heartbeat (nor a final state) for {after_seconds:g} s. "
+            f"When: a running flow run sent {HEARTBEAT} and then no heartbeat, no state change of any name, nor "
+            f"{FLOW_RUN_ENDED} for {after_seconds:g} s. "
             "Then: the run is marked Crashed" + (" and a notification is sent" if notify_block_id is not None else "")
             + ". Flow runs that stop sending heartbeats lost their worker or machine."
         ),

@@ -19,7 +19,11 @@ under ``<project>/data``:
   flip the node's link, and a rollback has a version to go back to); one LoRA adapter per cluster
   for tenant ``acme`` (``acme/adapter-<cluster>``);
 * ``datasets/penguins.csv`` (the Palmer penguins), registered as the data snapshot ``data/penguins``
-  in us-east, and its schema contract ``penguins@1`` in ``registry``;
+  in us-east, and its schema contract ``penguins@1`` in ``registry``; and ``datasets/penguins-tonight.csv``,
+  registered as ``data/penguins-tonight``: the same penguins weighed on a scale reading the Gentoo 10 %
+  heavy (never above the heaviest penguin of the reference, so the contract still holds), the table
+  the nightly drift audit compares with the reference by default: its first run flags ``body_mass_g``
+  as a warning (P1) and draws its histogram; a second night running escalates it to P0;
 * ``tiering/policy.yaml``: hot, warm and cold on local folders (``tiers/hot``, ``tiers/warm`` on a
   NAS, ``tiers/cold`` off-site), or warm and cold on S3 when an S3 endpoint is configured
   (``AWS_ENDPOINT_URL_S3`` or ``AWS_ENDPOINT_URL``: buckets ``concord-warm`` and ``concord-cold``);
@@ -52,6 +56,9 @@ TENANT = "acme"
 #: each cluster's LoRA adapter: (rank, alpha, seed)
 ADAPTERS = {"us-east": (8, 16, 11), "eu-central": (4, 8, 12), "ap-south": (8, 32, 13)}
 DATA = "penguins"
+#: tonight's table of the nightly audit: the penguins with the Gentoo weighed ``TONIGHT_FACTOR`` heavy
+TONIGHT = f"{DATA}-tonight"
+TONIGHT_SPECIES, TONIGHT_FACTOR = "Gentoo", 1.1
 CONTRACT = f"{DATA}@1"
 NAMESPACE = "checkpoints"
 MARKER = "COMPLETE"
@@ -132,6 +139,7 @@ class Seeder:
         self.seed_base()
         self.seed_adapters()
         data_id = self.seed_data()
+        self.seed_tonight()
         self.seed_contract()
         self.seed_tiers()
         self.seed_model(data_id)
@@ -267,6 +275,30 @@ class Seeder:
             lineage.log_data_snapshot(snap, store=store)
             self.say(f"data snapshot data/{DATA} in {CLUSTERS[0]}: registered ({snap.rows} rows)")
             return snap.id
+        finally:
+            store.close()
+
+    def seed_tonight(self) -> None:
+        """Tonight's penguins for the nightly audit: a table that drifts from the reference."""
+        from concord.lineage.data import read_table, register_data
+        from concord.stores import open_store
+
+        table = self.table.with_name(f"{TONIGHT}.csv")
+        if not table.exists():
+            df = read_table(self.table)
+            heavier = df.species == TONIGHT_SPECIES
+            df.loc[heavier, "body_mass_g"] = (df.loc[heavier, "body_mass_g"] * TONIGHT_FACTOR).clip(upper=df.body_mass_g.max())
+            tmp = table.with_name(f".{table.name}.tmp")
+            df.to_csv(tmp, index=False)
+            os.replace(tmp, table)
+            self.say(f"data table {table}: written ({TONIGHT_SPECIES} weighed {TONIGHT_FACTOR - 1:.0%} heavy)")
+        store = open_store(str(self.store_path(CLUSTERS[0])))
+        try:
+            if store.read_ref(f"data/{TONIGHT}") is not None:
+                self.say(f"data snapshot data/{TONIGHT} in {CLUSTERS[0]}: there already")
+                return
+            snap = register_data(str(table), store, name=TONIGHT)
+            self.say(f"data snapshot data/{TONIGHT} in {CLUSTERS[0]}: registered ({snap.rows} rows; the nightly audit's tonight)")
         finally:
             store.close()
 

@@ -8,8 +8,9 @@ One run audits up to four things and gives one verdict (ok, warning = P1, critic
 * a model version's weights on every cluster (Merkle roots, then tensors in ULPs);
 * its model cards across clusters.
 
-It writes the report (markdown artifact ``drift-report``: the verdict first), the per-column table
-(table artifact ``drift-columns``), PNG overlays of each drifted column, an MLflow run in the
+It writes the report (markdown artifact ``drift-report``: the verdict first, each drifted column's
+histogram overlay drawn in it), the per-column table (table artifact ``drift-columns``), the
+overlays as PNGs, an MLflow run in the
 experiment ``concord-drift-audits`` (metrics, thresholds, the PNGs, the report as JSON and
 markdown), and the event ``concord.drift.detected`` (or ``concord.drift.audited`` when all is
 well) for automations to notify on. Then, by default, the run fails when the verdict is critical,
@@ -36,7 +37,9 @@ from concord.audit.render import column_rows, render_markdown, replica_rows, wor
 from concord.audit.report import AuditReport
 from concord.audit.tracking import audit_params, run_markdown
 from concord.home import default_registry
+from concord_pipelines.flows._ended import ENDED_HOOKS
 from concord_pipelines.flows._params import NAME_PATTERN, ModelName, StoreAddress
+from concord_pipelines.flows._report import events_line
 from concord_pipelines.tasks.audit import (
     AUDIT_EXPERIMENT,
     audit_cards_task,
@@ -120,7 +123,7 @@ def _outcome(task, *args, **kwargs) -> tuple[dict | None, str | None]:
     return None, f"its task ended {state.type.value.lower()}"
 
 
-@flow(name="nightly-drift-audit")
+@flow(name="nightly-drift-audit", **ENDED_HOOKS)
 def nightly_drift_audit(
     reference: DataSpec | None = None,
     current: DataSpec | None = None,
@@ -255,7 +258,14 @@ def nightly_drift_audit(
     )
     if data and data.get("history_key"):
         links["history"] = f"`{data['history_key']}` in `{registry}`"
-    create_markdown_artifact(render_markdown(report, plots=plots, links=links), key="drift-report", description=report.verdict()[:500])
+    links["events"] = events_line()
+    # the histograms drawn in the report itself (Prefect's UI shows a data: URI image inline), not
+    # as paths on the worker
+    where = f"the MLflow run's `histograms/` folder (run `{run_id}`)" if run_id else None
+    create_markdown_artifact(
+        render_markdown(report, plots=plots, links=links, embed=True, plots_where=where),
+        key="drift-report", description=report.verdict()[:500],
+    )
     if report.data is not None:
         rows = column_rows(report)
         create_table_artifact(

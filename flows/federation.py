@@ -13,6 +13,7 @@ from prefect import flow
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from pydantic import Field
 
+from concord_pipelines.flows._ended import ENDED_HOOKS
 from concord_pipelines.flows._params import NAME_PATTERN
 from concord_pipelines.flows._report import human, md_table, short
 from concord_pipelines.tasks import federate_task, verify_ledger_task
@@ -34,7 +35,7 @@ BlockName = Annotated[str, Field(min_length=1, description="The name of a saved 
 Threshold = Annotated[int, Field(ge=1, description="How many distinct trusted keys must sign each round and the head.")]
 
 
-@flow(name="lora-federation")
+@flow(name="lora-federation", **ENDED_HOOKS)
 def lora_federation(
     tenant: Tenant,
     clusters: Clusters,

@@ -16,6 +16,7 @@ from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from pydantic import Field
 
+from concord_pipelines.flows._ended import ENDED_HOOKS
 from concord_pipelines.flows._params import NAME_PATTERN, ModelName, RefName, StoreAddress
 from concord_pipelines.flows._report import human, md_table, short
 from concord_pipelines.flows.snapshot import DEFAULT_REF, DEFAULT_STORE
@@ -62,7 +63,7 @@ class ContractViolated(RuntimeError):
 # ----------------------------------------------------------------------------- data
 
 
-@flow(name="register-data-snapshot")
+@flow(name="register-data-snapshot", **ENDED_HOOKS)
 def register_data_snapshot(
     source: str,
     store: StoreAddress = DEFAULT_STORE,
@@ -102,7 +103,7 @@ def register_data_snapshot(
     return r
 
 
-@flow(name="validate-contract")
+@flow(name="validate-contract", **ENDED_HOOKS)
 def validate_contract(
     contract: str = DEFAULT_CONTRACT,
     contracts_store: StoreAddress = DEFAULT_CONTRACTS,
@@ -121,11 +122,12 @@ def validate_contract(
         data_store: The store holding the data snapshot.
     """
     r = validate_contract_task(contracts_store, contract, data_store, data_snapshot)
-    create_table_artifact(
-        [{"expectation": f["expectation"], "column": f["column"] or "", "details": f["details"]} for f in r["failures"]],
-        key="contract-failures",
-        description=f"{r['data_name']} {r['data_snapshot'][:12]} vs {r['contract']}: failing expectations",
-    )
+    if r["failures"]:  # no table of nothing: an empty one shows as a bare header in the UI
+        create_table_artifact(
+            [{"expectation": f["expectation"], "column": f["column"] or "", "details": f["details"]} for f in r["failures"]],
+            key="contract-failures",
+            description=f"{r['data_name']} {r['data_snapshot'][:12]} vs {r['contract']}: failing expectations",
+        )
     verdict = "meets" if r["success"] else "**violates**"
     create_markdown_artifact(
         f"## Data `{r['data_name']}` {short(r['data_snapshot'])} {verdict} contract `{r['contract']}`\n\n"
@@ -151,7 +153,7 @@ def validate_contract(
 # ----------------------------------------------------------------------------- model versions
 
 
-@flow(name="register-model-version")
+@flow(name="register-model-version", **ENDED_HOOKS)
 def register_model_version(
     name: ModelName = DEFAULT_MODEL,
     store: StoreAddress = DEFAULT_STORE,
@@ -222,7 +224,7 @@ def register_model_version(
     return r
 
 
-@flow(name="promote")
+@flow(name="promote", **ENDED_HOOKS)
 def promote_model(
     name: ModelName,
     version: Version,

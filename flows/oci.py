@@ -16,6 +16,7 @@ from prefect import flow
 from prefect.artifacts import create_markdown_artifact
 from pydantic import AfterValidator, Field
 
+from concord_pipelines.flows._ended import ENDED_HOOKS
 from concord_pipelines.flows._params import ModelName
 from concord_pipelines.flows._report import human
 from concord_pipelines.tasks.oci import publish_oci_task
@@ -52,7 +53,7 @@ Repository = Annotated[
 Tag = Annotated[str, Field(pattern=r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,127}$", description="The tag to push (default: vVERSION).")]
 
 
-@flow(name="publish-oci")
+@flow(name="publish-oci", **ENDED_HOOKS)
 def publish_oci(
     name: ModelName,
     version: Annotated[int, Field(ge=1, description="The model version number.")],

@@ -17,9 +17,10 @@ from concord_pipelines.flows._arguments import (
     store_problems,
     targets_problems,
 )
+from concord_pipelines.flows._ended import ENDED_HOOKS
 from concord_pipelines.flows._params import RefName, StoreAddress
 from concord_pipelines.flows._policy import final
-from concord_pipelines.flows._report import human, md_table, short
+from concord_pipelines.flows._report import artifact_links, cluster, events_line, human, md_table, short
 from concord_pipelines.flows._runner import task_runner
 from concord_pipelines.flows._staging import staged
 from concord_pipelines.flows.lineage import record_holders
@@ -33,7 +34,7 @@ class ReplicationFailed(RuntimeError):
     """Some targets of a replication failed; the others completed (see the summary artifact)."""
 
 
-@flow(name="replicate-snapshot", task_runner=task_runner())
+@flow(name="replicate-snapshot", task_runner=task_runner(), **ENDED_HOOKS)
 def replicate_snapshot(
     source: StoreAddress, targets: Targets, ref: RefName = DEFAULT_REF, record_lineage: bool = True, trust_block: str | None = None
 ) -> list[dict]:
@@ -68,17 +69,18 @@ def replicate_snapshot(
     held = record_holders([results[t] for t in targets if t in results]) if record_lineage and results else {}
 
     rows = []
+    names = {t: cluster(t) for t in targets}
     for t in targets:
         if t in results:
             r = results[t]
             sent = (r["chunks_sent"], human(r["bytes_sent"]), r["chunks_present"])
             versions = ", ".join(held.get(r["store"], []))
             status = f"updated; held-by recorded on {versions}" if versions else "updated"
-            rows.append((f"`{r['store']}`", status, short(r["root"]), *sent, r["ref_version"]))
+            rows.append((names[t], status, short(r["root"]), *sent, r["ref_version"]))
         else:
-            rows.append((f"`{t}`", f"**failed**: {failures[t]}", "", "", "", "", ""))
+            rows.append((names[t], f"**failed**: {failures[t]}", "", "", "", "", ""))
     create_markdown_artifact(
-        f"## Replication of `{ref}` from `{source}`\n\n"
+        f"## Replication of `{ref}` from {cluster(source)}\n\n"
         + md_table(["target", "status", "root", "chunks sent", "bytes sent", "chunks already there", "ref version"], rows),
         key="replication-summary",
         description=f"{len(results)} of {len(targets)} target(s) updated",
@@ -121,7 +123,7 @@ def check_replication_arguments(source: object, store: object, targets: object, 
         raise final(BadReplicationArguments(problems, event=started_by_event(source, store, ref, *(targets or ()))))
 
 
-@flow(name="snapshot-and-replicate")
+@flow(name="snapshot-and-replicate", **ENDED_HOOKS)
 def snapshot_and_replicate(
     source: str,
     store: str,
@@ -151,29 +153,42 @@ def snapshot_and_replicate(
     """
     check_replication_arguments(source, store, targets, ref)
     with staged(source) as checkpoint:
-        snap = snapshot_checkpoint(
-            source=checkpoint["path"], store=store, ref=ref, chunk_size_mib=chunk_size_mib, message=message, trust_block=trust_block
+        snap_state = snapshot_checkpoint(
+            source=checkpoint["path"], store=store, ref=ref, chunk_size_mib=chunk_size_mib, message=message, trust_block=trust_block,
+            return_state=True,
         )
+        snap = snap_state.result()
     if checkpoint["staged"]:
         snap = snap | {"source": source, "staged_files": checkpoint["files"], "staged_bytes": checkpoint["bytes"]}
-    replicas = replicate_snapshot(targets=targets, source=store, ref=ref, trust_block=trust_block)
-    create_markdown_artifact(pipeline_summary(source, ref, snap, replicas), key="snapshot-and-replicate-summary",
+    replicas_state = replicate_snapshot(targets=targets, source=store, ref=ref, trust_block=trust_block, return_state=True)
+    replicas = replicas_state.result()
+    links = {"snapshot": artifact_links(snap_state.state_details.flow_run_id),
+             "replication": artifact_links(replicas_state.state_details.flow_run_id)}
+    create_markdown_artifact(pipeline_summary(source, ref, snap, replicas, links), key="snapshot-and-replicate-summary",
                              description=f"{snap['root'][:12]} in {1 + len(replicas)} store(s)")
     return {"snapshot": snap, "replicas": replicas}
 
 
-def pipeline_summary(source: str, ref: str, snap: dict, replicas: list[dict]) -> str:
-    """The parent run's own account of both steps (each subflow run keeps its detailed artifacts:
-    snapshot-summary, replication-summary)."""
+def pipeline_summary(source: str, ref: str, snap: dict, replicas: list[dict], links: dict[str, str] | None = None) -> str:
+    """The parent run's own account of both steps, each store by its cluster's name; ``links``
+    (step → markdown links to its subflow run's artifacts) are where the details are."""
+    names = {s: cluster(s) for s in (snap["store"], *(r["store"] for r in replicas))}
     was = f" (was {short(snap['previous'])})" if snap.get("previous") else " (a new ref)"
     moved = f"version {snap['ref_version']}{was}" if snap.get("previous") != snap["root"] else "unchanged"
-    rows = [(f"`{snap['store']}` (primary)", "snapshotted", f"{snap['new_chunks']} new chunk(s), {human(snap['new_bytes'])}"
+    rows = [(f"{names[snap['store']]} (primary)", "snapshotted", f"{snap['new_chunks']} new chunk(s), {human(snap['new_bytes'])}"
              + (f" ({human(snap['new_stored_bytes'])} stored)" if snap.get("new_stored_bytes", snap["new_bytes"]) != snap["new_bytes"] else ""), moved)]
-    rows += [(f"`{r['store']}`", "replicated", f"{r['chunks_sent']} chunk(s) sent, {human(r['bytes_sent'])}"
+    rows += [(names[r["store"]], "replicated", f"{r['chunks_sent']} chunk(s) sent, {human(r['bytes_sent'])}"
               + (f" ({human(r['raw_bytes_sent'])} raw)" if r.get("raw_bytes_sent", r["bytes_sent"]) != r["bytes_sent"] else ""),
               f"version {r['ref_version']}") for r in replicas]
     return (
         f"## `{source}` as `{ref}`: snapshot {short(snap['root'])}, {human(snap['bytes'])}\n\n"
         + md_table(["store", "step", "what moved", f"`{ref}`"], rows)
-        + "\n\nThe details are on the subflow runs' artifacts (snapshot-summary, replication-summary)."
+        + "\n\n" + _details(links or {}) + "\n\n" + events_line()
     )
+
+
+def _details(links: dict[str, str]) -> str:
+    listed = [f"{step}: {text}" for step, text in links.items() if text]
+    if not listed:
+        return "The details are on the subflow runs' artifacts (snapshot-summary, replication-summary)."
+    return "The details, on the subflow runs' artifacts: " + "; ".join(listed) + "."

@@ -4,7 +4,8 @@ switched node rolled back when a wave fails.
 Each serving node runs a worker on its own work queue (``prefect worker start --pool
 concord-serving --work-queue NODE``). ``checkout-node`` and ``rollback-node`` run on one node (the
 rollout starts them there through their deployments, naming the node's queue); ``rollout``
-sequences them and keeps a node × state table as it goes.
+sequences them, follows them in a progress artifact and its logs, and writes one node × state
+table when every node is final.
 """
 
 from __future__ import annotations
@@ -12,14 +13,15 @@ from __future__ import annotations
 import re
 from typing import Annotated
 
-from prefect import flow
+from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact, create_progress_artifact, update_progress_artifact
 from prefect.states import Completed
 from pydantic import AfterValidator, Field
 
 from concord.stores.base import NAME_SEGMENT
+from concord_pipelines.flows._ended import ENDED_HOOKS
 from concord_pipelines.flows._params import RefName, StoreAddress
-from concord_pipelines.flows._report import md_table, short
+from concord_pipelines.flows._report import cluster, events_line, md_table, short
 from concord_pipelines.tasks import checkout_task, node_run_task, rollback_link_task
 
 Node = Annotated[str, Field(pattern=re.compile(rf"^{NAME_SEGMENT}$"))]
@@ -62,7 +64,7 @@ class RolloutFailed(RuntimeError):
     """A node of the rollout failed; every node the rollout switched was rolled back."""
 
 
-@flow(name="checkout-node")
+@flow(name="checkout-node", **ENDED_HOOKS)
 def checkout_node(
     store: StoreAddress,
     dest: Dest,
@@ -91,12 +93,12 @@ def checkout_node(
     """
     r = checkout_task(
         store, root or _root_of(store, ref), dest.replace("{node}", node), node=node or None, keep=keep,
-        health_cmd=health_cmd, health_url=health_url, cache=cache, trust=trust,
+        health_cmd=health_cmd, health_url=health_url, cache=cache, trust=trust, ref=ref,
     )
     return Completed(name="Switched" if r["switched"] else "Unchanged", message=f"{r['path']} → {r['root']}")
 
 
-@flow(name="rollback-node")
+@flow(name="rollback-node", **ENDED_HOOKS)
 def rollback_node(dest: Dest, expect: str | None = None, node: str = "", reason: str = "by hand") -> dict:
     """Flip this node's serving link back to the version before (with expect: only if it names that root now).
 
@@ -113,7 +115,7 @@ def _table(nodes: list[str], states: dict[str, str], title: str) -> str:
     return f"## {title}\n\n" + md_table(["node", "state"], [(f"`{n}`", states[n]) for n in nodes])
 
 
-@flow(name="rollout")
+@flow(name="rollout", **ENDED_HOOKS)
 def rollout_flow(
     store: StoreAddress,
     nodes: Nodes,
@@ -142,20 +144,27 @@ def rollout_flow(
         keep: Versions kept on each node.
         node_timeout_s: How long to wait for one node's checkout.
     """
+    log = get_run_logger()
+    given = bool(root)
     root = root or _root_of(store, ref)
-    params = {"store": store, "root": root, "dest": dest, "keep": keep, "health_cmd": health_cmd, "health_url": health_url}
+    params = {"store": store, "root": root, "ref": ref, "dest": dest, "keep": keep, "health_cmd": health_cmd, "health_url": health_url}
     waves = [nodes[:1]] + [nodes[i : i + max_parallel] for i in range(1, len(nodes), max_parallel)]
     states = {n: "waiting" for n in nodes}
+    what = f"{root[:12]}" + ("" if given else f" ({ref} in {cluster(store)})")
     title = f"Rollout of {short(root)} to {len(nodes)} node(s)"
+    log.info(
+        "Concord rollout of snapshot %s to %d serving node(s): canary %s first%s; each node checks it out "
+        "beside %s, every byte verified, then flips its link", what, len(nodes), nodes[0],
+        f", then waves of {max_parallel}" if len(nodes) > 1 else "", dest,
+    )
     progress = create_progress_artifact(0.0, key="rollout-progress", description=f"0 of {len(nodes)} node(s) switched")
-    create_markdown_artifact(_table(nodes, states, title), key="rollout-nodes", description="node × state")
     switched: list[str] = []
     failed: dict[str, str] = {}
     done = 0
     for n_wave, wave in enumerate(waves):
         for n in wave:
             states[n] = "checking out" + (" (canary)" if n_wave == 0 else f" (wave {n_wave})")
-        create_markdown_artifact(_table(nodes, states, title), key="rollout-nodes", description="node × state")
+        log.info("%s: %s on %s", "canary" if n_wave == 0 else f"wave {n_wave}", "checkout-node", ", ".join(wave))
         futures = [node_run_task.submit("checkout", n, params | {"node": n}, node_timeout_s) for n in wave]
         for n, fut in zip(wave, futures):
             r = fut.result()
@@ -164,9 +173,11 @@ def rollout_flow(
                 states[n] = "switched" if r["switched"] else "unchanged (already served it)"
                 if r["switched"]:
                     switched.append(n)
+                log.info("%s: %s (%s)", n, states[n], r["message"] or r["state"])
             else:
                 states[n] = f"**failed** ({r['state']}): {r['message']}"[:300]
                 failed[n] = r["message"] or r["state"]
+                log.error("%s: checkout failed (%s): %s", n, r["state"], r["message"])
         update_progress_artifact(progress, 100.0 * done / len(nodes), description=f"{done} of {len(nodes)} node(s) done")
         if failed:
             for n in nodes:
@@ -184,7 +195,14 @@ def rollout_flow(
             states[n] = "rolled back" if r["ok"] else f"**rollback failed** ({r['state']}): {r['message']}"[:300]
             if r["ok"]:
                 rolled_back.append(n)
-    create_markdown_artifact(_table(nodes, states, title), key="rollout-nodes", description="node × state")
+            log.warning("%s: %s", n, states[n])
+    # one table, once every node is final (the progress artifact follows the rollout as it goes)
+    create_markdown_artifact(
+        _table(nodes, states, title) + "\n\n" + events_line(), key="rollout-nodes",
+        description=f"{len(switched)} of {len(nodes)} node(s) switched" + (f", {len(failed)} failed" if failed else ""),
+    )
+    log.info("Concord rollout of %s: %d switched, %d unchanged, %d failed, %d rolled back", root[:12], len(switched),
+             sum(1 for v in states.values() if v.startswith("unchanged")), len(failed), len(rolled_back))
     summary = {"root": root, "nodes": dict(states), "switched": switched, "failed": failed, "rolled_back": rolled_back}
     if failed:
         listed = "; ".join(f"{n}: {m}" for n, m in failed.items())

@@ -13,6 +13,7 @@ from prefect import flow
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from pydantic import Field
 
+from concord_pipelines.flows._ended import ENDED_HOOKS
 from concord_pipelines.flows._params import RefName, StoreAddress
 from concord_pipelines.flows._report import MiB, human, md_table, short
 from concord_pipelines.tasks import diff_task, restore_task, rollback_task, sign_snapshot_task, snapshot_task
@@ -23,7 +24,7 @@ DEFAULT_REF = "models/minilm"
 ChunkSizeMiB = Annotated[int, Field(ge=1, le=64, description="Chunk size in MiB (1 to 64).")]
 
 
-@flow(name="snapshot-checkpoint")
+@flow(name="snapshot-checkpoint", **ENDED_HOOKS)
 def snapshot_checkpoint(
     source: str,
     store: StoreAddress = DEFAULT_STORE,
@@ -68,7 +69,7 @@ def snapshot_checkpoint(
     return r
 
 
-@flow(name="diff-snapshots")
+@flow(name="diff-snapshots", **ENDED_HOOKS)
 def diff_snapshots(
     store: StoreAddress = DEFAULT_STORE,
     a: str = f"{DEFAULT_REF}~1",
@@ -84,11 +85,12 @@ def diff_snapshots(
         against: Look `b` up in this store instead (compare two clusters).
     """
     d = diff_task(store, a, b, against=against or None)
-    create_table_artifact(
-        [{"file": c["file"], "tensor": c["tensor"] or "", "kind": c["kind"]} for c in d["changes"]],
-        key="diff-changes",
-        description=f"{d['a'][:12]} → {d['b'][:12]}: changed files and tensors",
-    )
+    if d["changes"]:  # no table of nothing: an empty one shows as a bare header in the UI
+        create_table_artifact(
+            [{"file": c["file"], "tensor": c["tensor"] or "", "kind": c["kind"]} for c in d["changes"]],
+            key="diff-changes",
+            description=f"{d['a'][:12]} → {d['b'][:12]}: changed files and tensors",
+        )
     where = f"`{d['store']}`" + (f" vs `{d['against']}`" if d["against"] != d["store"] else "")
     if d["same"]:
         summary = f"## Diff in {where}\n\n`{a}` and `{b}` are the same snapshot {short(d['a'])}."
@@ -106,7 +108,7 @@ def diff_snapshots(
     return d
 
 
-@flow(name="restore-snapshot")
+@flow(name="restore-snapshot", **ENDED_HOOKS)
 def restore_snapshot(
     store: StoreAddress = DEFAULT_STORE, snapshot: str = DEFAULT_REF, out_dir: str = "data/restores/minilm", trust_block: str | None = None
 ) -> dict:
@@ -129,7 +131,7 @@ def restore_snapshot(
     return r
 
 
-@flow(name="rollback-ref")
+@flow(name="rollback-ref", **ENDED_HOOKS)
 def rollback_ref(store: StoreAddress = DEFAULT_STORE, ref: RefName = DEFAULT_REF, to: str | None = None) -> dict:
     """Move a ref back to an earlier snapshot of its history (nothing is deleted).
 

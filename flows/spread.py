@@ -20,6 +20,7 @@ from prefect.artifacts import create_markdown_artifact
 from prefect.context import FlowRunContext
 from pydantic import AfterValidator, BaseModel, Field
 
+from concord_pipelines.flows._ended import ENDED_HOOKS
 from concord_pipelines.flows._params import NAME_PATTERN, RefName, StoreAddress
 from concord_pipelines.flows._report import MiB, human, md_table, short
 from concord_pipelines.flows._runner import describe, task_runner
@@ -74,7 +75,7 @@ def on_node(runner, node: str) -> AbstractContextManager:
     return nullcontext()
 
 
-@flow(name="snapshot-spread", task_runner=task_runner())
+@flow(name="snapshot-spread", task_runner=task_runner(), **ENDED_HOOKS)
 def snapshot_spread(
     nodes: Nodes,
     store: StoreAddress = DEFAULT_STORE,

@@ -20,6 +20,7 @@ from pydantic import Field
 
 from concord.tiering.engine import opened_tiers
 from concord_pipelines.flows._arguments import BadArguments, checkpoint_problems, started_by_event
+from concord_pipelines.flows._ended import ENDED_HOOKS
 from concord_pipelines.flows._params import NAME_PATTERN
 from concord_pipelines.flows._policy import final
 from concord_pipelines.flows._report import human, md_table, short
@@ -160,7 +161,7 @@ def sweep_report(namespace: str, sweep: dict, added: dict | None = None) -> str:
     return text + "\n"
 
 
-@flow(name="tier-checkpoints")
+@flow(name="tier-checkpoints", **ENDED_HOOKS)
 def tier_checkpoints(
     policy: Policy,
     checkpoint_dir: str | None = None,
@@ -236,7 +237,7 @@ def tier_checkpoints(
     return {"added": added, "sweep": swept, "status": status, "pinned_roots": pinned}
 
 
-@flow(name="restore-checkpoint")
+@flow(name="restore-checkpoint", **ENDED_HOOKS)
 def restore_checkpoint_flow(
     policy: Policy,
     name: CheckpointName,
@@ -306,7 +307,7 @@ def drill_report(r: dict, run_id: str | None) -> str:
     return text + "\n"
 
 
-@flow(name="restore-drill")
+@flow(name="restore-drill", **ENDED_HOOKS)
 def restore_drill(policy: Policy, sample: Sample = 1, tracking_uri: str | None = None) -> dict:
     """Prove every tier can give its checkpoints back: restore samples from hot, warm and cold,
     check every byte, measure RTO and RPO per tier against the policy's objectives.

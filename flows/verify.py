@@ -14,6 +14,7 @@ from prefect.artifacts import create_markdown_artifact, create_progress_artifact
 from prefect.context import FlowRunContext
 from pydantic import Field
 
+from concord_pipelines.flows._ended import ENDED_HOOKS
 from concord_pipelines.flows._params import RefName, StoreAddress
 from concord_pipelines.flows._report import MiB, human, md_table, short
 from concord_pipelines.flows._runner import describe, fan_out, in_flight, task_runner
@@ -32,7 +33,7 @@ class StoreDamaged(RuntimeError):
     """A store still has missing or corrupt data after the verify (and any repair)."""
 
 
-@flow(name="verify-store", task_runner=task_runner())
+@flow(name="verify-store", task_runner=task_runner(), **ENDED_HOOKS)
 def verify_store(
     store: StoreAddress = DEFAULT_STORE,
     ref: RefName | None = None,

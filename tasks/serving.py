@@ -13,7 +13,7 @@ from prefect import task
 
 from concord_pipelines.tasks import events
 from concord_pipelines.tasks.common import RETRIED
-from concord_pipelines.tasks.progress import PrefectProgress, run_logger
+from concord_pipelines.tasks.progress import PrefectProgress, human_bytes, run_logger
 
 #: the deployments a rollout starts on each node (``flow name/deployment name``)
 CHECKOUT_DEPLOYMENT = "checkout-node/checkout-on-node"
@@ -24,7 +24,16 @@ def _node(node: str | None) -> str:
     return node or socket.gethostname()
 
 
-@task(name="checkout", task_run_name="checkout-{root}", **RETRIED)
+def _checkout_run_name() -> str:
+    """``checkout-<root, 12 hex>-<ref>``: readable in the UI, and still unique enough to find."""
+    from prefect.runtime import task_run
+
+    params = task_run.parameters
+    ref = params.get("ref")
+    return f"checkout-{str(params.get('root', ''))[:12]}" + (f"-{ref}" if ref else "")
+
+
+@task(name="checkout", task_run_name=_checkout_run_name, **RETRIED)
 def checkout_task(
     store: str,
     root: str,
@@ -36,9 +45,10 @@ def checkout_task(
     health_url: str | None = None,
     cache: str | None = None,
     trust: str | None = None,
+    ref: str | None = None,
 ) -> dict:
     """Check ``root`` out beside ``dest`` on this node and flip the link (see
-    :func:`concord.serving.checkout.checkout`). Emits ``concord.checkout.switched``, or
+    :func:`concord.serving.checkout.checkout`); ``ref`` only names the task run. Emits ``concord.checkout.switched``, or
     ``concord.checkout.rolled_back`` when the health gate failed (then re-raises)."""
     from concord.errors import HealthCheckFailedError
     from concord.serving.checkout import checkout
@@ -75,7 +85,8 @@ def checkout_task(
             {k: out[k] for k in ("node", "path", "root", "previous", "bytes", "bytes_fetched", "bytes_reused", "seconds")},
         )
     run_logger().info(
-        "%s: %s → %s, fetched %d bytes, reused %d", node, r.path, r.root[:12], r.bytes_fetched, r.bytes_reused
+        "Concord checkout on %s: %s → %s%s, %s fetched, %s reused from the versions already there",
+        node, r.path, r.root[:12], f" ({ref})" if ref else "", human_bytes(r.bytes_fetched), human_bytes(r.bytes_reused),
     )
     return out
 

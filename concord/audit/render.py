@@ -10,6 +10,7 @@ numpy and matplotlib are imported inside the functions that draw.
 
 from __future__ import annotations
 
+import base64
 import io
 import json
 import math
@@ -32,6 +33,7 @@ __all__ = [
     "column_rows",
     "plot_histograms",
     "plot_histograms_by_column",
+    "png_data_uri",
     "render_markdown",
     "replica_rows",
     "worst_tensor_rows",
@@ -39,6 +41,10 @@ __all__ = [
 
 #: categories drawn at most in one categorical overlay (the rest summed as "(other)")
 PLOT_CATEGORIES = 25
+#: histograms embedded at most in one report (worst first); the others are named, and all are in MLflow
+EMBEDDED_PLOTS = 8
+#: the largest PNG embedded (a drift overlay is about 35 KB)
+EMBEDDED_PNG_BYTES = 512 * 1024
 
 
 # --------------------------------------------------------------------------- table rows
@@ -83,13 +89,13 @@ def column_rows(report: AuditReport | dict) -> list[dict]:
 
 
 def replica_rows(replicas: dict | None) -> list[dict]:
-    """One row per replica: cluster, store, root, identical, severity, counts, finding."""
+    """One row per replica: cluster, root, identical, severity, counts, finding (the cluster by its
+    name: a store's full address would push the table off the right edge)."""
     rows = []
     for x in (replicas or {}).get("replicas", []):
         rows.append(
             {
-                "cluster": x.get("cluster"),
-                "store": x.get("store"),
+                "cluster": x.get("cluster") or x.get("store"),
                 "root": (x.get("root") or "")[:12],
                 "identical": "yes" if x.get("identical") else "no",
                 "severity": section_severity(x),
@@ -173,17 +179,35 @@ def _badge(severity: str) -> str:
     return f"**{severity} ({PRIORITIES[severity]})**"
 
 
+def png_data_uri(path: str | os.PathLike) -> str | None:
+    """A PNG file as a ``data:image/png;base64,...`` URI, which markdown viewers (Prefect's UI
+    among them) show inline; None when the file is missing, not a PNG or over
+    ``EMBEDDED_PNG_BYTES``."""
+    try:
+        with open(path, "rb") as f:
+            png = f.read(EMBEDDED_PNG_BYTES + 1)
+    except OSError:
+        return None
+    if len(png) > EMBEDDED_PNG_BYTES or not png.startswith(b"\x89PNG\r\n\x1a\n"):
+        return None
+    return "data:image/png;base64," + base64.b64encode(png).decode("ascii")
+
+
 def render_markdown(
     report: AuditReport,
     *,
     title: str = "Drift audit",
     plots: Mapping[str, str] | Sequence[str] | None = None,
     links: Mapping[str, str] | None = None,
+    embed: bool = False,
+    plots_where: str | None = None,
 ) -> str:
     """The report a person reads: the verdict first, a summary table, then a section each.
 
     ``plots`` maps a column to its PNG (or lists the PNGs); ``links`` are extra lines at the end,
-    label → text (an MLflow run, a folder).
+    label → text (an MLflow run, a folder). With ``embed`` the PNGs (the ``EMBEDDED_PLOTS`` worst)
+    are drawn in the report itself, as data URIs, and named by file only, ``plots_where`` saying
+    where they are kept (an MLflow run); without it they are listed by path.
     """
     sev = report.severity
     verdict = report.verdict()
@@ -230,7 +254,7 @@ def render_markdown(
         listed = dict(plots) if isinstance(plots, Mapping) else {os.path.basename(p): p for p in plots or []}
         if listed:
             lines += ["", "### Histograms of the drifted columns", ""]
-            lines += [f"- `{col}`: `{path}`" for col, path in listed.items()]
+            lines += _plot_lines(listed, embed, plots_where)
 
     if "contract" in report.errors:
         lines += ["", "## Contract: could not be audited", "", report.errors["contract"]]
@@ -276,6 +300,24 @@ def render_markdown(
     if links:
         lines += ["", "---", ""] + [f"- {label}: {text}" for label, text in links.items()]
     return "\n".join(lines) + "\n"
+
+
+def _plot_lines(listed: Mapping[str, str], embed: bool, where: str | None) -> list[str]:
+    if not embed:
+        return [f"- `{col}`: `{path}`" for col, path in listed.items()]
+    lines: list[str] = []
+    if where:
+        lines += [f"Reference as bars, tonight as the red line; the PNGs are kept in {where}.", ""]
+    named = []
+    for n, (col, path) in enumerate(listed.items()):
+        uri = png_data_uri(path) if n < EMBEDDED_PLOTS else None
+        if uri is None:
+            named.append(f"`{col}` (`{os.path.basename(path)}`)")
+            continue
+        lines += [f"#### `{col}`", "", f"![{_cell(col)}: reference and tonight]({uri})", ""]
+    if named:
+        lines.append("Not drawn here: " + ", ".join(named) + ".")
+    return lines
 
 
 # --------------------------------------------------------------------------- histograms

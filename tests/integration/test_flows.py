@@ -9,6 +9,7 @@ from __future__ import annotations
 import filecmp
 import json
 import os
+import re
 import socket
 import threading
 import time
@@ -83,7 +84,9 @@ def test_snapshot_then_replicate_to_two_targets(checkpoints, store_dirs, artifac
 
     artifacts = artifacts_of(state.state_details.flow_run_id)
     summary = _by_key(artifacts, "replication-summary").data
-    assert eu in summary and ap in summary and summary.count("updated") == 2
+    assert summary.count("updated") == 2
+    assert "| eu-central | updated |" in summary and "| ap-south | updated |" in summary  # clusters by name
+    assert eu not in summary and ap not in summary  # no store path to cut the table off on the right
     progress = [a for a in artifacts if a.type == "progress"]
     assert len(progress) == 3  # the flow's count of targets, and one per replicate task
     assert all(a.data == 100 for a in progress)
@@ -216,15 +219,33 @@ def test_restore_flow_writes_identical_files(checkpoints, store_dirs, tmp_path, 
     assert run.run_count == 1
 
 
-def test_snapshot_and_replicate_pipeline(checkpoints, store_dirs, events_about):
+def test_snapshot_and_replicate_pipeline(checkpoints, store_dirs, events_about, artifacts_of):
     us, eu, ap = store_dirs["us-east"], store_dirs["eu-central"], store_dirs["ap-south"]
-    out = snapshot_and_replicate(str(checkpoints("v1")), us, [eu, ap], REF, chunk_size_mib=1, message="nightly")
+    state = snapshot_and_replicate(str(checkpoints("v1")), us, [eu, ap], REF, chunk_size_mib=1, message="nightly", return_state=True)
+    out = state.result()
+    # the parent's summary links its subflow runs' artifacts and Concord's event feed
+    summary = _by_key(artifacts_of(state.state_details.flow_run_id), "snapshot-and-replicate-summary").data
+    links = dict(re.findall(r"\[([a-z -]+)\]\(([^)]+)\)", summary))
+    assert {"snapshot-summary", "replication-summary"} <= set(links), summary
+    for key in ("snapshot-summary", "replication-summary"):
+        artifact_id = links[key].rsplit("/artifacts/artifact/", 1)[1]
+        assert prefect_artifact_key(artifact_id) == key
+    assert "events?events=concord.*" in links["event feed"]
+    assert "| us-east (primary) | snapshotted |" in summary and us not in summary
     root = out["snapshot"]["root"]
     for s in (us, eu, ap):
         assert open_store(s).read_ref(REF).root == root
     assert open_store(us).read_ref(REF).history[-1].message == "nightly"
     assert [r["store"] for r in out["replicas"]] == [eu, ap]
     events_about("concord.snapshot.created", f"concord.snapshot.{root}", where=lambda e: e.payload["store"] == us)
+
+
+def prefect_artifact_key(artifact_id: str) -> str | None:
+    from prefect.client.orchestration import get_client
+
+    with get_client(sync_client=True) as client:
+        found = [a for a in client.read_artifacts() if str(a.id) == artifact_id]
+    return found[0].key if found else None
 
 
 def test_replication_reports_a_bad_target_and_completes_the_others(checkpoints, store_dirs, artifacts_of, events_about, prefect_client):

@@ -106,7 +106,7 @@ def test_register_validate_register_and_promote(tracking_uri, lineage_setup, sto
     assert state.is_completed(), state
     assert state.result()["success"] is True
     arts = artifacts_of(state.state_details.flow_run_id)
-    assert json.loads(_by_key(arts, "contract-failures").data) == []
+    assert "contract-failures" not in {a.key for a in arts}  # no empty table: the summary says it is met
     assert "meets contract `penguins@1`" in _by_key(arts, "contract-validation").data
 
     # two versions: the base, and a fine-tune of it (same snapshot here) with the base as parent

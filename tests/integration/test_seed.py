@@ -57,6 +57,18 @@ def test_seeding_makes_what_is_missing_once_and_leaves_what_is_there(tmp_path):
     assert all(open_store(str(data / "stores" / c)).read_ref(f"acme/adapter-{c}") for c in CLUSTERS)
     assert open_store(str(data / "stores" / "us-east")).read_ref("data/penguins") is not None
     assert (data / "datasets" / "penguins.csv").is_file()
+    # tonight's penguins, the nightly audit's default current table: body_mass_g drifts (a warning,
+    # its histogram drawn), nothing else, and the contract still holds
+    from concord.audit.inputs import check_contract, load_table
+    from concord.audit.nightly import nightly_drift
+    from concord.lineage.contracts import load_contract
+
+    us = open_store(str(data / "stores" / "us-east"))
+    night = nightly_drift(str(data / "datasets" / "penguins.csv"), "data/penguins-tonight", us, plots_dir=str(tmp_path / "plots"))
+    drifted = {c["column"]: c["severity"] for c in night["drift"]["columns"] if c["severity"] != "ok"}
+    assert drifted == {"body_mass_g": "warning"} and list(night["plots"]) == ["body_mass_g"], drifted
+    tonight, _ = load_table("data/penguins-tonight", us, which="current")
+    assert check_contract(load_contract(open_store(str(data / "registry")), "penguins@1"), tonight)["ok"]
     assert policy.read_text() == USER_POLICY and not (data / "mine").exists() and not (data / "tiers").exists()
     assert any("yours, left as it is" in line for line in said), said
     mlflow = MlflowClient(tracking_uri=uri, registry_uri=uri)

@@ -349,8 +349,13 @@ def test_the_zombie_automation_waits_for_the_silence_after_a_heartbeat_and_crash
     t = a.trigger
     assert t.posture == Posture.Proactive and t.threshold == 1 and t.within.total_seconds() == 60
     assert t.after == {auto.HEARTBEAT} and t.for_each == {"prefect.resource.id"}
-    # every final state ends the watch, so a run that finished is never crashed afterwards
-    assert t.expect == {auto.HEARTBEAT, *(f"prefect.flow-run.{s}" for s in ("Completed", "Failed", "Cancelled", "Crashed"))}
+    # any state of the run, whatever its name, and Concord's own end event close the watch
+    assert t.expect == {auto.HEARTBEAT, "prefect.flow-run.*", "concord.flow-run.ended"}
+    server = server_trigger(t)
+    for ending in ("Completed", "Switched", "Unchanged", "Failed", "Cancelled", "Crashed", "AwaitingRetry", auto.HEARTBEAT):
+        assert server.expects(f"prefect.flow-run.{ending}" if "." not in ending else ending), ending
+    assert server.expects("concord.flow-run.ended") and not server.starts_after("concord.flow-run.ended")
+    assert not server.expects("prefect.task-run.Completed")
     (action,) = a.actions
     assert isinstance(action, ChangeFlowRunState) and action.state.value == "CRASHED" and not action.force
     assert "60 s" in action.message and "run the deployment again" in action.message
@@ -361,6 +366,8 @@ def test_the_zombie_automation_watches_flow_runs_only():
     run = uuid.uuid4()
     assert covers(_flow_run_event(auto.HEARTBEAT, run))
     assert covers(_flow_run_event("prefect.flow-run.Completed", run))
+    assert covers(_flow_run_event("prefect.flow-run.Switched", run))  # checkout-node's own Completed
+    assert covers(_flow_run_event("concord.flow-run.ended", run))
     assert not covers(received(auto.HEARTBEAT, {"prefect.resource.id": f"prefect.task-run.{run}"}))
     assert not covers(_drift("P0", "critical"))
 
