@@ -16,7 +16,11 @@ come from their wings and the errors from :mod:`concord.errors`.
 #: the verbs, in the order docs/python.md gives them (each is in :mod:`concord.api`)
 VERBS = (
     "open_store",
+    "init_store",
+    "store_info",
     "snapshot",
+    "snapshot_part",
+    "snapshot_assemble",
     "sync",
     "diff",
     "restore",
@@ -26,6 +30,7 @@ VERBS = (
     "log",
     "sign",
     "signatures",
+    "generate_signing_key",
     "checkout",
     "rollback_checkout",
     "tier_add",
@@ -34,6 +39,7 @@ VERBS = (
     "tier_restore",
     "tier_drill",
     "tier_gc",
+    "tier_check",
     "federate_round",
     "federate_cosign",
     "federate_verify",
@@ -42,10 +48,17 @@ VERBS = (
     "audit_replicas",
     "audit_cards",
     "audit_data",
+    "audit_profile",
+    "export_oci",
+    "import_oci",
     "open_lineage",
     "register_data",
     "register_model",
     "model_lineage",
+    "contract_infer",
+    "contract_validate",
+    "contract_compatible",
+    "contract_list",
 )
 
 #: each exported name → (module, name there); imported on first use
@@ -78,6 +91,13 @@ _LAZY = {
     "AuditReport": ("concord.audit.report", "AuditReport"),
     "Lineage": ("concord.lineage", "Lineage"),
     "DataSnapshot": ("concord.lineage.data", "DataSnapshot"),
+    "StoreUsage": ("concord.snapshots.usage", "StoreUsage"),
+    "NodePart": ("concord.snapshots.spread", "NodePart"),
+    "ExportResult": ("concord.oci.export", "ExportResult"),
+    "ImportResult": ("concord.oci.importer", "ImportResult"),
+    "Contract": ("concord.lineage.contracts", "Contract"),
+    "ValidationResult": ("concord.lineage.contracts", "ValidationResult"),
+    "CompatResult": ("concord.lineage.contracts", "CompatResult"),
     # the errors a caller most often catches (every one is in concord.errors)
     **{
         name: ("concord.errors", name)

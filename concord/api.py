@@ -5,7 +5,7 @@ the CLI's commands call these same functions. Each verb:
 
 - takes stores as a :class:`~concord.stores.Store`, a :class:`~concord.stores.StoreAddress` or the
   text a person types (a folder, ``file:///path``, ``s3://bucket/prefix?connections=N``,
-  ``block:NAME`` when the ``blocks`` package is installed);
+  ``block:NAME`` when the pipelines (``concord_pipelines.blocks``) are installed);
 - names what to act on with ``ref=`` (``models/x``, or ``models/x~1`` for the version before) or
   ``root=`` (64 hex);
 - reads the trust policy as the CLI does: ``trust=`` (a :class:`~concord.trust.TrustPolicy`, or
@@ -31,7 +31,10 @@ if TYPE_CHECKING:  # pragma: no cover
     from concord.audit.report import AuditReport
     from concord.federation.seen import RememberedReport
     from concord.lineage import Lineage
+    from concord.lineage.contracts import CompatResult, Contract, ValidationResult
     from concord.lineage.data import DataSnapshot
+    from concord.oci.export import ExportResult
+    from concord.oci.importer import ImportResult
     from concord.progress import Progress
     from concord.serving.checkout import CheckoutResult
     from concord.serving.health import HealthCheck
@@ -41,7 +44,9 @@ if TYPE_CHECKING:  # pragma: no cover
     from concord.snapshots.refs import RollbackResult
     from concord.snapshots.restore import RestoreResult
     from concord.snapshots.snapshot import SnapshotResult
+    from concord.snapshots.spread import NodePart
     from concord.snapshots.sync import TargetResult
+    from concord.snapshots.usage import StoreUsage
     from concord.snapshots.verify import VerifyResult
     from concord.stores import Store, StoreAddress
     from concord.tiering import AddResult, DrillResult, SweepResult, TierPolicy, TierRestoreResult
@@ -128,6 +133,99 @@ def _root(function: str, store: Store, ref: str | None, root: str | None) -> str
     return resolve_root(store, named)
 
 
+# ----------------------------------------------------------------------------- stores
+
+
+class StoreInit(TypedDict):
+    """What :func:`init_store` did, as ``concord init --json`` prints it."""
+
+    #: the store's address
+    store: str
+    #: the configuration's format version
+    version: int
+    #: how chunks are kept: none, zstd or auto
+    compress: str
+    #: ``{"algorithm", "key_id"}`` of an encrypted store (never the key), else None
+    encryption: dict[str, str] | None
+    #: whether a new key was written to ``key_file``
+    key_file_created: bool
+    #: the key file of an encrypted store (absolute), else None
+    key_file: str | None
+
+
+def init_store(
+    store: StoreLike, *, compress: str = "none", encrypt: bool = False, key_file: str | os.PathLike[str] | None = None
+) -> StoreInit:
+    """Configure a new store: how chunks are kept (``compress``: none, zstd, or auto, which splits
+    floating-point tensors into byte planes before zstd) and, with ``encrypt``, encryption at rest
+    (AES-256-GCM) with the key in ``key_file`` (default ``$CONCORD_KEY_FILE``; a file that is not
+    there gets a new key, written before anything of the store): ``concord init``. A store that
+    already has this configuration is left as it is.
+
+    Raises:
+        StoreConfigError: the store holds objects already, or is configured otherwise; the new key
+            file cannot be written. ApiArgumentError: ``encrypt`` without a key file, or a key file
+            without ``encrypt``.
+    """
+    from concord.errors import ApiArgumentError, ConcordError
+    from concord.stores.cipher import read_key_file
+    from concord.stores.config import KEY_FILE_ENV, configure, new_key_file
+
+    key, created, path = None, False, None
+    if encrypt:
+        path = os.fspath(key_file) if key_file is not None else os.environ.get(KEY_FILE_ENV)
+        if not path:
+            raise ApiArgumentError(
+                "init_store", f"encrypt=True needs the store's key: give key_file= (a new file gets a new key) or set {KEY_FILE_ENV}"
+            )
+        if os.path.exists(path):
+            key = read_key_file(path)
+        else:  # the key is on disk before anything of the store is
+            key = new_key_file(path, str(store))
+            created = True
+    elif key_file is not None:
+        raise ApiArgumentError("init_store", "key_file= goes with encrypt=True (or with any verb on an encrypted store)")
+    try:
+        opened = open_store(store)
+        try:
+            config = configure(opened, compress=compress, encrypt=encrypt, key=key)
+        finally:
+            opened.close()
+    except (ConcordError, ValueError):  # refused before the configuration was written
+        if created and path is not None:  # a refused init leaves no key file behind: no store names it
+            os.unlink(path)
+        raise
+    described = config.describe()
+    return StoreInit(
+        store=opened.uri,
+        version=described["version"],
+        compress=described["compress"],
+        encryption=described["encryption"],
+        key_file_created=created,
+        key_file=os.path.abspath(path) if path else None,
+    )
+
+
+def store_info(
+    store: StoreLike, *, frames: bool = True, key_file: str | os.PathLike[str] | None = None, progress: ProgressLike = None
+) -> StoreUsage:
+    """What ``store`` holds and what its encoding saves: its configuration, refs, snapshots, the
+    chunks' stored and raw bytes, the chunks no manifest names and what garbage collection would
+    delete: ``concord info``. ``frames`` also counts how the chunks of a compressed or encrypted
+    store are kept (one small read per chunk; nothing decoded).
+
+    Raises:
+        StoreNotFoundError: nothing is there. StoreKeyError: an encrypted store without its key.
+    """
+    from concord.snapshots.usage import store_usage
+
+    opened = _to_read(store, key_file)
+    try:
+        return store_usage(opened, frames=frames, progress=_progress(progress))
+    finally:
+        opened.close()
+
+
 # ----------------------------------------------------------------------------- snapshots
 
 
@@ -175,6 +273,108 @@ def snapshot(
         progress=_progress(progress),
         base=base,
         delta=delta,
+    )
+
+
+#: the largest part file :func:`snapshot_assemble` reads (a part of 100,000 files is about 40 MB)
+MAX_PART_BYTES = 1 << 30
+
+
+def snapshot_part(
+    source: str | os.PathLike[str],
+    store: StoreLike,
+    *,
+    node: str,
+    paths: Sequence[str] | None = None,
+    chunk_size: int | None = None,
+    out: str | os.PathLike[str] | None = None,
+    key_file: str | os.PathLike[str] | None = None,
+    progress: ProgressLike = None,
+) -> NodePart:
+    """Store the chunks of this node's files of a checkpoint spread over several nodes' disks
+    (``source``: the folder here; ``paths``: the files this node takes, default all) and return
+    this node's part for :func:`snapshot_assemble`, written to the part file ``out`` too when
+    given: ``concord snapshot-part``. ``node`` names the node (each node of one snapshot its own).
+
+    Raises:
+        SourceNotFoundError, StoreError, ValueError (an unusable node name or chunk size).
+    """
+    import json
+
+    from concord.files import atomic_write
+    from concord.snapshots.manifest import DEFAULT_CHUNK_SIZE
+    from concord.snapshots.spread import snapshot_part as take
+
+    part = take(
+        source,
+        _unlocked(open_store(store), key_file),
+        node=node,
+        paths=paths,
+        chunk_size=chunk_size or DEFAULT_CHUNK_SIZE,
+        progress=_progress(progress),
+    )
+    if out is not None:
+        atomic_write(os.fspath(out), json.dumps(part.to_dict(), sort_keys=True).encode())
+    return part
+
+
+def _read_part(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """A part file :func:`snapshot_part` wrote, as a dict (its manifest is checked on assembly).
+
+    Raises:
+        SpreadSnapshotError: the file is too large, not JSON, or not a JSON object.
+    """
+    import json
+
+    from concord.errors import SpreadSnapshotError
+
+    with open(path, "rb") as fh:
+        data = fh.read(MAX_PART_BYTES + 1)
+    problem = None
+    if len(data) > MAX_PART_BYTES:
+        problem = f"is over {MAX_PART_BYTES} bytes"
+    else:
+        try:
+            doc = json.loads(data)
+        except ValueError as exc:
+            problem = f"is not JSON ({exc})"
+        else:
+            if isinstance(doc, dict):
+                return doc
+            problem = "is not a JSON object"
+    raise SpreadSnapshotError(f"part file {os.fspath(path)} {problem}; write it again with concord snapshot-part")
+
+
+def snapshot_assemble(
+    store: StoreLike,
+    parts: Sequence[NodePart | Mapping[str, Any] | str | os.PathLike[str]],
+    *,
+    nodes: Sequence[str] | None = None,
+    ref: str | None = None,
+    message: str = "",
+    allow_incomplete: bool = False,
+    key_file: str | os.PathLike[str] | None = None,
+) -> SnapshotResult:
+    """One snapshot out of every node's part (each a :class:`~concord.snapshots.spread.NodePart`,
+    its dict, or the part file :func:`snapshot_part` wrote), with the root one snapshot of all the
+    files in one folder would have; ``ref`` is pointed at it by compare-and-swap: ``concord
+    snapshot-assemble``. ``nodes`` names the nodes expected (default: those given).
+
+    Raises:
+        SpreadSnapshotError: a node is missing or twice, the parts disagree, the store lacks a
+            chunk, or a DCP checkpoint is incomplete (``allow_incomplete=True`` writes it anyway).
+        RefConflictError: the ref moved meanwhile.
+    """
+    from concord.snapshots.spread import NodePart, assemble
+
+    got = [p if isinstance(p, (NodePart, Mapping)) else _read_part(p) for p in parts]
+    return assemble(
+        _unlocked(open_store(store), key_file),
+        got,
+        nodes=nodes,
+        ref=ref,
+        message=message,
+        allow_incomplete=allow_incomplete,
     )
 
 
@@ -447,6 +647,22 @@ def sign(
     return result
 
 
+def generate_signing_key(
+    path: str | os.PathLike[str], *, password: str | None = None, public: str | os.PathLike[str] | None = None
+) -> SigningKey:
+    """Write a new ECDSA P-256 key pair: the private key to the new file ``path`` (never
+    overwritten; encrypted with ``password`` when given) and the public key to ``public`` (default
+    ``KEY.pub.pem`` beside it), the one ``trust=`` takes: ``concord keys generate``. Returns the
+    key (``.id``, ``.public.source``).
+
+    Raises:
+        TrustError: a file is there already or cannot be written.
+    """
+    from concord.trust import generate_key
+
+    return generate_key(path, password=password, public_path=public)
+
+
 def signatures(
     store: StoreLike,
     *,
@@ -679,6 +895,19 @@ def tier_gc(policy: PolicyLike, *, tier: str | None = None, dry_run: bool = Fals
         finally:
             store.close()
     return found
+
+
+def tier_check(policy: str | os.PathLike[str]) -> TierPolicy:
+    """Read and check the tier policy ``policy`` (a YAML file, or ``block:NAME``) and return it
+    normalised (``.to_dict()`` is what ``concord tier check --json`` prints): ``concord tier check``.
+
+    Raises:
+        PolicyError: every problem of the policy, in ``.problems``.
+    """
+    from concord.tiering.policy import load_policy
+
+    return load_policy(policy)
+
 
 # ----------------------------------------------------------------------------- federation
 
@@ -928,21 +1157,175 @@ def audit_data(
     current: str | os.PathLike[str],
     *,
     registry: StoreLike | None = None,
+    data_store: StoreLike | None = None,
+    contract: str | os.PathLike[str] | None = None,
     profile: str = "use",
     **options: Any,
 ) -> AuditReport:
     """The drift of table ``current`` from ``reference`` (each a file, a data snapshot id or a
-    ``data/<name>`` ref in ``registry``, default ``$CONCORD_REGISTRY``; ``reference`` may be a
-    ``.profile`` file): ``concord audit data``. ``options`` are the drift rule's keywords.
+    ``data/<name>`` ref in ``data_store``, default the registry: ``registry``, else
+    ``$CONCORD_REGISTRY``; ``reference`` may be a ``.profile`` file), and with ``contract``
+    (``name@version`` in the registry, or a ``.json`` file) the current table validated against
+    it: ``concord audit data``. ``options`` are the drift rule's keywords (``columns``,
+    ``thresholds``: a :class:`~concord.audit.drift.DriftThresholds`, ``bins``). ``profile``: "use"
+    a data snapshot's stored profile, "off", or "create" one where it has none.
 
     Raises:
-        DataSnapshotNotFoundError, DataFormatError, DriftConfigError, ProfileError.
+        DataSnapshotNotFoundError, DataFormatError, DriftConfigError, ProfileError,
+        ContractNotFoundError (checked before any data is read).
     """
     from concord.audit.report import audit_data as audit
     from concord.home import default_registry
 
-    store = open_store(registry if registry is not None else default_registry(), create=False)
-    return audit(reference, current, store, profile=profile, **options)
+    reg = open_store(registry if registry is not None else default_registry(), create=False)
+    store = open_store(data_store, create=False) if data_store is not None else reg
+    checked = None
+    if contract is not None:  # an unknown contract fails before any data is read
+        from concord.lineage.contracts import load_contract
+
+        checked = load_contract(reg, contract)
+    return audit(reference, current, store, contract=checked, profile=profile, **options)
+
+
+class ProfileResult(TypedDict, total=False):
+    """What :func:`audit_profile` made, as ``concord audit profile --json`` prints it."""
+
+    #: the profile's summary: rows, sample size, where it came from, each column's counts
+    profile: dict[str, Any]
+    #: how many tables (or profiles) were merged into it
+    parts: int
+    #: the profile file written (absolute), with ``out=``
+    out: str
+    #: that file's size
+    bytes: int
+    #: where it is stored beside its data snapshot: ``{"ref", "root", "store"}``
+    stored: dict[str, str]
+
+
+def audit_profile(
+    tables: Sequence[str | os.PathLike[str]],
+    *,
+    out: str | os.PathLike[str] | None = None,
+    store_beside: bool = True,
+    registry: StoreLike | None = None,
+    data_store: StoreLike | None = None,
+    sample_size: int = 500_000,
+    max_labels: int = 100_000,
+) -> ProfileResult:
+    """Profile a reference table once (bounded samples and counts per column), to audit against
+    many times: ``concord audit profile``. ``tables`` are the parts of one table (files, data
+    snapshots of ``data_store``, default the registry, or ``.profile`` files), merged. The profile
+    is written to ``out``, and a single data snapshot's is stored beside it too (``store_beside``).
+
+    Raises:
+        ApiArgumentError: no ``out`` and nothing to store it beside. DataFormatError,
+        DataSnapshotNotFoundError, ProfileError.
+    """
+    from concord.audit.inputs import names_snapshot, open_table
+    from concord.audit.profile import TableProfile, is_profile_file, merge, profile_ref, profile_table, store_profile
+    from concord.errors import ApiArgumentError
+    from concord.home import default_registry
+
+    specs = [os.fspath(t) for t in tables]
+    named = [t for t in specs if names_snapshot(t)]
+    beside = len(specs) == 1 and bool(named) and store_beside
+    if out is None and not beside:
+        raise ApiArgumentError(
+            "audit_profile", "give out= (a file for the profile): only a single data snapshot's is stored beside it"
+        )
+    store = None
+    if named:
+        store = open_store(data_store if data_store is not None else registry if registry is not None else default_registry())
+    parts = []
+    for spec in specs:
+        if is_profile_file(spec):
+            parts.append(TableProfile.load(spec))
+            continue
+        with open_table(spec, store, which="table") as table:
+            src = table.source
+            source = {"kind": src.kind, "name": src.name, "label": src.label, **({"id": src.id} if src.id else {})}
+            parts.append(profile_table(table.batches(), sample_size=sample_size, max_labels=max_labels, source=source))
+    made = parts[0] if len(parts) == 1 else merge(*parts)
+    result = ProfileResult(profile=made.summary(), parts=len(parts))
+    if out is not None:
+        result["out"] = os.path.abspath(out)
+        result["bytes"] = made.save(os.fspath(out))
+    if beside and store is not None:
+        data_id = made.source["id"]
+        result["stored"] = {"ref": profile_ref(data_id), "root": store_profile(store, data_id, made), "store": store.uri}
+    return result
+
+
+# ----------------------------------------------------------------------------- OCI registries
+
+
+def export_oci(
+    store: StoreLike,
+    reference: str,
+    *,
+    ref: str | None = None,
+    root: str | None = None,
+    name: str | None = None,
+    plain_http: bool = False,
+    memo: bool = True,
+    key_file: str | os.PathLike[str] | None = None,
+    progress: ProgressLike = None,
+) -> ExportResult:
+    """Push the snapshot ``ref`` (or ``root``) of ``store`` to the OCI registry at ``reference``
+    (``REGISTRY/REPOSITORY:TAG``) as a CNCF ModelPack artifact, its signatures attached as
+    referrers: ``concord export oci``. ``name`` is the model's name in the artifact (default the
+    ref's last part); ``memo`` reuses the SHA-256 this machine computed before. Credentials come
+    from ``CONCORD_REGISTRY_USERNAME``/``CONCORD_REGISTRY_PASSWORD`` or the Docker config.
+
+    Raises:
+        OciReferenceError, OciRegistryError, RefNotFoundError.
+    """
+    from concord.oci.export import export_oci as push
+    from concord.oci.reference import parse_reference
+    from concord.snapshots.refs import load_manifest
+
+    target = parse_reference(reference)
+    source = _to_read(store, key_file)
+    named = _root("export_oci", source, ref, root)
+    if name is None and ref is not None:
+        name = ref.split("~")[0].rsplit("/", 1)[-1]
+        name = None if len(name) == 64 else name  # a root names no model
+    return push(
+        source, load_manifest(source, named), target, name=name, plain_http=plain_http, progress=_progress(progress), memo=memo
+    )
+
+
+def import_oci(
+    reference: str,
+    store: StoreLike,
+    *,
+    ref: str | None = None,
+    plain_http: bool = False,
+    trust: TrustLike = None,
+    key_file: str | os.PathLike[str] | None = None,
+    progress: ProgressLike = None,
+) -> ImportResult:
+    """Pull the ModelPack artifact at ``reference`` into ``store`` as a snapshot with the same
+    root it was exported from, and point ``ref`` at it: ``concord import oci``. Under a trust
+    policy (``trust=``, else ``$CONCORD_TRUSTED_KEYS``) the root must be signed by a trusted key.
+    The store is opened only once the artifact passed every check.
+
+    Raises:
+        OciReferenceError, OciRegistryError, SignatureError, UntrustedRootError.
+    """
+    from concord.oci.importer import import_oci as pull
+    from concord.oci.reference import parse_reference
+
+    source = parse_reference(reference)
+    policy = _policy(trust)
+    return pull(
+        source,
+        lambda: _unlocked(open_store(store), key_file),
+        store_ref=ref,
+        plain_http=plain_http,
+        progress=_progress(progress),
+        trust=policy,
+    )
 
 
 # ----------------------------------------------------------------------------- lineage
@@ -1024,5 +1407,98 @@ def model_lineage(name: str, version: str | int, *, tracking_uri: str | None = N
     return open_lineage(tracking_uri).model_lineage(name, version)
 
 
+# ----------------------------------------------------------------------------- contracts
+
+
+def _registry(registry: StoreLike | None) -> Store:
+    """The registry store: ``registry``, else ``$CONCORD_REGISTRY``, else ``$CONCORD_HOME/registry``."""
+    from concord.home import default_registry
+
+    return open_store(registry if registry is not None else default_registry())
+
+
+def contract_infer(
+    table: Any, name: str, version: int, *, description: str = "", registry: StoreLike | None = None
+) -> Contract:
+    """Infer the schema contract ``name@version`` of ``table`` (a CSV or Parquet file, or a
+    pandas DataFrame: each column's type, nullability, range and allowed labels) and save it in
+    the registry (default ``$CONCORD_REGISTRY``): ``concord contract infer``.
+
+    Raises:
+        DataFormatError, ContractConflictError (that version is saved with other content).
+    """
+    from concord.lineage.contracts import infer_contract, save_contract
+    from concord.lineage.data import read_table
+
+    frame = table if hasattr(table, "columns") else read_table(table)
+    contract = infer_contract(frame, name, version, description=description)
+    save_contract(_registry(registry), contract)
+    return contract
+
+
+def contract_validate(
+    contract: str | os.PathLike[str],
+    *,
+    table: Any = None,
+    data: str | None = None,
+    registry: StoreLike | None = None,
+    data_store: StoreLike | None = None,
+) -> ValidationResult:
+    """Validate a table against the contract ``contract`` (``name@version`` in the registry, or a
+    ``.json`` file): ``table`` (a file or a DataFrame), or the data snapshot ``data`` (an id or
+    ``data/<name>``) of ``data_store`` (default the registry): ``concord contract validate``. A
+    violation is in the answer (``.success``, ``.failures``), not raised.
+
+    Raises:
+        ContractNotFoundError, DataSnapshotNotFoundError, ApiArgumentError (neither or both of
+            ``table`` and ``data``).
+    """
+    from concord.errors import ApiArgumentError
+    from concord.lineage.contracts import load_contract, validate
+    from concord.lineage.data import load_data, read_table
+
+    if (table is None) == (data is None):
+        raise ApiArgumentError("contract_validate", "give exactly one of table= (a file or DataFrame) and data= (a data snapshot)")
+    reg = _registry(registry)
+    loaded = load_contract(reg, contract)
+    if table is not None:
+        frame = table if hasattr(table, "columns") else read_table(table)
+    else:
+        frame = load_data(open_store(data_store) if data_store is not None else reg, cast(str, data))
+    return validate(loaded, frame)
+
+
+def contract_compatible(old: str, new: str, *, registry: StoreLike | None = None) -> CompatResult:
+    """Whether contract ``new`` is backward compatible with ``old`` (each ``name@version`` in the
+    registry, or a ``.json`` file): ``concord contract compatible``; ``.breaking`` lists what breaks.
+
+    Raises:
+        ContractNotFoundError.
+    """
+    from concord.lineage.contracts import compatible, load_contract
+
+    reg = _registry(registry)
+    return compatible(load_contract(reg, old), load_contract(reg, new))
+
+
+def contract_list(*, registry: StoreLike | None = None) -> list[str]:
+    """Every contract saved in the registry (default ``$CONCORD_REGISTRY``) as ``name@version``, by
+    name then version: ``concord contract list``."""
+    from concord.lineage.contracts import list_contracts
+
+    return list_contracts(_registry(registry))
+
+
 #: the verbs (listed once, in :mod:`concord`), then the types of their arguments
-__all__ = [*VERBS, "LedgerLog", "LogEntry", "PolicyLike", "ProgressLike", "RefSummary", "StoreLike", "TrustLike"]
+__all__ = [
+    *VERBS,
+    "LedgerLog",
+    "LogEntry",
+    "PolicyLike",
+    "ProfileResult",
+    "ProgressLike",
+    "RefSummary",
+    "StoreInit",
+    "StoreLike",
+    "TrustLike",
+]

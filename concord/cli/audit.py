@@ -24,7 +24,6 @@ columns' PNGs, ``report.json`` and ``report.md``), and the run's id is in the ou
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 
 from concord.cli._common import (
@@ -41,9 +40,7 @@ from concord.cli._common import (
     track_parent,
     tracking_parent,
     whole_number,
-    writable_store,
 )
-from concord.home import default_registry
 
 #: the exit status of a critical (P0) audit; errors exit 1, usage errors 2 (argparse), ok and warning 0
 EXIT_CRITICAL = 3
@@ -167,24 +164,15 @@ def _track(lineage, report, *, name: str, params: dict, plots: dict[str, str] | 
 
 
 def cmd_audit_data(args, out) -> int:
-    from concord.audit.inputs import names_snapshot
+    from concord.api import audit_data
     from concord.audit.render import plot_histograms_by_column
-    from concord.audit.report import audit_data
 
     lineage = _tracker(args)
     thresholds = _thresholds(args)
-    named = [s for s in (args.reference, args.current) if names_snapshot(s)]
-    registry = peek_store(args.registry or default_registry()) if named or (args.contract and not _is_file(args.contract)) else None
-    data_store = (peek_store(args.data_store) if args.data_store else registry) if named else None
-    contract = None
-    if args.contract:  # an unknown contract fails before any data is read
-        from concord.lineage.contracts import load_contract
-
-        contract = load_contract(registry, args.contract) if registry is not None else load_contract(peek_store("."), args.contract)
     # both tables are read in batches (memory does not grow with them); a contract reads current whole
     report = audit_data(
-        args.reference, args.current, data_store, contract=contract, columns=args.columns, thresholds=thresholds, bins=args.bins,
-        profile=args.profile,
+        args.reference, args.current, registry=args.registry, data_store=args.data_store, contract=args.contract,
+        columns=args.columns, thresholds=thresholds, bins=args.bins, profile=args.profile,
     )
     extra, plots = {}, {}
     if args.plots:
@@ -207,42 +195,27 @@ def cmd_audit_data(args, out) -> int:
 
 def cmd_audit_profile(args, out) -> int:
     """Profile a reference table (or a table's parts, merged) once: into a file, and beside its data snapshot."""
-    from concord.audit.inputs import names_snapshot, open_table
-    from concord.audit.profile import TableProfile, is_profile_file, merge, profile_ref, profile_table, store_profile
+    from concord.api import audit_profile
+    from concord.audit.inputs import names_snapshot
 
-    named = [t for t in args.tables if names_snapshot(t)]
-    beside = len(args.tables) == 1 and bool(named) and not args.no_store
-    if not args.out and not beside:
+    if not args.out and (len(args.tables) != 1 or not names_snapshot(args.tables[0]) or args.no_store):
         raise ValueError("--out FILE: say where to write the profile (only a single data snapshot's is stored beside it)")
-    store = (writable_store(args.data_store) if args.data_store else writable_store(args.registry or default_registry())) if named else None
-    parts = []
-    for spec in args.tables:
-        if is_profile_file(spec):
-            parts.append(TableProfile.load(spec))
-            continue
-        with open_table(spec, store, which="table") as table:
-            src = table.source
-            source = {"kind": src.kind, "name": src.name, "label": src.label, **({"id": src.id} if src.id else {})}
-            parts.append(profile_table(table.batches(), sample_size=args.sample_size, max_labels=args.max_labels, source=source))
-    profile = parts[0] if len(parts) == 1 else merge(*parts)
-    summary = profile.summary()
-    result: dict = {"profile": summary, "parts": len(parts)}
-    lines = [f"profile of {summary['source'].get('label') or ', '.join(args.tables)}: {profile.rows} rows, {len(profile.columns)} columns"]
+    result = audit_profile(
+        args.tables, out=args.out, store_beside=not args.no_store, registry=args.registry, data_store=args.data_store,
+        sample_size=args.sample_size, max_labels=args.max_labels,
+    )
+    summary = result["profile"]
+    what = summary["source"].get("label") or ", ".join(args.tables)
+    lines = [f"profile of {what}: {summary['rows']} rows, {len(summary['columns'])} columns"]
     lines += _text_table(summary["columns"], ["column", "kind", "values", "nulls", "kept", "sampled", "other_labels"])
-    if args.out:
-        result["out"] = os.path.abspath(args.out)
-        result["bytes"] = profile.save(args.out)
+    if "out" in result:
         lines.append(f"written to {result['out']} ({result['bytes']:,} bytes)")
-    if beside:
-        data_id = profile.source["id"]
-        result["stored"] = {"ref": profile_ref(data_id), "root": store_profile(store, data_id, profile), "store": store.uri}
-        lines.append(f"stored beside data snapshot {data_id[:12]} as {result['stored']['ref']} in {store.uri}")
-    out.emit(result, lines)
+    if "stored" in result:
+        stored = result["stored"]
+        data_id = summary["source"]["id"]
+        lines.append(f"stored beside data snapshot {data_id[:12]} as {stored['ref']} in {stored['store']}")
+    out.emit(dict(result), lines)
     return 0
-
-
-def _is_file(contract: str) -> bool:
-    return contract.endswith(".json") or "/" in contract or os.sep in contract
 
 
 def _store_keys(pairs: list[str] | None, specs: list[str]) -> dict[str, str]:

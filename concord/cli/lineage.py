@@ -65,11 +65,11 @@ def cmd_data_show(args, out) -> int:
 
 
 def cmd_contract_infer(args, out) -> int:
-    from concord.lineage.contracts import infer_contract, save_contract
-    from concord.lineage.data import read_table
+    from concord.api import contract_infer
+    from concord.lineage.contracts import contract_key
 
-    contract = infer_contract(read_table(args.file), args.name, args.version, description=args.description or "")
-    key = save_contract(_registry(args), contract)
+    contract = contract_infer(args.file, args.name, args.version, description=args.description or "", registry=_registry(args))
+    key = contract_key(contract.name, contract.version)
     lines = [f"contract {contract.ref} saved as {key}"] + [
         f"  {c.name}: {c.type}{'' if c.required else ' (optional)'}"
         + (f" [{c.min}, {c.max}]" if c.min is not None or c.max is not None else "")
@@ -81,29 +81,27 @@ def cmd_contract_infer(args, out) -> int:
 
 
 def cmd_contract_validate(args, out) -> int:
-    from concord.lineage.contracts import load_contract, validate
-    from concord.lineage.data import load_data, read_table
+    from concord.api import contract_validate
 
-    registry = _registry(args)
-    contract = load_contract(registry, args.contract)
-    if args.file:
-        df = read_table(args.file)
-    else:
-        df = load_data(writable_store(args.data_store) if args.data_store else registry, args.data)
-    res = validate(contract, df)
-    lines = [f"{contract.ref}: {'pass' if res.success else 'FAIL'} ({res.evaluated} expectations)"]
+    res = contract_validate(
+        args.contract,
+        table=args.file or None,
+        data=None if args.file else args.data,
+        registry=_registry(args),
+        data_store=writable_store(args.data_store) if args.data_store else None,
+    )
+    lines = [f"{res.contract}: {'pass' if res.success else 'FAIL'} ({res.evaluated} expectations)"]
     lines += [f"  ✗ {f.expectation}" + (f" [{f.column}]" if f.column else "") + f": {f.details}" for f in res.failures]
     out.emit(res.to_dict(), lines)
     if not res.success:
-        return fail(f"the data violates contract {contract.ref} ({len(res.failures)} failing expectation(s))")
+        return fail(f"the data violates contract {res.contract} ({len(res.failures)} failing expectation(s))")
     return 0
 
 
 def cmd_contract_compatible(args, out) -> int:
-    from concord.lineage.contracts import compatible, load_contract
+    from concord.api import contract_compatible
 
-    registry = _registry(args)
-    res = compatible(load_contract(registry, args.old), load_contract(registry, args.new))
+    res = contract_compatible(args.old, args.new, registry=_registry(args))
     lines = [f"{res.old} → {res.new}: {'compatible' if res.compatible else 'BREAKING'}"]
     lines += [f"  ✗ {b}" for b in res.breaking] + [f"  · {n}" for n in res.notes]
     out.emit(res.to_dict(), lines)
@@ -113,9 +111,9 @@ def cmd_contract_compatible(args, out) -> int:
 
 
 def cmd_contract_list(args, out) -> int:
-    from concord.lineage.contracts import list_contracts
+    from concord.api import contract_list
 
-    refs = list_contracts(_registry(args))
+    refs = contract_list(registry=_registry(args))
     out.emit({"contracts": refs}, refs or ["(no contracts)"])
     return 0
 

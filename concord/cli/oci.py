@@ -44,17 +44,14 @@ def _sigterm_interrupts():
 
 
 def cmd_export_oci(args, out) -> int:
-    from concord.oci.export import export_oci
-    from concord.snapshots.refs import load_manifest, resolve_root
+    from concord.api import export_oci
 
     store = readable_store(args.store)
-    root = resolve_root(store, args.ref)
-    manifest = load_manifest(store, root)
-    name = args.name or args.ref.split("~")[0].rsplit("/", 1)[-1]
-    if len(name) == 64:  # a root names no model
-        name = None
     with _sigterm_interrupts():
-        r = export_oci(store, manifest, args.reference, name=name, plain_http=args.plain_http, progress=out.progress, memo=not args.no_memo)
+        r = export_oci(
+            store, str(args.reference), name=args.name, plain_http=args.plain_http, progress=out.progress,
+            memo=not args.no_memo, ref=args.ref,
+        )
     d = r.to_dict()
     d["store"] = store.uri
     lines = [
@@ -71,20 +68,12 @@ def cmd_export_oci(args, out) -> int:
 
 
 def cmd_import_oci(args, out) -> int:
-    from concord.oci.importer import import_oci
-    from concord.trust import load_policy
-
-    policy = load_policy(args.trust)
-    opened = []
-
-    def store():  # opened (a folder created) only once the artifact passed every check
-        opened.append(writable_store(args.store))
-        return opened[0]
+    from concord.api import import_oci
 
     with _sigterm_interrupts():
-        r = import_oci(args.reference, store, store_ref=args.ref, plain_http=args.plain_http, progress=out.progress, trust=policy)
+        r = import_oci(str(args.reference), args.store, ref=args.ref, plain_http=args.plain_http, progress=out.progress, trust=args.trust)
     d = r.to_dict()
-    d["store"] = opened[0].uri
+    d["store"] = writable_store(args.store).uri  # made by the import, once the artifact passed every check
     lines = [
         f"imported {r.reference}",
         f"  digest {r.digest}",

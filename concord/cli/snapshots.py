@@ -87,24 +87,14 @@ def _stored(r, store) -> str:
     return f" ({human(r.new_stored_bytes)} stored)" if r.new_chunks and store.encoding().framed else ""
 
 
-#: the largest part file ``snapshot-assemble`` reads (a part of 100,000 files is about 40 MB)
-MAX_PART_BYTES = 1 << 30
-
-
 def cmd_snapshot_part(args, out) -> int:
-    import json
-
-    from concord.files import atomic_write
-    from concord.snapshots.manifest import DEFAULT_CHUNK_SIZE
-    from concord.snapshots.spread import snapshot_part
+    from concord.api import snapshot_part
 
     store = writable_store(args.store)
     part = snapshot_part(
-        args.source, store, node=args.node, paths=args.path, chunk_size=args.chunk_size or DEFAULT_CHUNK_SIZE, progress=out.progress
+        args.source, store, node=args.node, paths=args.path, chunk_size=args.chunk_size, out=args.out, progress=out.progress
     )
-    doc = part.to_dict()
-    atomic_write(args.out, json.dumps(doc, sort_keys=True).encode())
-    d = {k: v for k, v in doc.items() if k != "manifest"} | {"store": store.uri, "part_file": os.path.abspath(args.out)}
+    d = {k: v for k, v in part.to_dict().items() if k != "manifest"} | {"store": store.uri, "part_file": os.path.abspath(args.out)}
     lines = [
         f"part of node {part.node}: {d['files']} files, {d['chunks']} chunks, {human(d['bytes'])} of {part.folder}",
         f"  new in {store.uri}: {part.new_chunks} chunks, {human(part.new_bytes)}{_stored(part, store)}",
@@ -115,40 +105,19 @@ def cmd_snapshot_part(args, out) -> int:
 
 
 def cmd_snapshot_assemble(args, out) -> int:
-    from concord.snapshots.spread import assemble
+    from concord.api import _read_part, snapshot_assemble
 
     parts = [_read_part(path) for path in args.parts]
     nodes = [n.strip() for n in args.nodes.split(",") if n.strip()] if args.nodes is not None else None
     store = writable_store(args.store)
-    r = assemble(store, parts, nodes=nodes, ref=args.ref, message=args.message or "", allow_incomplete=args.allow_incomplete)
+    r = snapshot_assemble(
+        store, parts, nodes=nodes, ref=args.ref, message=args.message or "", allow_incomplete=args.allow_incomplete
+    )
     d, lines = _snapshot_answer(r, store)
     d["nodes"] = [p["node"] for p in parts]
     lines.insert(1, f"  assembled from {len(parts)} part(s): {', '.join(d['nodes'])}")
     out.emit(d, lines)
     return 0
-
-
-def _read_part(path: str) -> dict:
-    """A part file ``snapshot-part`` wrote, as a dict (its manifest is checked by ``assemble``)."""
-    import json
-
-    from concord.errors import SpreadSnapshotError
-
-    with open(path, "rb") as fh:
-        data = fh.read(MAX_PART_BYTES + 1)
-    problem = None
-    if len(data) > MAX_PART_BYTES:
-        problem = f"is over {MAX_PART_BYTES} bytes"
-    else:
-        try:
-            doc = json.loads(data)
-        except ValueError as exc:
-            problem = f"is not JSON ({exc})"
-        else:
-            if isinstance(doc, dict):
-                return doc
-            problem = "is not a JSON object"
-    raise SpreadSnapshotError(f"part file {path} {problem}; write it again with concord snapshot-part")
 
 
 def cmd_diff(args, out) -> int:

@@ -5,57 +5,34 @@ from __future__ import annotations
 
 import os
 
-from concord.cli._common import STORE_HELP, human, readable_store, writable_store
-from concord.errors import ConcordError
+from concord.cli._common import STORE_HELP, human
 
 
 def cmd_init(args, out) -> int:
-    from concord.stores.cipher import read_key_file
-    from concord.stores.config import KEY_FILE_ENV, configure, new_key_file
+    from concord.api import init_store
+    from concord.stores.config import KEY_FILE_ENV
 
-    key = None
-    created_key = False
-    if args.encrypt:
-        path = args.key_file or os.environ.get(KEY_FILE_ENV)
-        if not path:
-            raise ValueError(f"--encrypt needs the store's key: give --key-file FILE (a new FILE gets a new key) or set {KEY_FILE_ENV}")
-        if os.path.exists(path):
-            key = read_key_file(path)
-        else:  # the key is on disk before anything of the store is
-            key = new_key_file(path, args.store)
-            created_key = True
-    elif args.key_file:
+    if args.encrypt and not (args.key_file or os.environ.get(KEY_FILE_ENV)):
+        raise ValueError(f"--encrypt needs the store's key: give --key-file FILE (a new FILE gets a new key) or set {KEY_FILE_ENV}")
+    if args.key_file and not args.encrypt:
         raise ValueError("--key-file goes with --encrypt (or with any command on an encrypted store)")
-    try:
-        store = writable_store(args.store)
-        try:
-            config = configure(store, compress=args.compress, encrypt=args.encrypt, key=key)
-        finally:
-            store.close()
-    except (ConcordError, ValueError):  # refused before the configuration was written
-        if created_key:  # a refused init leaves no key file behind: no store names it
-            os.unlink(path)
-        raise
-    payload = {"store": store.uri, **config.describe(), "key_file_created": created_key}
-    enc = config.describe()["encryption"]
+    r = init_store(args.store, compress=args.compress, encrypt=args.encrypt, key_file=args.key_file)
+    payload = {k: v for k, v in r.items() if k != "key_file"}
+    enc = r["encryption"]
     lines = [
-        f"{store.uri}: compress {config.compress}, "
+        f"{r['store']}: compress {r['compress']}, "
         + (f"encrypted ({enc['algorithm']}, key id {enc['key_id']})" if enc else "not encrypted")
     ]
-    if created_key:
-        lines.append(f"  a new key was written to {path}: keep a copy; without it the store cannot be read")
+    if r["key_file_created"]:
+        lines.append(f"  a new key was written to {r['key_file']}: keep a copy; without it the store cannot be read")
     out.emit(payload, lines)
     return 0
 
 
 def cmd_info(args, out) -> int:
-    from concord.snapshots.usage import store_usage
+    from concord.api import store_info
 
-    store = readable_store(args.store)
-    try:
-        u = store_usage(store, frames=not args.no_frames, progress=out.progress)
-    finally:
-        store.close()
+    u = store_info(args.store, frames=not args.no_frames, progress=out.progress)
     out.emit(u.to_dict(), info_lines(u))
     return 0
 

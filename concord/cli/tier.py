@@ -299,11 +299,11 @@ def cmd_gc(args, out) -> int:
 
 
 def cmd_check(args, out) -> int:
+    from concord.api import tier_check
     from concord.errors import PolicyError
-    from concord.tiering.policy import load_policy
 
     try:
-        policy = load_policy(args.policy)
+        policy = tier_check(args.policy)
     except PolicyError as exc:
         if out.json:
             out.emit({"source": args.policy, "ok": False, "problems": exc.problems}, [])

@@ -78,12 +78,12 @@ def cmd_signatures(args, out) -> int:
 
 
 def cmd_keys_generate(args, out) -> int:
-    from concord.trust import generate_key
+    from concord.api import generate_signing_key
 
     password = os.environ.get(args.password_env) if args.password_env else None
     if args.password_env and not password:
         raise ValueError(f"--password-env {args.password_env}: that environment variable is empty or unset; set it to the password")
-    key = generate_key(args.path, password=password, public_path=args.public)
+    key = generate_signing_key(args.path, password=password, public=args.public)
     d = {"private": os.path.abspath(args.path), "public": os.path.abspath(key.public.source), "key_id": key.id, "encrypted": bool(password)}
     out.emit(d, [f"key {key.id}", f"  private {d['private']} (keep it secret)", f"  public  {d['public']} (give it to --trust)"])
     return 0

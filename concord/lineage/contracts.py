@@ -532,6 +532,8 @@ class Failure:
 
 @dataclass(frozen=True)
 class ValidationResult:
+    """A table checked against a contract: ``success``, and each failing expectation in ``failures``."""
+
     contract: str  # name@version
     success: bool
     failures: tuple[Failure, ...]
@@ -744,6 +746,8 @@ def validate(contract: Contract, df: pd.DataFrame) -> ValidationResult:
 
 @dataclass(frozen=True)
 class CompatResult:
+    """Whether contract ``new`` is backward compatible with ``old``; ``breaking`` lists what breaks."""
+
     old: str
     new: str
     compatible: bool

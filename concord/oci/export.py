@@ -49,6 +49,8 @@ MAX_CONFIG_JSON = 1024 * 1024
 
 @dataclass(frozen=True)
 class ExportResult:
+    """A snapshot pushed as a ModelPack artifact: where, its digest and root, what was uploaded."""
+
     reference: str
     digest: str
     root: str

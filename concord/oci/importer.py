@@ -58,6 +58,8 @@ STAGING_DIR_ENV = "CONCORD_STAGING_DIR"
 
 @dataclass(frozen=True)
 class ImportResult:
+    """A ModelPack artifact pulled into a store: its digest, the root, what was new, the ref moved."""
+
     reference: str
     digest: str
     root: str

@@ -60,6 +60,8 @@ class ChunkTally:
 
 @dataclass
 class StoreUsage:
+    """What a store holds and what its encoding saves (``concord info``; ``to_dict()`` is its ``--json``)."""
+
     store: str
     #: the store's configuration as a person is shown it (:meth:`StoreConfig.describe`; no key)
     compress: str

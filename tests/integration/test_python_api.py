@@ -15,6 +15,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+from servers import patched_environ, running_registry
 from toy_checkpoints import files_equal, fine_tune, make_checkpoint
 
 import concord
@@ -23,7 +24,9 @@ from concord.snapshots.refs import resolve_root
 from concord.stores import open_store
 
 PAGE = Path(__file__).resolve().parents[2] / "docs" / "python.md"
-PRIMARY, REPLICA = "s3://models/us-east", "s3://models/eu-west"
+PRIMARY, REPLICA, ARCHIVE = "s3://models/us-east", "s3://models/eu-west", "s3://models/archive"
+#: the OCI registry the examples name, and the credentials a test must not inherit
+OCI_REGISTRY, OCI_CLEARED = "localhost:5000", ("CONCORD_REGISTRY_USERNAME", "CONCORD_REGISTRY_PASSWORD", "DOCKER_CONFIG")
 #: sections whose code is a template with the caller's own names (run in test_training_script)
 TEMPLATES = ("A training script", "Names")
 
@@ -78,7 +81,6 @@ def world(request, tmp_path, monkeypatch):
     for name in ("CONCORD_TRUSTED_KEYS", "CONCORD_KEY_FILE", "MLFLOW_TRACKING_URI"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("CONCORD_HOME", str(tmp_path / "home"))
-    monkeypatch.setenv("CONCORD_REGISTRY", str(tmp_path / "registry"))
     monkeypatch.setenv("CONCORD_NO_PROGRESS", "1")
     if request.param == "s3":
         s3 = request.getfixturevalue("s3_store")
@@ -86,10 +88,14 @@ def world(request, tmp_path, monkeypatch):
         base = f"s3://{s3.bucket}/{uuid.uuid4().hex[:8]}"
     else:
         base = "stores"
+    # the registry of data snapshots, profiles and contracts is a store too: on S3 in the S3 world
+    registry = f"{base}/registry" if request.param == "s3" else str(tmp_path / "registry")
+    monkeypatch.setenv("CONCORD_REGISTRY", registry)
     # an S3 address as a person types it, with how many transfers run at once
     places = {
         PRIMARY: f"{base}/us-east" + ("?connections=4" if request.param == "s3" else ""),
         REPLICA: f"{base}/eu-west",
+        ARCHIVE: f"{base}/archive",
     }
     v1 = make_checkpoint(tmp_path / "ckpt" / "step-1000")
     (v1 / "COMPLETE").write_text("")
@@ -120,15 +126,26 @@ def world(request, tmp_path, monkeypatch):
     )
     mlflow_db = tmp_path / "mlflow.db"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{mlflow_db}")
-    return {"dir": tmp_path, "places": places, "v1": v1, "v2": v2, "key_id": key.id}
+    return {"dir": tmp_path, "places": places, "registry": registry, "v1": v1, "v2": v2, "key_id": key.id}
 
 
-def run_example(heading: str, world: dict) -> tuple[dict, str]:
-    """Run the example under ``heading`` as written, its store addresses those of ``world``;
-    (its names, what it printed)."""
+@pytest.fixture(scope="module")
+def oci_registry(tmp_path_factory):
+    """``host:port`` of a CNCF distribution registry on 127.0.0.1, without authentication."""
+    d = tmp_path_factory.mktemp("oci-registry")
+    with patched_environ({"DOCKER_CONFIG": str(d / "no-docker-config")}, OCI_CLEARED):
+        with running_registry(d / "data", d / "registry.log") as address:
+            yield address
+
+
+def run_example(heading: str, world: dict, also: dict[str, str] | None = None) -> tuple[dict, str]:
+    """Run the example under ``heading`` as written, its store addresses those of ``world`` (and
+    each text of ``also`` replaced); (its names, what it printed)."""
     code = EXAMPLES[heading]
     for typed, real in world["places"].items():
         code = code.replace(f'"{typed}"', repr(real))
+    for typed, real in (also or {}).items():
+        code = code.replace(typed, real)
     names: dict = {}
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
@@ -278,3 +295,77 @@ def test_lineage(world):
     assert isinstance(names["data"], concord.DataSnapshot) and names["data"].rows == 200
     assert names["data"].id in printed.splitlines()[0]
     assert "'llama'" in printed.splitlines()[1] and str(names["mv"]["version"]) in printed.splitlines()[1]
+
+
+def test_init_store_and_store_info(world):
+    names, printed = run_example("concord.init_store and concord.store_info", world)
+    assert printed.splitlines()[0] == "auto"
+    u = names["u"]
+    assert isinstance(u, concord.StoreUsage) and u.compress == "auto" and (u.refs, u.manifests) == (1, 1)
+    assert 0 < u.named.stored_bytes < u.named.raw_bytes  # byte planes and zstd keep fewer bytes than raw
+    assert _root(world, "models/llama", ARCHIVE) == _root(world, "models/llama~1")  # the same root, whatever the encoding
+    # asked again, the same configuration changes nothing; another is refused, naming the store
+    assert concord.init_store(world["places"][ARCHIVE], compress="auto")["compress"] == "auto"
+    with pytest.raises(concord.ConcordError, match="already configured"):
+        concord.init_store(world["places"][ARCHIVE], compress="zstd")
+
+
+def test_snapshot_part_and_snapshot_assemble(world):
+    names, _ = run_example("concord.snapshot_part and concord.snapshot_assemble", world)
+    r = names["r"]
+    assert isinstance(names["b"], concord.NodePart) and isinstance(r, concord.SnapshotResult)
+    # the root one snapshot of the whole folder has
+    assert r.root == _root(world, "models/llama~1") == _root(world, "models/llama-spread") and r.ref_version == 1
+    assert (world["dir"] / "node-0.part").is_file()
+    # a node left out is refused before anything is written
+    with pytest.raises(concord.ConcordError, match="node-0"):
+        concord.snapshot_assemble(world["places"][PRIMARY], [names["b"]], nodes=["node-0", "node-1"], ref="models/other")
+    assert "models/other" not in open_store(world["places"][PRIMARY]).list_refs()
+
+
+def test_generate_signing_key(world):
+    names, printed = run_example("concord.generate_signing_key", world)
+    key = names["key"]
+    assert isinstance(key, concord.SigningKey) and (world["dir"] / "keys" / "ops.pub.pem").is_file()
+    assert printed.split() == [key.id, "True"] and key.id != world["key_id"]
+    with pytest.raises(concord.ConcordError, match="ops.pem"):  # never overwritten
+        concord.generate_signing_key("keys/ops.pem")
+
+
+def test_tier_check(world):
+    names, printed = run_example("concord.tier_check", world)
+    assert isinstance(names["policy"], concord.TierPolicy) and printed.startswith("llama [('hot', ")
+    (world["dir"] / "bad.yaml").write_text("namespace: llama\nhot: {keep: 0}\nwarm: {}\n")
+    with pytest.raises(concord.PolicyError) as caught:
+        concord.tier_check("bad.yaml")
+    assert caught.value.problems
+
+
+def test_audit_profile(world):
+    names, printed = run_example("concord.audit_profile", world)
+    p = names["p"]
+    assert p["profile"]["rows"] == 200 and p["parts"] == 1
+    assert (world["dir"] / "train.profile").stat().st_size == p["bytes"]
+    assert p["stored"]["store"] == open_store(world["registry"]).uri  # beside the data snapshot, in the registry
+    assert printed.splitlines()[1] == "ok ok"  # the same table, audited against the stored profile and the file
+
+
+def test_contracts(world):
+    names, printed = run_example(
+        "Contracts: concord.contract_infer, contract_validate, contract_compatible and contract_list", world
+    )
+    assert printed.splitlines() == ["True", "True ['train@1', 'train@2']"]
+    assert concord.contract_list(registry=world["registry"]) == ["train@1", "train@2"]
+    (world["dir"] / "data" / "bad.csv").write_text("id,x,label\n1,not a number,c\n")
+    r = concord.contract_validate("train@1", table="data/bad.csv")  # a violation is in the answer
+    assert isinstance(r, concord.ValidationResult) and not r.success and r.failures
+
+
+def test_export_and_import_oci(world, oci_registry):
+    names, printed = run_example(
+        "OCI registries: concord.export_oci and concord.import_oci", world, also={OCI_REGISTRY: oci_registry}
+    )
+    e, i = names["e"], names["i"]
+    assert isinstance(e, concord.ExportResult) and isinstance(i, concord.ImportResult)
+    assert e.root == i.root == _root(world, "models/llama") == _root(world, "models/llama-oci", REPLICA)
+    assert printed.split()[2:] == ["True", "models/llama-oci"]
