@@ -22,21 +22,21 @@ pytestmark = pytest.mark.e2e
 #: starting on two cores make the server answer 503), then the rollback (it moves models/minilm,
 #: which the others read)
 AT_ONCE = (
-    "snapshot-checkpoint/minilm-local",
+    "snapshot-checkpoint/minilm-step-100-into-us-east",
     "snapshot-and-replicate/new-checkpoint",
     "replicate-snapshot/minilm-to-clusters",
     "diff-snapshots/minilm-last-change",
-    "restore-snapshot/minilm-latest",
+    "restore-snapshot/minilm-to-folder",
     "verify-store/eu-central-repair",
-    "register-data-snapshot/penguins",
-    "validate-contract/penguins-v1",
-    "register-model-version/minilm-latest",
+    "register-data-snapshot/penguins-table-into-us-east",
+    "validate-contract/penguins-against-contract-v1",
+    "register-model-version/minilm-version-in-mlflow",
     "promote/minilm-champion",
     "lora-federation/acme-weekly",
     "tier-checkpoints/hourly-sweep",
     "restore-checkpoint/minilm-nearest-tier",
-    "restore-drill/weekly",
-    "nightly-drift-audit/nightly",
+    "restore-drill/every-tier-weekly",
+    "nightly-drift-audit/penguins-and-minilm-nightly",
 )
 #: the serving node's runs, one beside each wave, in this order: the base checked out, the newest
 #: rolled out, a rollback to the base; then (with the AFTER runs) the newest rolled out again
@@ -162,7 +162,7 @@ def test_the_scheduled_deployments_are_among_them(client):
     scheduled = {f"{client.read_flow(d.flow_id).name}/{d.name}" for d in client.read_deployments()
                  if any(s.active for s in d.schedules)}
     assert scheduled <= set(AT_ONCE) | set(AFTER), scheduled - set(AT_ONCE) - set(AFTER)
-    assert {"tier-checkpoints/hourly-sweep", "restore-drill/weekly", "nightly-drift-audit/nightly"} <= scheduled
+    assert {"tier-checkpoints/hourly-sweep", "restore-drill/every-tier-weekly", "nightly-drift-audit/penguins-and-minilm-nightly"} <= scheduled
 
 
 def test_snapshot_and_replicate_shows_its_own_summary(default_runs, client):

@@ -31,7 +31,7 @@ def test_a_manual_run_with_parameters_snapshots_into_the_store(served, tmp_path)
     source = _checkpoint(tmp_path / "step-10")
     store = tmp_path / "stores" / "us-east"
     run = run_deployment(
-        "snapshot-checkpoint/minilm-local",
+        "snapshot-checkpoint/minilm-step-100-into-us-east",
         parameters={"source": str(source), "store": str(store), "ref": "models/tiny", "chunk_size_mib": 1},
         timeout=180,
     )
@@ -42,7 +42,7 @@ def test_a_manual_run_with_parameters_snapshots_into_the_store(served, tmp_path)
 
 
 def test_the_nightly_audit_is_scheduled(client):
-    deployment = client.read_deployment_by_name("nightly-drift-audit/nightly")
+    deployment = client.read_deployment_by_name("nightly-drift-audit/penguins-and-minilm-nightly")
     crons = [getattr(s.schedule, "cron", None) for s in deployment.schedules if s.active]
     assert "0 2 * * *" in crons
 
@@ -173,7 +173,7 @@ def test_what_the_operations_guide_shows_a_person_is_there(served):
     assert page.status == 200 and "<title>Prefect" in html, html[:500]
 
     # the commands run at once (each pays Prefect's import), their outputs checked in turn below
-    schedules = (("nightly-drift-audit/nightly", "0 2 * * *"), ("restore-drill/weekly", "0 3 * * 0"),
+    schedules = (("nightly-drift-audit/penguins-and-minilm-nightly", "0 2 * * *"), ("restore-drill/every-tier-weekly", "0 3 * * 0"),
                  ("tier-checkpoints/hourly-sweep", "0 * * * *"))
     commands = [("deployment", "ls", "-o", "json"), *(("deployment", "inspect", name) for name, _ in schedules),
                 ("automation", "ls")]

@@ -204,7 +204,7 @@ def test_runs_waiting_on_a_restarted_server_complete_resumed_or_retried_by_polic
     try:
         due = datetime.now(timezone.utc) + timedelta(seconds=3)
         scheduled = client.create_flow_run_from_deployment(
-            client.read_deployment_by_name("snapshot-checkpoint/minilm-local").id,
+            client.read_deployment_by_name("snapshot-checkpoint/minilm-step-100-into-us-east").id,
             parameters={"source": str(small), "store": str(tmp_path / "scheduled-store"), "ref": REF, "chunk_size_mib": 1},
             state=Scheduled(scheduled_time=due),
         )

@@ -33,8 +33,8 @@ PROJECT_DIR = Path(__file__).resolve().parents[2]
 #: what a flow run needs from the project: the code and the deployments
 LINKED = ("concord", "blocks", "tasks", "flows", "deployments", "prefect.yaml")
 #: the deployments of prefect.yaml these runs use, by flow
-DEPLOYED = {"snapshot-checkpoint": "minilm-local", "snapshot-and-replicate": "new-checkpoint",
-            "register-model-version": "minilm-latest", "verify-store": "eu-central-repair"}
+DEPLOYED = {"snapshot-checkpoint": "minilm-step-100-into-us-east", "snapshot-and-replicate": "new-checkpoint",
+            "register-model-version": "minilm-version-in-mlflow", "verify-store": "eu-central-repair"}
 WORKERS = ("scale-out-a", "scale-out-b")
 #: every flow run's state is final within this many seconds
 RUN_TIMEOUT = 240

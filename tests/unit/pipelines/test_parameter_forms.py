@@ -142,3 +142,7 @@ def test_every_deployment_is_named_for_what_it_does():
     names = [d["name"] for d in yaml.safe_load((root / "prefect.yaml").read_text())["deployments"]]
     assert "default" not in names
     assert all(n == n.lower() and " " not in n and len(n) >= 5 for n in names), names
+    # the UI's deployments list shows the name first: two alike, or one word ("nightly", "weekly",
+    # "penguins"), say nothing on their own
+    assert len(set(names)) == len(names), sorted(n for n in names if names.count(n) > 1)
+    assert all("-" in n for n in names), [n for n in names if "-" not in n]
