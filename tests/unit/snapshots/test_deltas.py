@@ -74,11 +74,11 @@ def _pair(tmp_path: Path, sd: dict[str, torch.Tensor], dtype: torch.dtype = torc
     return _write(tmp_path / "a", base), _write(tmp_path / "b", _moved(base, rel))
 
 
-def _base_and_fine_tune(tmp_path: Path, sd: dict[str, torch.Tensor]):
-    """A compressed store, ``sd`` in bf16 snapshotted under ref models/base (folder ``a``), and
-    its fine-tune (folder ``b``) under models/ft, stored as deltas of it."""
+def _base_and_fine_tune(tmp_path: Path, sd: dict[str, torch.Tensor], **kw):
+    """A compressed store (``kw``: its other settings), ``sd`` in bf16 snapshotted under ref
+    models/base (folder ``a``), and its fine-tune (folder ``b``) under models/ft, stored as deltas of it."""
     a, b = _pair(tmp_path, sd)
-    store = _compressed(tmp_path / "s")
+    store = _compressed(tmp_path / "s", **kw)
     return store, snapshot(a, store, ref="models/base"), snapshot(b, store, ref="models/ft", base="models/base")
 
 
@@ -242,8 +242,9 @@ def test_verify_finds_a_damaged_base_through_its_deltas_and_a_repair_heals_both(
     assert files_equal(tmp_path / "out", tmp_path / "b")
 
 
-def test_deleting_the_bases_ref_and_collecting_keeps_every_later_version_restorable(tmp_path, minilm):
-    store, v1, v2 = _base_and_fine_tune(tmp_path, minilm)
+@pytest.mark.parametrize("encrypted", [False, True], ids=["compressed", "encrypted"])
+def test_deleting_the_bases_ref_and_collecting_keeps_every_later_version_restorable(tmp_path, minilm, encrypted):
+    store, v1, v2 = _base_and_fine_tune(tmp_path, minilm, **({"encrypt": True, "key": os.urandom(32)} if encrypted else {}))
     v3 = snapshot(_write(tmp_path / "c", _moved(load_file(str(tmp_path / "a" / "model.safetensors")), 2e-3, seed=1)), store, ref="models/ft")
     assert store.delete_ref("models/base", v1.root)
     result = collect_garbage(store, grace_seconds=0, now=_later())
@@ -257,7 +258,7 @@ def test_deleting_the_bases_ref_and_collecting_keeps_every_later_version_restora
     assert collect_garbage(store, grace_seconds=0, now=_later()).deleted_chunks == 0  # a second pass keeps them too
     assert store.delete_ref("models/ft", v3.root)
     collect_garbage(store, grace_seconds=0, now=_later())
-    assert list(store.iter_chunks()) == []  # with no delta left, their bases go
+    assert list(store.iter_chunk_stats()) == []  # with no delta left, their bases go
 
 
 def test_a_young_delta_no_manifest_names_keeps_its_base(tmp_path, minilm):
@@ -411,3 +412,29 @@ def test_each_training_step_is_stored_as_a_delta_of_the_one_before(tmp_path, sav
     assert any(delta_of[c] for n, p in kinds.items() if "exp_avg" in n and "exp_avg_sq" not in n for c in p.chunk_ids())
     restore(store, last, tmp_path / "out")
     assert files_equal(tmp_path / "out", tmp_path / "step-3")
+
+
+# ------------------------------------------------------------------ the command line
+
+
+def _cli(*argv: str) -> dict:
+    import json
+
+    res = subprocess.run([sys.executable, "-m", "concord.cli", *argv, "--json"], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    return json.loads(res.stdout)
+
+
+def test_concord_snapshot_takes_a_base_or_no_delta_and_info_counts_the_deltas(tmp_path):
+    a = _generated(tmp_path / "a", 0)
+    b = _generated(tmp_path / "b", 0, 1e-3, base=a)
+    for name in ("s", "p"):
+        _cli("init", str(tmp_path / name), "--compress", "auto")
+        _cli("snapshot", str(a), "--store", str(tmp_path / name), "--ref", "models/base")
+    ft = _cli("snapshot", str(b), "--store", str(tmp_path / "s"), "--ref", "models/ft", "--base", "models/base")
+    whole = _cli("snapshot", str(b), "--store", str(tmp_path / "p"), "--ref", "models/base", "--no-delta")
+    assert ft["root"] == whole["root"] and ft["new_stored_bytes"] < 0.3 * whole["new_stored_bytes"]
+    info = _cli("info", str(tmp_path / "s"))
+    assert info["frames"]["delta"]["count"] == ft["new_chunks"] == 24  # every tensor: the header is the same
+    bad = subprocess.run([sys.executable, "-m", "concord.cli", "snapshot", str(b), "--store", str(tmp_path / "s"), "--base", "models/none"], capture_output=True, text=True)
+    assert bad.returncode != 0 and "models/none" in bad.stderr
