@@ -134,6 +134,14 @@ def test_drift_between_species_is_detected_logged_and_fails_the_night(
     assert metrics["drift_share"] == pytest.approx(p["drift_share"]) and metrics["severity_rank"] == 2
     assert {"psi/body_mass_g", "ks/body_mass_g", "js/body_mass_g", "psi/species", "js/species"} <= metrics.keys()
     assert "ks/species" not in metrics
+    # each column's p-value and effect, so the nightly run shows why a column drifted
+    logged_report = json.loads(Path(client.download_artifacts(run_id, "report.json", str(tmp_path / "dl-json"))).read_text())
+    columns = {c["column"]: c for c in logged_report["columns"]}
+    for column, stats in (("body_mass_g", ("pvalue_adjusted", "effect", "mean_shift", "scale_ratio")), ("species", ("pvalue_adjusted", "effect", "new_share"))):
+        for stat in stats:
+            assert metrics[f"{stat}/{column}"] == pytest.approx(columns[column]["effect_size" if stat == "effect" else stat]), (stat, column)
+        assert metrics[f"pvalue_adjusted/{column}"] < 0.005
+        assert metrics[f"severity_rank/{column}"] == ["ok", "warning", "critical"].index(columns[column]["severity"]) > 0
     assert run.data.params["psi_warning"] == "0.25" and run.data.params["escalate_after_nights"] == "2"
     top = {a.path for a in client.list_artifacts(run_id)}
     assert top == {"histograms", "profile", "report.json", "report.md"}  # the reference's profile, made tonight
