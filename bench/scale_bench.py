@@ -25,6 +25,15 @@ scratch folder, whatever ``PYTHONDONTWRITEBYTECODE`` says). Run it under a low o
 scale --files 20000 --size 50k'``. Every process is polled every 2 ms for its open file
 descriptors (``/proc/PID/fd``); the most any Concord command held is a row of its own. The
 manifest's load (parse and check every hash, in this process) is timed too.
+
+Every run of a command that writes a folder writes a new one, and they are all removed after the
+last round, when the disk has room for them (about ``--size`` × ``--files`` × 8 per round; else
+each run's folder is removed before the next, and the notes say so). On ext4 without a journal,
+creating a file where thousands were freed in the last minutes walks past each of them (ext4 keeps
+a freed inode unused for a minute, six while its inode-table block is dirty): removing one run's
+20,000 files before the next made whichever command came next pay most of its time in that walk
+(``find_inode_bit``/``recently_deleted``: 60-75% of the CPU of ``cp -a`` and ``checkout`` alike
+under ``perf``), more for some commands than others, as the freed inodes happened to lie.
 """
 
 from __future__ import annotations
@@ -37,6 +46,7 @@ import subprocess
 import sys
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from bench.common import (
@@ -58,6 +68,9 @@ from bench.common import (
 )
 
 FILES = 20_000
+#: commands that write a folder of the files' size, per round (snapshot, rsync, restore, cp,
+#: checkout twice, sync, rsync of the store)
+WRITERS = 8
 QUICK_FILES = 500
 FILE_BYTES = 50_000
 PER_FOLDER = 1000
@@ -97,11 +110,30 @@ def _folder(data_dir: Path, n: int, size: int) -> Path:
     return src
 
 
+class _Fresh:
+    """The folder a writing command writes in its run: a new one each run (``name-1``,
+    ``name-2``...) when ``keep``, all removed after the race; else the same one, removed before."""
+
+    def __init__(self, base: Path, keep: bool) -> None:
+        self.base, self.keep, self.runs = base, keep, 0
+
+    @property
+    def path(self) -> Path:
+        return self.base.with_name(f"{self.base.name}-{self.runs}") if self.keep else self.base
+
+    def next(self) -> None:
+        if self.keep:
+            self.runs += 1
+        remove(self.path)
+
+
 class _Counted:
-    """Runs a command, polling its open file descriptors; keeps the most seen."""
+    """Runs a command, polling its open file descriptors; keeps the most seen, and the least CPU
+    time (user and system) a run of it took."""
 
     def __init__(self) -> None:
         self.peak: dict[str, int] = {}
+        self.cpu: dict[str, float] = {}
 
     def run(self, label: str, argv: list[str], env: dict[str, str]) -> None:
         proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -118,6 +150,7 @@ class _Counted:
                     return
                 time.sleep(0.002)
 
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
         poller = threading.Thread(target=poll, daemon=True)
         poller.start()
         try:
@@ -131,6 +164,9 @@ class _Counted:
         if proc.returncode != 0:
             raise RuntimeError(f"{label}: {' '.join(argv[:6])} ... exited with {proc.returncode}: {err.strip()[-2000:]}")
         self.peak[label] = max(self.peak.get(label, 0), most)
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpu = after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
+        self.cpu[label] = min(self.cpu.get(label, cpu), cpu)
 
 
 def run(opts: Options) -> list[Table]:
@@ -138,8 +174,12 @@ def run(opts: Options) -> list[Table]:
     size = opts.file_size or FILE_BYTES
     src = _folder(opts.data_dir, n, size)
     work = fresh_dir(opts.work_dir / "scale")
-    store, again, out, link, replica = (work / p for p in ("store", "store-b", "out", "serve", "replica"))
-    copy = work / "copy"
+    store = work / "store"
+    need = WRITERS * n * size * (opts.runs + (1 if opts.runs > 1 else 0))
+    keep = shutil.disk_usage(work).free > need + 10 * 10**9  # and 10 GB left for others
+    again, out, link, replica, copy, copy2 = (
+        _Fresh(work / p, keep) for p in ("store-b", "out", "serve", "replica", "copy", "copy-fresh")
+    )
     env = dict(os.environ, CONCORD_NO_PROGRESS="1", CONCORD_HOME=str(work / "home"), PYTHONPYCACHEPREFIX=str(work / "pycache"))
     env.pop("PYTHONDONTWRITEBYTECODE", None)  # an installed package starts from bytecode
     concord = [sys.executable, "-m", "concord.cli"]
@@ -153,16 +193,20 @@ def run(opts: Options) -> list[Table]:
     secs = sum(warm(p) for p in src.rglob("*.dat"))
     log(f"{n} files read into the page cache in {secs:.1f} s; open-file limit {nofile}")
 
-    def cmd(label: str, *argv: str):
-        return lambda: counted.run(label, list(argv), env)
+    def cmd(label: str, *argv):
+        """``argv``'s items are strings, or callables giving one when the command starts."""
+        return lambda: counted.run(label, [a() if callable(a) else a for a in argv], env)
 
-    def clear(*paths: Path):
+    def clear(*folders: _Fresh):
         def before() -> None:
-            for p in paths:
-                remove(p)
+            for f in folders:
+                f.next()
             settle()
 
         return before
+
+    def at(folder: _Fresh, tail: str = ""):
+        return lambda: f"{folder.path}{tail}"
 
     def restic_run(*argv: str) -> None:
         subprocess.run([restic or "restic", "--quiet", *argv], env=restic_env, check=True, stdout=subprocess.DEVNULL)
@@ -186,8 +230,8 @@ def run(opts: Options) -> list[Table]:
         restic_run("init", "--repo", str(repo))
         restic_run("backup", "--repo", str(repo), str(src))
     cases = [
-        Case("concord snapshot (fresh)", cmd("snapshot", *concord, "snapshot", str(src), "--store", str(again), "--ref", REF), clear(again)),
-        Case("rsync -a (fresh)", cmd("rsync", rsync or "true", "-a", f"{src}/", f"{copy}/"), clear(copy)),
+        Case("concord snapshot (fresh)", cmd("snapshot", *concord, "snapshot", str(src), "--store", at(again), "--ref", REF), clear(again)),
+        Case("rsync -a (fresh)", cmd("rsync", rsync or "true", "-a", f"{src}/", at(copy2, "/")), clear(copy2)),
         Case("concord snapshot (re-hash)", cmd("re-hash", *concord, "snapshot", str(src), "--store", str(store), "--ref", REF)),
         Case("hash every file", cmd("hash", *hash_all(src))),
         *([
@@ -196,18 +240,18 @@ def run(opts: Options) -> list[Table]:
         ] if restic else []),
         Case("concord verify", cmd("verify", *concord, "verify", str(store))),
         Case("hash every chunk file", cmd("hash-store", *hash_all(store / "chunks"))),
-        Case("concord restore", cmd("restore", *concord, "restore", str(store), "--ref", REF, str(out)), clear(out)),
-        Case("cp -a", cmd("cp", "cp", "-a", str(src), str(copy)), clear(copy)),
-        Case("concord checkout", cmd("checkout", *concord, "checkout", str(store), "--ref", REF, str(link / "current")), clear(link)),
-        Case("concord checkout --no-fsync", cmd("checkout-nofsync", *concord, "checkout", str(store), "--ref", REF, str(link / "current"), "--no-fsync"), clear(link)),
-        Case("concord sync", cmd("sync", *concord, "sync", str(store), str(replica), "--ref", REF), clear(replica)),
-        Case("rsync -a of the store", cmd("rsync-store", rsync or "true", "-a", f"{store}/", f"{replica}/"), clear(replica)),
+        Case("concord restore", cmd("restore", *concord, "restore", str(store), "--ref", REF, at(out)), clear(out)),
+        Case("cp -a", cmd("cp", "cp", "-a", str(src), at(copy)), clear(copy)),
+        Case("concord checkout", cmd("checkout", *concord, "checkout", str(store), "--ref", REF, at(link, "/current")), clear(link)),
+        Case("concord checkout --no-fsync", cmd("checkout-nofsync", *concord, "checkout", str(store), "--ref", REF, at(link, "/current"), "--no-fsync"), clear(link)),
+        Case("concord sync", cmd("sync", *concord, "sync", str(store), at(replica), "--ref", REF), clear(replica)),
+        Case("rsync -a of the store", cmd("rsync-store", rsync or "true", "-a", f"{store}/", at(replica, "/")), clear(replica)),
     ]
     try:
         race(opts.runs, *cases, warmup=opts.runs > 1, wait_idle=opts.wait_idle)
         load = _manifest_load(store)
     finally:
-        remove(work)
+        _remove_all(work)
     c = {case.label: case.best for case in cases}
     gb = n * size / 1e9
     table = Table(
@@ -238,6 +282,8 @@ def run(opts: Options) -> list[Table]:
     table.notes += [
         "open file descriptors at the most, per command (polled every 2 ms): "
         + ", ".join(f"{k} {v}" for k, v in counted.peak.items()),
+        "CPU seconds (user and system, the least of its runs) of each command, on a shared machine "
+        "steadier than its wall time: " + ", ".join(f"{k} {v:.2f}" for k, v in counted.cpu.items() if k != "setup"),
         f"throughput: fresh snapshot {gb / c['concord snapshot (fresh)']:.2f} GB/s, re-hash "
         f"{gb / c['concord snapshot (re-hash)']:.2f} GB/s, restore {gb / c['concord restore']:.2f} GB/s "
         f"({n / c['concord restore']:.0f} files/s)",
@@ -249,9 +295,22 @@ def run(opts: Options) -> list[Table]:
            "its cache under the scratch folder"] if restic else ["restic is not installed here: its rows are left out"]),
         *([] if rsync else ["rsync is not installed here: its rows have no baseline"]),
         *(["one run each, without the warm-up round the next note names"] if opts.runs == 1 else []),
+        ("every run of a command that writes a folder wrote a new one, all removed after the last round "
+         "(no file was removed while any was timed)" if keep else
+         f"the disk has no room for a new folder each run ({need / 1e9:.0f} GB): each run's folder was "
+         "removed before the next, and on ext4 without a journal the next command's file creation "
+         "walks past the inodes freed"),
         times_note(cases),
     ]
     return [table]
+
+
+def _remove_all(work: Path) -> None:
+    """Remove ``work``, its folders side by side: where the filesystem discards each file's blocks
+    as it is removed (``-o discard``), one thread would wait for each discard in turn."""
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(remove, list(work.iterdir()) if work.is_dir() else []))
+    remove(work)
 
 
 def _version(tool: str) -> str:
