@@ -13,7 +13,6 @@ Events (a ``concord.promotion.refused`` is what an automation pages on; every na
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Sequence
 
@@ -58,7 +57,7 @@ def register_model_task(
     specs = [stores] if isinstance(stores, str) else list(stores)
     if not specs:
         raise ValueError("no stores given: name at least the store that holds the snapshot")
-    from concord.lineage.tags import TAG_CONTRACT, TAG_CONTRACT_DIGEST, TAG_DATA_NAME, TAG_HELD_BY, TAG_STORE
+    from concord.lineage.tags import TAG_CONTRACT, TAG_CONTRACT_DIGEST, TAG_DATA_NAME, TAG_STORE, replicas_of
     from concord.snapshots.refs import resolve_root
 
     lineage = checked_lineage(tracking_uri)
@@ -83,7 +82,7 @@ def register_model_task(
     out = r | {
         "snapshot": snapshot,
         "store": tags[TAG_STORE],
-        "held_by": json.loads(tags[TAG_HELD_BY]),
+        "held_by": replicas_of(tags),
         "data_snapshot": data_id,
         "data_name": tags.get(TAG_DATA_NAME),
         "contract": tags.get(TAG_CONTRACT),

@@ -368,20 +368,9 @@ def store_labels(specs: Sequence[str]) -> list[str]:
     """A cluster label per store spec: its short name (``data/stores/us-east`` → ``us-east``,
     ``s3://bucket/eu-central`` → ``eu-central``) when those are unique among ``specs``, else the
     addresses themselves (any credential in them hidden)."""
-    from concord.errors import InvalidStoreURIError
-    from concord.redact import redact
-    from concord.stores.address import StoreAddress
+    from concord.stores.address import short_names
 
-    shown = []
-    for spec in specs:
-        try:
-            address = StoreAddress.parse(spec, check=False)
-        except InvalidStoreURIError:  # a recorded holder that names no store is still a column
-            shown.append((redact(spec), redact(spec)))
-        else:
-            shown.append((address.name, address.label))
-    names = [name for name, _ in shown]
-    return names if len(set(names)) == len(names) else [label for _, label in shown]
+    return short_names(specs)
 
 
 def model_holders(lineage: Any, name: str, version: str | int) -> dict:

@@ -39,7 +39,9 @@ from concord.errors.lineage import (
     DataSnapshotNotFoundError,
     LineageError,
     LineageUnreachableError,
+    ModelFileNotFoundError,
     PromotionRefused,
+    ReadOnlyArtifactsError,
 )
 from concord.errors.localservers import LocalServerError
 from concord.errors.oci import (
@@ -168,6 +170,8 @@ __all__ = [
     "DataFormatError",
     "DataSnapshotNotFoundError",
     "LineageError",
+    "ModelFileNotFoundError",
+    "ReadOnlyArtifactsError",
     "LineageUnreachableError",
     "PromotionRefused",
     "ContractError",

@@ -12,7 +12,9 @@ __all__ = [
     "DataSnapshotNotFoundError",
     "LineageError",
     "LineageUnreachableError",
+    "ModelFileNotFoundError",
     "PromotionRefused",
+    "ReadOnlyArtifactsError",
 ]
 
 
@@ -60,6 +62,40 @@ class LineageUnreachableError(LineageError, ConnectionError):
             "--host 127.0.0.1 --port PORT`), or point MLFLOW_TRACKING_URI at a running one "
             "(unset it to use the embedded sqlite database under $CONCORD_HOME)."
         )
+
+
+class ModelFileNotFoundError(LineageError, FileNotFoundError):
+    """A model version's snapshot has no file or folder at the path asked for."""
+
+    exit_code = 10
+
+    def __init__(self, root: str, path: str, files: list[str]) -> None:
+        self.root = root
+        self.path = path
+        self.files = list(files)
+        shown = ", ".join(self.files[:8]) + (f" and {len(self.files) - 8} more" if len(self.files) > 8 else "")
+        super().__init__(
+            f"snapshot {root} has no file or folder {path!r}; its files are {shown or '(none)'}. "
+            "Ask for one of them, or for the whole snapshot (no path)."
+        )
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+class ReadOnlyArtifactsError(LineageError, PermissionError):
+    """Something tried to write through a ``concord://`` artifact URI, which only reads."""
+
+    def __init__(self, uri: str) -> None:
+        self.uri = uri
+        super().__init__(
+            f"{uri} is read-only: a Concord model version's files are its snapshot. Snapshot the "
+            "checkpoint (`concord snapshot DIR STORE --ref models/NAME`) and register it "
+            "(`concord model register NAME --store STORE --ref models/NAME`) to publish new weights."
+        )
+
+    def __str__(self) -> str:
+        return str(self.args[0])
 
 
 class PromotionRefused(LineageError):

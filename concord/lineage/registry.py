@@ -1,10 +1,10 @@
 """The model registry: model versions × data snapshots × schema contracts, the promotion gate,
 and what is recorded about a version.
 
-A Concord model version is an MLflow registered model version whose ``source`` is the URI of the
-snapshot's manifest in a Concord store (``file:///…/manifests/<root>.json`` or
-``s3://bucket/prefix/manifests/<root>.json``): an external model pointing at the store, never a copy
-of the weights. Everything else is written as tags on the version, readable by MLflow's own client
+A Concord model version is an MLflow registered model version whose ``source`` names the snapshot
+and the stores holding it (``concord:///<root>?store=…``, :mod:`concord.lineage.sources`): an
+external model pointing at the stores, never a copy of the weights, which MLflow clients download
+through Concord's artifact repository (:mod:`concord.lineage.artifacts`). Everything else is written as tags on the version, readable by MLflow's own client
 (:mod:`concord.lineage.tags` lists them). The data snapshot is also logged as the input of the run
 that registered the version (:func:`concord.lineage.runs.dataset_input`).
 
@@ -14,10 +14,8 @@ Every function takes the :class:`~concord.lineage.client.Tracking` to talk to; c
 
 from __future__ import annotations
 
-import json
 import os
 import re
-import socket
 import urllib.parse
 from collections.abc import Callable, Iterable, Sequence
 from contextlib import suppress
@@ -29,6 +27,7 @@ from concord.errors import ConcordError, LineageError, PromotionRefused
 from concord.hashing import is_digest
 from concord.lineage.client import Tracking, error_code, retry_locked, shown_uri
 from concord.lineage.runs import dataset_input, log_dataset_run
+from concord.lineage.sources import LEGACY_FOLDER_SCHEME, TIER_ORDER, snapshot_uri
 from concord.lineage.tags import (
     EXPERIMENT_DATA,
     EXPERIMENT_LINEAGE,
@@ -44,19 +43,23 @@ from concord.lineage.tags import (
     TAG_MODEL_VERSION,
     TAG_PARENTS,
     TAG_PROMOTED,
+    TAG_REPLICAS,
     TAG_ROOT,
     TAG_STORE,
     read_tags,
+    replica_tags,
+    replicas_of,
 )
 from concord.stores.base import Store
 
-#: local stores seen by a remote tracking server: MLflow servers refuse file:// sources (a path on
-#: the client's disk means nothing to the server), so the path is named with its host instead
-REMOTE_LOCAL_SCHEME = "concord-file"
+#: the scheme of sources registered before for local stores seen by a remote tracking server
+#: (MLflow servers refuse file:// sources), still read
+REMOTE_LOCAL_SCHEME = LEGACY_FOLDER_SCHEME
 
 
 def manifest_uri(store: Store, root: str) -> str:
-    """The URI of ``root``'s manifest in ``store``: ``file:///…`` for a folder, ``s3://…`` on S3."""
+    """The URI of ``root``'s manifest in ``store``: ``file:///…`` for a folder, ``s3://…`` on S3
+    (what a version's source was before ``concord://``)."""
     from concord.stores.local import LocalDirStore
 
     if isinstance(store, LocalDirStore):
@@ -108,7 +111,7 @@ def register_model_version(
         )
     tiers = dict(tiers or {})
     held_by = [{"store": s.uri, "tier": tiers.get(s.uri) or tiers.get(spec) or "hot"} for spec, s in holders]
-    source_store, source = _source(tracking, [s for _, s in holders], root)
+    source_store, source = _source(tracking, [s for _, s in holders], held_by, root)
 
     parent_specs = [split_version(p) for p in parents]
     for p_name, p_version in parent_specs:
@@ -125,7 +128,7 @@ def register_model_version(
     tags: dict[str, str] = {
         TAG_ROOT: root,
         TAG_STORE: source_store.uri,
-        TAG_HELD_BY: json.dumps(sorted(held_by, key=lambda h: h["store"])),
+        **replica_tags(held_by),
     }
     inputs = []
     if data_snapshot is not None:
@@ -142,7 +145,7 @@ def register_model_version(
         tags[TAG_PARENTS] = ",".join(f"{n}/{v}" for n, v in parent_specs)
 
     client = tracking.client
-    run_tags = {TAG_MODEL: name, **{k: v for k, v in tags.items() if k != TAG_HELD_BY}}
+    run_tags = {TAG_MODEL: name, **{k: v for k, v in tags.items() if k not in (TAG_HELD_BY, TAG_REPLICAS)}}
     run_id = log_dataset_run(tracking, EXPERIMENT_LINEAGE, f"register {name}", run_tags, inputs)
     try:
         note = version_description(tracking, description, tags, run_id)
@@ -224,18 +227,15 @@ def _data_run(tracking: Tracking, snapshot_id: str) -> tuple[str, str] | None:
     return None
 
 
-def _source(tracking: Tracking, holders: list[Store], root: str) -> tuple[Store, str]:
-    """The model version's source: the manifest in the first holder. A remote server refuses
-    local paths, so there a store it could reach comes first, and a folder is named with its host."""
+def _source(tracking: Tracking, holders: list[Store], held_by: list[dict], root: str) -> tuple[Store, str]:
+    """The model version's source, ``concord:///<root>?store=…`` naming every holder (hot tiers
+    first), and the store it names first. A remote server is read from other machines, so there
+    a store they could reach (not a folder) comes first."""
     from concord.stores.local import LocalDirStore
 
-    if not tracking.remote:
-        return holders[0], manifest_uri(holders[0], root)
-    for s in holders:
-        if not isinstance(s, LocalDirStore):
-            return s, manifest_uri(s, root)
-    local = urllib.parse.urlparse(manifest_uri(holders[0], root))
-    return holders[0], f"{REMOTE_LOCAL_SCHEME}://{socket.gethostname()}{local.path}"
+    tier = {h["store"]: TIER_ORDER.get(h["tier"], len(TIER_ORDER)) for h in held_by}
+    ordered = sorted(holders, key=lambda s: (tracking.remote and isinstance(s, LocalDirStore), tier.get(s.uri, 0)))
+    return ordered[0], snapshot_uri(root, [s.uri for s in ordered])
 
 
 def record_replica(tracking: Tracking, root: str, store: str | Store, tier: str = "hot") -> list[str]:
@@ -250,10 +250,10 @@ def record_replica(tracking: Tracking, root: str, store: str | Store, tier: str 
     client = tracking.client
     updated = []
     for mv in search_tagged(tracking, TAG_ROOT, root):
-        held = _held_by(read_tags(mv.tags))
+        held = replicas_of(read_tags(mv.tags))
         held = [h for h in held if h.get("store") != uri] + [{"store": uri, "tier": tier}]
-        value = json.dumps(sorted(held, key=lambda h: h["store"]))
-        retry_locked(client.set_model_version_tag, mv.name, str(mv.version), TAG_HELD_BY, value)
+        for key, value in replica_tags(held).items():
+            retry_locked(client.set_model_version_tag, mv.name, str(mv.version), key, value)
         updated.append(f"{mv.name}/{mv.version}")
     return sorted(updated)
 
@@ -397,7 +397,7 @@ def model_lineage(tracking: Tracking, name: str, version: str | int) -> dict:
         {"ref": tags[TAG_CONTRACT], "digest": tags.get(TAG_CONTRACT_DIGEST)} if tags.get(TAG_CONTRACT) else None
     )
     out["parents"] = _resolve_parents(tracking, tags, {f"{mv.name}/{mv.version}"})
-    out["replicas"] = _held_by(tags)
+    out["replicas"] = replicas_of(tags)
     out["promoted"] = {k[len(TAG_PROMOTED):]: v for k, v in tags.items() if k.startswith(TAG_PROMOTED)}
     out["inputs"] = []
     if mv.run_id:
@@ -546,14 +546,6 @@ def quote(value: str) -> str:
 def parents_of(tags: dict) -> list[str]:
     """The ``name/version`` of the parents a version's tags record."""
     return [p for p in (tags.get(TAG_PARENTS) or "").split(",") if p]
-
-
-def _held_by(tags: dict) -> list[dict]:
-    try:
-        held = json.loads(tags.get(TAG_HELD_BY) or "[]")
-    except ValueError:
-        return []
-    return [h for h in held if isinstance(h, dict)] if isinstance(held, list) else []
 
 
 def _version_summary(mv) -> dict:

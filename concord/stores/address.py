@@ -16,7 +16,7 @@ Prefect.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 from urllib.parse import parse_qs, unquote, urlparse
@@ -194,4 +194,20 @@ def _connections(text: str, query: str) -> int | None:
     return int(value)
 
 
-__all__ = ["FOLDER", "S3", "SCHEME", "SCHEME_GROUP", "StoreAddress", "register_scheme"]
+def short_names(specs: Sequence[str]) -> list[str]:
+    """A name per store address, as a report calls a cluster: its short name
+    (``data/stores/us-east`` → ``us-east``, ``s3://bucket/eu-central`` → ``eu-central``) when those
+    are unique among ``specs``, else the addresses themselves (any credential in them hidden)."""
+    shown = []
+    for spec in specs:
+        try:
+            address = StoreAddress.parse(spec, check=False)
+        except InvalidStoreURIError:  # a recorded holder that names no store is still named
+            shown.append((redact(spec), redact(spec)))
+        else:
+            shown.append((address.name, address.label))
+    names = [name for name, _ in shown]
+    return names if len(set(names)) == len(names) else [label for _, label in shown]
+
+
+__all__ = ["FOLDER", "S3", "SCHEME", "SCHEME_GROUP", "StoreAddress", "register_scheme", "short_names"]

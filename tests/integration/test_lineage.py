@@ -12,7 +12,6 @@ import textwrap
 import time
 import uuid
 from pathlib import Path
-from urllib.parse import urlparse
 
 import pytest
 
@@ -22,8 +21,8 @@ from concord.lineage.client import default_tracking_uri
 from concord.lineage.contracts import ColumnSpec, Contract, infer_contract, save_contract
 from concord.lineage.data import register_data
 from concord.lineage.graph import render_png, to_mermaid
-from concord.lineage.registry import REMOTE_LOCAL_SCHEME
 from concord.lineage.runs import MLFLOW_DIGEST_CHARS
+from concord.lineage.sources import SnapshotLocation, parse_source, snapshot_uri
 from concord.snapshots.snapshot import snapshot
 from concord.stores import LocalDirStore
 
@@ -194,21 +193,17 @@ def test_register_points_at_the_store_and_copies_nothing(
     assert max(len(k) for k in mv.tags) <= 10
     assert mv.run_id == out["run_id"]
     assert mv.source == out["source"]
-    manifest_file = Path(stores["weights"].root).resolve() / "manifests" / f"{root}.json"
-    if backend == "sqlite":
-        assert mv.source == manifest_file.as_uri()
-    else:  # a server refuses local paths as sources: the folder is named with its host
-        parsed = urlparse(mv.source)
-        assert parsed.scheme == REMOTE_LOCAL_SCHEME and parsed.netloc
-        assert Path(parsed.path) == manifest_file
-    assert manifest_file.read_bytes() == stores["weights"].get_manifest_bytes(root)
+    # the source names the snapshot and the store holding it, on a server as in sqlite
+    assert mv.source == snapshot_uri(root, [stores["weights"].uri])
+    assert parse_source(mv.source) == SnapshotLocation(root, (stores["weights"].uri,))
     assert mv.tags == out["tags"]
     assert mv.tags["root"] == root
     assert mv.tags["store"] == stores["weights"].uri
     assert mv.tags["data"] == data_snap.id
     assert mv.tags["contract"] == "penguins@1"
     assert mv.tags["c_digest"] == contract_v1.digest()
-    assert json.loads(mv.tags["held_by"]) == [{"store": stores["weights"].uri, "tier": "warm"}]
+    assert mv.tags["held_by"] == "weights (warm)"  # as a person reads it
+    assert json.loads(mv.tags["replicas"]) == [{"store": stores["weights"].uri, "tier": "warm"}]
     # an external model: the weights stay in the store; the run holds only the lineage picture
     assert [a.path for a in mlflow_client.list_artifacts(out["run_id"])] == ["lineage"]
     assert [a.path for a in mlflow_client.list_artifacts(out["run_id"], "lineage")] == ["lineage/lineage.png"]
@@ -331,7 +326,7 @@ def test_model_lineage_matches_mlflow(lineage, mlflow_client, family, stores, ro
     assert got["run_id"] == mv.run_id
     assert got["data_snapshots"] == [mv.tags["data"]] == [data_snap.id]
     assert got["contract"] == {"ref": "penguins@1", "digest": contract_v1.digest()}
-    assert got["replicas"] == json.loads(mv.tags["held_by"])
+    assert got["replicas"] == json.loads(mv.tags["replicas"])
     assert got["aliases"] == sorted(mv.aliases)
     run = mlflow_client.get_run(mv.run_id)
     assert got["dataset_digests"] == [d.dataset.digest for d in run.inputs.dataset_inputs]
@@ -369,7 +364,7 @@ def test_record_replica_updates_every_version_of_the_root(lineage, mlflow_client
     assert updated == sorted(f"{v.name}/{v.version}" for v in theirs)
     assert len(updated) == 3
     for v in theirs:
-        held = json.loads(mlflow_client.get_model_version(v.name, v.version).tags["held_by"])
+        held = json.loads(mlflow_client.get_model_version(v.name, v.version).tags["replicas"])
         assert {"store": stores["replica"].uri, "tier": "cold"} in held
         assert {"store": stores["weights"].uri, "tier": "hot"} in held
     # recording the same store again changes its tier, never duplicates it
@@ -449,7 +444,19 @@ def test_each_version_carries_its_lineage_picture_and_links(lineage, mlflow_clie
     assert got["parents"][0]["name"] == family["name"] and got["replicas"] == [{"store": replica, "tier": "cold"}]
     assert (name, "1") in {(d["name"], d["version"]) for d in lineage.data_lineage(data_snap.id)}
     assert f"{name}/1" in lineage.record_replica(root, stores["replica"], "warm")
-    assert json.loads(mlflow_client.get_model_version(name, "1").tags["held_by"]) == [{"store": replica, "tier": "warm"}]
+    tags = mlflow_client.get_model_version(name, "1").tags
+    assert json.loads(tags["replicas"]) == [{"store": replica, "tier": "warm"}] and tags["held_by"] == "replica (warm)"
+    # and one whose held_by is the JSON list (as Concord wrote it before replicas) too
+    before = _name("json-held-by")
+    mlflow_client.create_registered_model(before)
+    mlflow_client.create_model_version(before, "s3://concord-old/p/manifests/x.json", tags={
+        "root": root, "held_by": json.dumps([{"store": replica, "tier": "cold"}]),
+    })
+    assert lineage.model_lineage(before, 1)["replicas"] == [{"store": replica, "tier": "cold"}]
+    assert f"{before}/1" in lineage.record_replica(root, stores["weights"], "hot")
+    tags = mlflow_client.get_model_version(before, "1").tags
+    assert tags["held_by"] == "replica (cold), weights (hot)"
+    assert json.loads(tags["replicas"]) == sorted([{"store": replica, "tier": "cold"}, {"store": stores["weights"].uri, "tier": "hot"}], key=lambda h: h["store"])
     edges = {(e["source"], e["target"]) for e in lineage.lineage_graph(name)["edges"]}
     assert (f"version:{family['name']}/2", f"version:{name}/1") in edges
 

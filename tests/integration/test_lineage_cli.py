@@ -74,7 +74,7 @@ def test_lineage_answers_match_mlflow(tmp_path, tracking):
     assert lin["root"] == version.tags["root"]
     assert lin["contract"]["ref"] == version.tags["contract"] == "penguins@1"
     assert lin["data_snapshots"] == [version.tags["data"]] == [data["id"]]
-    assert sorted(r["store"] for r in lin["replicas"]) == sorted(r["store"] for r in json.loads(version.tags["held_by"]))
+    assert sorted(r["store"] for r in lin["replicas"]) == sorted(r["store"] for r in json.loads(version.tags["replicas"]))
     assert "champion" in lin["aliases"]
     run_inputs = client.get_run(version.run_id).inputs.dataset_inputs
     assert data["digest"][:36] in {d.dataset.digest for d in run_inputs}

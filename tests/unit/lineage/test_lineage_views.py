@@ -8,7 +8,7 @@ import pytest
 
 from concord.lineage.graph import render_png, to_table
 from concord.lineage.registry import ui_link
-from concord.lineage.tags import LEGACY, TAG_HELD_BY, TAG_PROMOTED, TAG_ROOT, read_tags
+from concord.lineage.tags import LEGACY, TAG_HELD_BY, TAG_PROMOTED, TAG_REPLICAS, TAG_ROOT, read_tags
 
 ROOT, DATA = "ab" * 32, "cd" * 32
 
@@ -21,7 +21,8 @@ def test_every_version_tag_key_fits_mlflows_version_list():
 def test_old_tag_names_are_read_under_the_new_ones_and_the_new_ones_win():
     old = {"concord.root": ROOT, "concord.held_by": "[]", "concord.promoted.champion": "2025-01-01", "other": "x"}
     got = read_tags(old)
-    assert got[TAG_ROOT] == ROOT and got[TAG_HELD_BY] == "[]" and got["promoted.champion"] == "2025-01-01"
+    assert got[TAG_ROOT] == ROOT and got[TAG_REPLICAS] == "[]" and got["promoted.champion"] == "2025-01-01"
+    assert got[TAG_HELD_BY] == "(none)"
     assert got["other"] == "x" and got["concord.root"] == ROOT  # nothing removed
     assert read_tags({"concord.root": "old", TAG_ROOT: ROOT})[TAG_ROOT] == ROOT
     assert read_tags(None) == {}
