@@ -16,7 +16,7 @@ import re
 _USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)([^\s/?#'\"<>]*)@")
 
 
-def _hide(match: re.Match) -> str:
+def _hide(match: re.Match[str]) -> str:
     user, sep, _ = match.group(2).partition(":")
     return f"{match.group(1)}{user}:***@" if sep and user else f"{match.group(1)}***@"
 

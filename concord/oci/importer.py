@@ -24,6 +24,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import Any
 
 from concord.errors import UntrustedRootError
 from concord.errors.oci import (
@@ -70,11 +71,11 @@ class ImportResult:
     previous: str | None
     signatures: list[str] = field(default_factory=list)
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
 
 
-def _chunk_size(annotations: dict, reference: str) -> int:
+def _chunk_size(annotations: dict[str, str], reference: str) -> int:
     text = annotations.get(mp.CHUNK_SIZE)
     if text is None:
         return DEFAULT_CHUNK_SIZE
@@ -86,7 +87,7 @@ def _chunk_size(annotations: dict, reference: str) -> int:
         raise OciNotAModelError(reference, f"its {mp.CHUNK_SIZE} annotation {str(text)[:40]!r} is not a chunk size") from None
 
 
-def _expected_root(annotations: dict, reference: str) -> str | None:
+def _expected_root(annotations: dict[str, str], reference: str) -> str | None:
     root = annotations.get(mp.ROOT)
     if root is None:
         return None
@@ -95,7 +96,7 @@ def _expected_root(annotations: dict, reference: str) -> str | None:
     return root
 
 
-def _download(reg: Registry, layer: dict, dest: str, reference: str, path: str, prog: Progress) -> str:
+def _download(reg: Registry, layer: dict[str, Any], dest: str, reference: str, path: str, prog: Progress) -> str:
     """Stream one layer into ``dest``, checking its size and SHA-256; the hex digest. A body
     that breaks off is fetched again from its start (:data:`~concord.oci.registry.ATTEMPTS`)."""
     for attempt in range(1, ATTEMPTS + 1):

@@ -29,6 +29,7 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Any
 
 from concord.errors import ManifestError, SourceNotFoundError, SpreadSnapshotError
 from concord.progress import Progress, ensure
@@ -70,7 +71,7 @@ class NodePart:
     def chunk_size(self) -> int:
         return self.manifest.chunk_size
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         """A JSON-serialisable form (a task's result), read back by :meth:`from_dict`."""
         return {
             "node": self.node,
@@ -86,7 +87,7 @@ class NodePart:
         }
 
     @classmethod
-    def from_dict(cls, d: Mapping) -> NodePart:
+    def from_dict(cls, d: Mapping[str, Any]) -> NodePart:
         """A part from :meth:`to_dict`'s form, its manifest parsed and every hash recomputed."""
         node = d.get("node") if isinstance(d, Mapping) else None
         if not isinstance(node, str) or not node:
@@ -105,7 +106,7 @@ class NodePart:
 
 
 def snapshot_part(
-    folder: str | os.PathLike,
+    folder: str | os.PathLike[str],
     store: Store,
     *,
     node: str,
@@ -152,7 +153,7 @@ def snapshot_part(
 
 def assemble(
     store: Store,
-    parts: Iterable[NodePart | Mapping],
+    parts: Iterable[NodePart | Mapping[str, Any]],
     *,
     nodes: Sequence[str] | None = None,
     ref: str | None = None,

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Any
 
 from concord.errors import ChunkArchivedError, ManifestError, ManifestNotFoundError, UnknownEncodingError
 from concord.progress import Progress, ensure
@@ -54,7 +55,7 @@ class ChunkTally:
         self.stored_bytes += stored
         self.raw_bytes = None if raw is None or self.raw_bytes is None else self.raw_bytes + raw
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {"count": self.count, "stored_bytes": self.stored_bytes, "raw_bytes": self.raw_bytes}
 
 
@@ -65,7 +66,7 @@ class StoreUsage:
     store: str
     #: the store's configuration as a person is shown it (:meth:`StoreConfig.describe`; no key)
     compress: str
-    encryption: dict | None
+    encryption: dict[str, str] | None
     refs: int = 0
     #: snapshots held (one manifest each), and those no ref's history names (GC takes them)
     manifests: int = 0
@@ -95,7 +96,7 @@ class StoreUsage:
         named = self.named
         return round(named.stored_bytes / named.raw_bytes, 4) if named.stored_bytes and named.raw_bytes else None
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {
             "store": self.store,
             "compress": self.compress,
