@@ -280,6 +280,8 @@ def test_federation(world):
     assert names["r"]["round"] == 1 and names["r"]["ref"] == "acme/federated"
     assert isinstance(names["v"], concord.RememberedReport) and names["v"].report.ok and names["v"].error is None
     assert _root(world, "acme/federated", REPLICA) == names["r"]["root"]
+    assert names["r"]["signatures"] == [world["key_id"]] and names["c"]["key_id"] == world["key_id"]
+    assert names["v"].report.signed_by == {1: ("release",)}
 
 
 def test_audits(world):

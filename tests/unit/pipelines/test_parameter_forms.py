@@ -52,7 +52,7 @@ def test_no_form_or_deployment_text_hides_a_placeholder_in_angle_brackets():
 
 
 @pytest.mark.parametrize("flow, name, choices", [
-    (flows.lora_federation, "method", ["exact", "stack", "fedavg"]),
+    (flows.lora_federation, "method", ["exact", "stack", "fedavg", "fedex"]),
     (flows.lora_federation, "robust", ["none", "krum", "trimmed"]),
     (flows.restore_checkpoint_flow, "tier", ["nearest", "hot", "warm", "cold"]),
     (flows.nightly_drift_audit, "fail_on", ["critical", "warning", "never"]),
