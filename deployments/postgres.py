@@ -59,7 +59,7 @@ def owner() -> str | None:
 
 def as_owner(command: Sequence[str], user: str | None) -> list[str]:
     """``command`` run as ``user`` (``runuser -u USER --``), or as it is when ``user`` is None."""
-    return ["runuser", "-u", user, "--", *command] if user else list(command)
+    return [shutil.which("runuser") or "runuser", "-u", user, "--", *command] if user else list(command)
 
 
 @dataclass(frozen=True)

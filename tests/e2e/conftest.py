@@ -63,6 +63,8 @@ def seed_checkpoint(folder: Path) -> Path:
 #: the zombie automation's window on the served instance: the shortest it takes (a heartbeat every
 #: 30 s, and half of one to spare), so that the lost-worker fault is seen soon
 ZOMBIE_AFTER = 45
+#: how long `start` may take: on a loaded machine the three servers' start and the seeding take minutes
+START_TIMEOUT = 600
 
 
 @dataclass(frozen=True)
@@ -112,8 +114,12 @@ def serving(base: Path) -> Iterator[Served]:
     extra = {"CONCORD_POSTGRES_DIR": str(pg_dir / "cluster"), "CONCORD_MLFLOW_PORT": str(free_port())}
     port = free_port()
     try:
-        started = _serve(state_dir, "start", "--port", str(port), "--interval", "1", "--seed-from", str(seed),
-                         "--project-dir", str(project_dir), timeout=420, extra=extra)
+        try:
+            started = _serve(state_dir, "start", "--port", str(port), "--interval", "1", "--seed-from", str(seed),
+                             "--project-dir", str(project_dir), timeout=START_TIMEOUT, extra=extra)
+        except subprocess.TimeoutExpired as exc:  # what it had said names the step it was at
+            said = exc.stdout.decode(errors="replace") if isinstance(exc.stdout, bytes) else exc.stdout or ""
+            started = subprocess.CompletedProcess(exc.cmd, -9, f"{said}\n(timed out after {START_TIMEOUT} s)", "")
         if started.returncode != 0:
             logs = "\n".join(f"--- {p.name}\n{p.read_text()[-4000:]}" for p in sorted((state_dir / "logs").glob("*.log")))
             pytest.fail(f"serve start failed:\n{started.stdout}\n{started.stderr}\n{logs}")
