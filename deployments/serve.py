@@ -738,8 +738,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--dir", type=Path, default=DEFAULT_DIR,
                    help="where the record, the logs, the watcher state and the server's home go (default data/serve)")
     sub = p.add_subparsers(dest="action", required=True)
-    s = sub.add_parser("start", help="start (or reuse) a Prefect server, deploy, start a worker, the watcher, a "
-                                     "serving node and an OCI registry")
+    s = sub.add_parser("start", help="start PostgreSQL, an MLflow and a Prefect server on it (or reuse yours), deploy, "
+                                     "start a worker, the watcher, a serving node and an OCI registry")
     s.add_argument("--port", type=int, default=int(os.environ.get("CONCORD_SERVE_PORT", "4200")),
                    help="port of the Prefect server started here (default 4200, or $CONCORD_SERVE_PORT)")
     s.add_argument("--watch", action="append", default=[], metavar="PATH_OR_S3_PREFIX",
@@ -754,7 +754,7 @@ def parser() -> argparse.ArgumentParser:
     t.add_argument("--timeout", type=float, default=15.0, help="seconds between SIGTERM and SIGKILL (default 15)")
     r = sub.add_parser("restart", help="end recorded processes (if they run) and start them again as recorded")
     r.add_argument("names", nargs="+", metavar="NAME",
-                   help=f"server, worker, watcher, {LOCAL_NODE} or registry (as `status` lists them)")
+                   help=f"server, worker, watcher, {LOCAL_NODE}, registry, mlflow or postgres (as `status` lists them)")
     r.add_argument("--timeout", type=float, default=15.0, help="seconds between SIGTERM and SIGKILL (default 15)")
     r.add_argument("--server-timeout", type=float, default=120.0, help="seconds to wait for the server (default 120)")
     sub.add_parser("status", help="list the processes start started and whether each runs")
