@@ -405,7 +405,7 @@ class Store(ABC):
         ``length`` bytes long, and hash to its id (a delta on damaged bytes would break once
         they are repaired). The bytes are transient (see :mod:`.scratch`)."""
         enc = self.encoding()
-        if not enc.framed:
+        if not enc.framed or self.archive:  # an archive's chunks are not read back to build on
             return None
         for _ in range(2):
             blob = self._read_object_transient(chunk_key(enc.chunk_name(_check_digest(base, "base chunk id"))))
@@ -467,6 +467,8 @@ class Store(ABC):
         """Whether the chunk stored under ``name`` (its id, or in an encrypted store
         :meth:`chunk_object_name` of it) is here and stored whole, not as a delta: what a
         delta against it needs (its first bytes are read)."""
+        if self.archive:  # an archive holds no deltas: chunks sent there go whole
+            return False
         enc = self.encoding()
         head = self._read_head(chunk_key(_check_digest(name, "chunk object name")), enc.HEAD_BYTES)
         return head is not None and enc.base_of(name, head) is None
@@ -474,9 +476,10 @@ class Store(ABC):
     def chunk_base(self, name: str) -> str | None:
         """The object name of the chunk that the chunk stored under ``name`` (as
         :meth:`iter_chunk_stats` lists it) is a delta of, or None if it is stored whole or absent.
-        Only the object's first bytes are read; nothing is decrypted."""
+        Only the object's first bytes are read; nothing is decrypted. An archive (whose objects
+        need a restore to be read) holds no deltas: None."""
         enc = self.encoding()
-        if not enc.framed:
+        if not enc.framed or self.archive:
             return None
         head = self._read_head(chunk_key(_check_digest(name, "chunk object name")), enc.HEAD_BYTES)
         return None if head is None else enc.base_of(name, head)

@@ -436,5 +436,38 @@ def test_concord_snapshot_takes_a_base_or_no_delta_and_info_counts_the_deltas(tm
     assert ft["root"] == whole["root"] and ft["new_stored_bytes"] < 0.3 * whole["new_stored_bytes"]
     info = _cli("info", str(tmp_path / "s"))
     assert info["frames"]["delta"]["count"] == ft["new_chunks"] == 24  # every tensor: the header is the same
-    bad = subprocess.run([sys.executable, "-m", "concord.cli", "snapshot", str(b), "--store", str(tmp_path / "s"), "--base", "models/none"], capture_output=True, text=True)
+    bad = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "concord.cli",
+            "snapshot",
+            str(b),
+            "--store",
+            str(tmp_path / "s"),
+            "--base",
+            "models/none",
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert bad.returncode != 0 and "models/none" in bad.stderr
+
+
+def test_an_s3_store_keeps_receives_and_collects_deltas(tmp_path, s3_store):
+    """On a real S3 API (moto_server): a snapshot stores deltas, a sync from a folder sends them
+    to a bucket holding the base, and a collection there keeps the base its deltas need."""
+    a = _generated(tmp_path / "a", 0)
+    b = _generated(tmp_path / "b", 0, 1e-3, base=a)
+    configure(s3_store, compress="auto")
+    v1 = snapshot(a, s3_store, ref="models/base", chunk_size=SMALL_CHUNK)
+    v2 = snapshot(b, s3_store, ref="models/ft", base="models/base", chunk_size=SMALL_CHUNK)
+    assert _deltas(s3_store, v2.manifest) > 0
+    local = _compressed(tmp_path / "s")
+    replicate(s3_store, [local], ref="models/base")
+    (sent,) = replicate(s3_store, [local], ref="models/ft")
+    assert sent.bytes_sent < 0.3 * v2.bytes and verify(local).ok
+    assert s3_store.delete_ref("models/base", v1.root)
+    assert collect_garbage(s3_store, grace_seconds=0, now=_later()).kept_bases > 0
+    restore(s3_store, v2.manifest, tmp_path / "out")
+    assert files_equal(tmp_path / "out", b) and verify(s3_store).ok
