@@ -274,7 +274,16 @@ def _checkpoint_table(opts: Options, base, work: Path) -> Table:
     table.add(Row("snapshot into compressed (auto)", t["snapshot into compressed"], t["snapshot into plain"], "s", Target("ratio", "<=", 2.5), "plain store"))
     table.add(Row("restore from compressed", t["restore from compressed"], t["restore from plain"], "s", Target("ratio", "<=", 1.5), "plain store"))
     table.add(Row("decode of compressed chunks, 2 threads", decoded / decode_s / GB, None, "GB/s", Target("value", ">=", 1.0)))
-    table.add(Row("snapshot into encrypted (AES-256-GCM)", t["snapshot into encrypted"], t["snapshot into plain"], "s", Target("ratio", "<=", 1.3), "plain store"))
+    table.add(
+        Row(
+            "snapshot into encrypted (AES-256-GCM)",
+            t["snapshot into encrypted"],
+            t["snapshot into plain"],
+            "s",
+            Target("ratio", "<=", 1.3),
+            "plain store",
+        )
+    )
     table.add(Row("restore from encrypted", t["restore from encrypted"], t["restore from plain"], "s", Target("ratio", "<=", 1.3), "plain store"))
     table.add(Row("stored bytes, compressed", stored["compressed"] / GB, stored["plain"] / GB, "GB", None, "plain store"))
     table.notes = [
@@ -384,7 +393,16 @@ def _tier_table(opts: Options, work: Path) -> Table:
     table = Table(f"compress: {CHECKPOINTS} LoRA checkpoints ({base.size / GB:.2f} GB base) tiered, cold compressed (auto)")
     table.add(Row("all tiers, cold auto vs all plain", sum(packed.values()) / GB, sum(plain.values()) / GB, "GB", None, "today's tiers"))
     table.add(Row("cold tier, auto vs plain", packed["cold"] / GB, plain["cold"] / GB, "GB", None, "plain cold"))
-    table.add(Row("cold tier vs its compressed floor", packed["cold"] / GB, cold_floor / GB, "GB", Target("ratio", "<=", 1.001), "each distinct chunk once, encoded"))
+    table.add(
+        Row(
+            "cold tier vs its compressed floor",
+            packed["cold"] / GB,
+            cold_floor / GB,
+            "GB",
+            Target("ratio", "<=", 1.001),
+            "each distinct chunk once, encoded",
+        )
+    )
     table.notes = [
         "the tiers are folders here (the byte counts are the stores' chunk objects; S3 would hold the same objects)",
         "dtype hints reach the cold tier through sync (from the manifest), so its tensors are coded as byte planes "

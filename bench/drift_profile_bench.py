@@ -94,7 +94,14 @@ def ensure_store(data_dir: Path, sizes: tuple[int, int]):
     sidecar = data_dir / "drift-profile.json"
     from concord.audit.profile import VALUES_LAYOUT
 
-    params = {"format": DATA_FORMAT, "profile_values": VALUES_LAYOUT, "nights": [list(night) for night in nights(sizes)], "seed": SEED, "group": GROUP_ROWS, "labels": len(LABELS)}
+    params = {
+        "format": DATA_FORMAT,
+        "profile_values": VALUES_LAYOUT,
+        "nights": [list(night) for night in nights(sizes)],
+        "seed": SEED,
+        "group": GROUP_ROWS,
+        "labels": len(LABELS),
+    }
     found = read_json(sidecar)
     if found and found.get("params") == params and (folder / "store").is_dir():
         log(f"reusing {folder}")
@@ -183,18 +190,47 @@ def run(opts: Options) -> list[Table]:
     best = {k: min(v, key=lambda r: r["seconds"]) for k, v in results.items()}
     peak = {k: max(r["peak_mb"] for r in v) for k, v in results.items()}
     small, large = sizes
-    t = Table(f"drift-profile: the nightly audit against a stored reference profile vs the raw reference (4 columns, references of {small:,} and {large:,} rows)")
+    t = Table(
+        f"drift-profile: the nightly audit against a stored reference profile vs the raw reference (4 columns, references of {small:,} and {large:,} rows)"
+    )
     for night in audited:
-        t.add(Row(f"wall time, {_night(night)}", best[(night, "use")]["seconds"], best[(night, "off")]["seconds"], "s", Target("ratio", "<=", 0.5), "raw reference"))
+        t.add(
+            Row(
+                f"wall time, {_night(night)}",
+                best[(night, "use")]["seconds"],
+                best[(night, "off")]["seconds"],
+                "s",
+                Target("ratio", "<=", 0.5),
+                "raw reference",
+            )
+        )
     cpu = {k: min(r["cpu"] for r in v) for k, v in results.items()}
     for night in audited:  # the audit's own CPU seconds (all its threads): less at the mercy of the machine's load
         t.add(Row(f"CPU time, {_night(night)}", cpu[(night, "use")], cpu[(night, "off")], "s", None, "raw reference"))
     s_night, l_night = audited[0], audited[1]
-    t.add(Row(f"peak RSS against the profile, {large:,} vs {small:,} rows", peak[(l_night, "use")], peak[(s_night, "use")], "MB", Target("ratio", "<=", 1.25), f"{small:,} rows"))
+    t.add(
+        Row(
+            f"peak RSS against the profile, {large:,} vs {small:,} rows",
+            peak[(l_night, "use")],
+            peak[(s_night, "use")],
+            "MB",
+            Target("ratio", "<=", 1.25),
+            f"{small:,} rows",
+        )
+    )
     for night in audited[:2]:
         t.add(Row(f"peak RSS, {_night(night)}", peak[(night, "use")], peak[(night, "off")], "MB", None, "raw reference"))
     ref_s, ref_l = tables[f"ref-{small}"], tables[f"ref-{large}"]
-    t.add(Row(f"profile size, {large:,} vs {small:,} rows", ref_l["profile_bytes"] / MB, ref_s["profile_bytes"] / MB, "MB", Target("ratio", "<=", 1.05), f"{small:,} rows"))
+    t.add(
+        Row(
+            f"profile size, {large:,} vs {small:,} rows",
+            ref_l["profile_bytes"] / MB,
+            ref_s["profile_bytes"] / MB,
+            "MB",
+            Target("ratio", "<=", 1.05),
+            f"{small:,} rows",
+        )
+    )
     for n, ref in ((small, ref_s), (large, ref_l)):
         t.add(Row(f"profile size / reference parquet, {n:,} rows", ref["profile_bytes"] / MB, ref["bytes"] / MB, "MB", None, "parquet file"))
     agree = sum(best[(night, "use")]["verdict"] == best[(night, "off")]["verdict"] for night in audited) / len(audited)

@@ -72,7 +72,16 @@ def run(opts: Options) -> list[Table]:
             ours = _added(a, b, work / f"{label}-store", changed)
             blob = _added(_as_blobs(a, work / f"{label}-blob-1"), _as_blobs(b, work / f"{label}-blob-2"), work / f"{label}-blob-store", None)
             table.notes.append(f"{label}: step 2 added {ours:,} bytes (blob chunking {blob:,}) for {changed_bytes:,} changed: {ours / changed_bytes:.4f}×")
-            table.add(Row(f"{label}: concord vs blob chunking", ours / changed_bytes, blob / changed_bytes, "×", Target("value", "<=", TARGET), "blob chunking"))
+            table.add(
+                Row(
+                    f"{label}: concord vs blob chunking",
+                    ours / changed_bytes,
+                    blob / changed_bytes,
+                    "×",
+                    Target("value", "<=", TARGET),
+                    "blob chunking",
+                )
+            )
             if restic:
                 added, reported = _restic_added(restic, a, b, work / f"{label}-restic")
                 table.add(Row(f"{label}: concord vs restic", ours / changed_bytes, added / changed_bytes, "×", Target("value", "<=", TARGET), "restic"))

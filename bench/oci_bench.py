@@ -154,7 +154,11 @@ def run(opts: Options) -> list[Table]:
             settle()
 
         second = [
-            Case("concord export v2", lambda: export_oci(store, m2, parse_reference(state["concord"] + ":v1"), plain_http=True, memo=memo), before=lambda: first("concord")),
+            Case(
+                "concord export v2",
+                lambda: export_oci(store, m2, parse_reference(state["concord"] + ":v1"), plain_http=True, memo=memo),
+                before=lambda: first("concord"),
+            ),
             Case("oras push v2", lambda: oras_push(v2, state["oras"] + ":v1"), before=lambda: first("oras")),
         ]
         race(opts.runs, *second, wait_idle=opts.wait_idle)
@@ -172,8 +176,16 @@ def run(opts: Options) -> list[Table]:
         imported = work / "imported"
         pulled = work / "pulled"
         imports = [
-            Case("concord import", lambda: import_oci(ref, LocalDirStore(str(imported)), plain_http=True, staging_dir=str(work / "staging")), before=lambda: empty(imported)),
-            Case("oras pull", lambda: oras_client.pull(target=str(ref), outdir=str(pulled)), before=lambda: empty(pulled)),
+            Case(
+                "concord import",
+                lambda: import_oci(
+                    ref, LocalDirStore(str(imported)), plain_http=True, staging_dir=str(work / "staging")
+                ),
+                before=lambda: empty(imported),
+            ),
+            Case(
+                "oras pull", lambda: oras_client.pull(target=str(ref), outdir=str(pulled)), before=lambda: empty(pulled)
+            ),
         ]
         race(opts.runs, *imports, wait_idle=opts.wait_idle)
         if imports[0].result.root != m1.root:

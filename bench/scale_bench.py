@@ -230,22 +230,52 @@ def run(opts: Options) -> list[Table]:
         restic_run("init", "--repo", str(repo))
         restic_run("backup", "--repo", str(repo), str(src))
     cases = [
-        Case("concord snapshot (fresh)", cmd("snapshot", *concord, "snapshot", str(src), "--store", at(again), "--ref", REF), clear(again)),
+        Case(
+            "concord snapshot (fresh)",
+            cmd("snapshot", *concord, "snapshot", str(src), "--store", at(again), "--ref", REF),
+            clear(again),
+        ),
         Case("rsync -a (fresh)", cmd("rsync", rsync or "true", "-a", f"{src}/", at(copy2, "/")), clear(copy2)),
-        Case("concord snapshot (re-hash)", cmd("re-hash", *concord, "snapshot", str(src), "--store", str(store), "--ref", REF)),
+        Case(
+            "concord snapshot (re-hash)",
+            cmd("re-hash", *concord, "snapshot", str(src), "--store", str(store), "--ref", REF),
+        ),
         Case("hash every file", cmd("hash", *hash_all(src))),
-        *([
-            Case("restic backup (fresh)", restic_case("restic", "backup", "--repo", str(fresh_repo), str(src)), new_repo),
-            Case("restic backup --force", restic_case("restic-force", "backup", "--force", "--repo", str(repo), str(src))),
-        ] if restic else []),
+        *(
+            [
+                Case(
+                    "restic backup (fresh)",
+                    restic_case("restic", "backup", "--repo", str(fresh_repo), str(src)),
+                    new_repo,
+                ),
+                Case(
+                    "restic backup --force",
+                    restic_case("restic-force", "backup", "--force", "--repo", str(repo), str(src)),
+                ),
+            ]
+            if restic
+            else []
+        ),
         Case("concord verify", cmd("verify", *concord, "verify", str(store))),
         Case("hash every chunk file", cmd("hash-store", *hash_all(store / "chunks"))),
         Case("concord restore", cmd("restore", *concord, "restore", str(store), "--ref", REF, at(out)), clear(out)),
         Case("cp -a", cmd("cp", "cp", "-a", str(src), at(copy)), clear(copy)),
-        Case("concord checkout", cmd("checkout", *concord, "checkout", str(store), "--ref", REF, at(link, "/current")), clear(link)),
-        Case("concord checkout --no-fsync", cmd("checkout-nofsync", *concord, "checkout", str(store), "--ref", REF, at(link, "/current"), "--no-fsync"), clear(link)),
+        Case(
+            "concord checkout",
+            cmd("checkout", *concord, "checkout", str(store), "--ref", REF, at(link, "/current")),
+            clear(link),
+        ),
+        Case(
+            "concord checkout --no-fsync",
+            cmd("checkout-nofsync", *concord, "checkout", str(store), "--ref", REF, at(link, "/current"), "--no-fsync"),
+            clear(link),
+        ),
         Case("concord sync", cmd("sync", *concord, "sync", str(store), at(replica), "--ref", REF), clear(replica)),
-        Case("rsync -a of the store", cmd("rsync-store", rsync or "true", "-a", f"{store}/", at(replica, "/")), clear(replica)),
+        Case(
+            "rsync -a of the store",
+            cmd("rsync-store", rsync or "true", "-a", f"{store}/", at(replica, "/")),
+            clear(replica),
+        ),
     ]
     try:
         race(opts.runs, *cases, warmup=opts.runs > 1, wait_idle=opts.wait_idle)

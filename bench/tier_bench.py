@@ -154,7 +154,11 @@ def write_checkpoint(folder: Path, base, step: int) -> Path:
     save_file(adapter, str(folder / "adapter_model.safetensors"), metadata={"format": "pt"})
     (folder / "adapter_config.json").write_text(json.dumps(config, indent=1))
     state = {
-        i: {"step": torch.tensor(float(step)), "exp_avg": torch.randn(t.shape, generator=g).mul_(1e-3), "exp_avg_sq": torch.rand(t.shape, generator=g).mul_(1e-6)}
+        i: {
+            "step": torch.tensor(float(step)),
+            "exp_avg": torch.randn(t.shape, generator=g).mul_(1e-3),
+            "exp_avg_sq": torch.rand(t.shape, generator=g).mul_(1e-6),
+        }
         for i, t in enumerate(adapter.values())
     }
     groups = [{"lr": 2e-4, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0.01, "params": list(state)}]
@@ -197,7 +201,16 @@ def _bytes_table(opts, base, stores, held, sizes, adds, stored_bytes) -> Table:
     )
     limit = Target("ratio", "<=", round(1 - SAVED_TARGET, 4))
     table.add(Row(f"all tiers vs copies kept ({kept_copies})", total / GB, plain_kept / GB, "GB", limit, f"{kept_copies} plain copies"))
-    table.add(Row(f"all tiers vs every tier full ({len(stores) * CHECKPOINTS})", total / GB, plain_all / GB, "GB", limit, f"{len(stores) * CHECKPOINTS} plain copies"))
+    table.add(
+        Row(
+            f"all tiers vs every tier full ({len(stores) * CHECKPOINTS})",
+            total / GB,
+            plain_all / GB,
+            "GB",
+            limit,
+            f"{len(stores) * CHECKPOINTS} plain copies",
+        )
+    )
     table.add(Row("all tiers vs each distinct chunk once per tier", total / GB, sum(floor.values()) / GB, "GB", Target("ratio", "<=", 1.001), "floor"))
     for t in stores:
         table.add(Row(f"{t} ({len(held[t])} kept)", stored[t] / GB, per_tier_plain[t] / GB, "GB", None, f"{len(held[t])} plain copies"))

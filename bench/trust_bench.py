@@ -185,7 +185,16 @@ def run(opts: Options) -> list[Table]:
     table.add(Row("restore under a trust policy", trusted.best, unchecked.best, "s", Target("ratio", "<=", 1.05), "unchecked restore"))
     table.add(Row("the trust check alone (restore_check: read and verify the signature)", check.best, unchecked.best, "s", None, "unchecked restore"))
     table.add(Row("restore trusted by a model_signing bundle (SHA-256 as written)", by_digest[0].best, by_digest[2].best, "s", None, "unchecked restore"))
-    table.add(Row(f"restore trusted by a bundle in shards of {SHARD / 1e9:g} GB hashed with BLAKE3", by_digest[1].best, by_digest[2].best, "s", None, "unchecked restore"))
+    table.add(
+        Row(
+            f"restore trusted by a bundle in shards of {SHARD / 1e9:g} GB hashed with BLAKE3",
+            by_digest[1].best,
+            by_digest[2].best,
+            "s",
+            None,
+            "unchecked restore",
+        )
+    )
     table.notes += [
         f"throughput: sign {size / signed.best:.2f} GB/s, sha256 {size / plain.best:.2f} GB/s, "
         f"restore under policy {size / trusted.best:.2f} GB/s, unchecked {size / unchecked.best:.2f} GB/s",

@@ -91,12 +91,20 @@ def _federation(home: Path, story: Story, stores: dict[str, str], base_folder: P
     story.step(f"Federation round for {TENANT}: exact aggregation ({shown}), replicated to every cluster, recorded in the ledger")
     r = lora_federation(TENANT, [stores[c] for c in CLUSTERS], [f"adapter-{c}" for c in CLUSTERS], method="exact", weights=list(FED_WEIGHTS))
     for c in r["clients"]:
-        story.say(f"{c['adapter']:<20} weight {c['weight']:.2f}  update norm {c['norm']:.3f}  distance {c['distance']:.3f}  {'accepted' if c['accepted'] else 'REJECTED'}")
+        story.say(
+            f"{c['adapter']:<20} weight {c['weight']:.2f}  update norm {c['norm']:.3f}  distance {c['distance']:.3f}  "
+            f"{'accepted' if c['accepted'] else 'REJECTED'}"
+        )
     story.say(f"result {r['ref']} {r['root'][:12]}: rank {r['rank']} from client ranks {r['client_ranks']}, relative error {r['relative_error']:.1e}")
     for p in r["replicas"]:
-        story.say(f"{Path(p['store']).name:<11} {'snapshot' if p is r['replicas'][0] else 'replica '}: {p['chunks_sent']} chunks, {_human(p['bytes_sent'])} written")
+        story.say(
+            f"{Path(p['store']).name:<11} {'snapshot' if p is r['replicas'][0] else 'replica '}: {p['chunks_sent']} chunks, {_human(p['bytes_sent'])} written"
+        )
     lin = r["lineage"] or {}
-    story.say(f"ledger round {r['round']}, hash {r['hash'][:16]}…; lineage: " + (f"{lin['name']} version {lin['version']}" if "version" in lin else str(lin.get("error"))))
+    story.say(
+        f"ledger round {r['round']}, hash {r['hash'][:16]}…; lineage: "
+        + (f"{lin['name']} version {lin['version']}" if "version" in lin else str(lin.get("error")))
+    )
     story.check(
         all(open_store(s).read_ref(f"{TENANT}/federated").root == r["root"] for s in stores.values()),
         f"every cluster's {TENANT}/federated points at {r['root'][:12]}",
@@ -118,7 +126,10 @@ def _federation(home: Path, story: Story, stores: dict[str, str], base_folder: P
         worst_abs = max(worst_abs, float((fed[k] - average).abs().max()))
         worst_rel = max(worst_rel, float((fed[k] - average).norm() / update.norm()))
     story.say(f"{len(fed)} attention weights merged; largest difference from the clients' weighted average {worst_abs:.1e}")
-    story.say(f"(the updates themselves are of order {max(float((c[k] - base[k]).abs().max()) for c in clients for k in fed):.1e}; relative deviation {worst_rel:.1e})")
+    story.say(
+        f"(the updates themselves are of order {max(float((c[k] - base[k]).abs().max()) for c in clients for k in fed):.1e}; "
+        f"relative deviation {worst_rel:.1e})"
+    )
     story.check(
         set(fed) == set(clients[0]) and worst_abs < 1e-6 and worst_rel < 1e-4,
         "the merged result equals the weighted average of the clients' merged weights (to float32 rounding)",

@@ -88,7 +88,10 @@ def lineage_story(home: Path, story: Story, stores: dict[str, str], base_root: s
     )
     story.say(f"{MODEL}/{tuned['version']}: root {tuned['root'][:16]}…, parents {', '.join(tuned['parents'])}")
     story.say("held by " + ", ".join(Path(h["store"]).name for h in tuned["held_by"]) + " (registered from us-east only)")
-    story.check(int(tuned["version"]) == int(base["version"]) + 1 and tuned["parents"] == [f"{MODEL}/{base['version']}"], "the fine-tune's version records its parent")
+    story.check(
+        int(tuned["version"]) == int(base["version"]) + 1 and tuned["parents"] == [f"{MODEL}/{base['version']}"],
+        "the fine-tune's version records its parent",
+    )
     story.done()
 
     story.step("Replicate the fine-tune to eu-central and ap-south: replication records who holds it")

@@ -129,7 +129,10 @@ def release_story(home: Path, story: Story, stores: dict[str, str], base: Path, 
     out = work / "restored-eu-central"
     code, _, err = concord("restore", eu, "--ref", REF, str(out), "--trust", str(pub))
     story.say(f"restore: exit {code}: {err}")
-    story.check(code != 0 and forged_root[:12] in err and not out.exists(), "restore under the trust policy refuses the forged root, names it, and writes nothing")
+    story.check(
+        code != 0 and forged_root[:12] in err and not out.exists(),
+        "restore under the trust policy refuses the forged root, names it, and writes nothing",
+    )
     before = _root(ap)
     code, _, err = concord("sync", eu, ap, "--ref", REF, "--trust", str(pub))
     story.check(code != 0 and _root(ap) == before, "sync under the trust policy refuses it too: ap-south keeps the release")
@@ -173,7 +176,10 @@ def release_story(home: Path, story: Story, stores: dict[str, str], base: Path, 
         f"the link names the release; only the changed bytes were fetched{_why(err)}",
     )
     code, rolled, err = concord("checkout", "--rollback", str(link))
-    story.check(code == 0 and first is not None and os.path.realpath(link).endswith(first["root"]), f"--rollback flips the link back to the base model{_why(err)}")
+    story.check(
+        code == 0 and first is not None and os.path.realpath(link).endswith(first["root"]),
+        f"--rollback flips the link back to the base model{_why(err)}",
+    )
     story.done()
 
 

@@ -108,7 +108,9 @@ def lora_federation(
         cosigner_blocks=cosigner_blocks or None,
         base=base or None,
     )
-    ledger = verify_ledger_task(clusters[0], tenant, trust_block or None, threshold=trust_threshold)  # the spec, not the URI: a block's credentials stay with it
+    ledger = verify_ledger_task(
+        clusters[0], tenant, trust_block or None, threshold=trust_threshold
+    )  # the spec, not the URI: a block's credentials stay with it
     r["ledger_report"] = ledger
 
     create_table_artifact(

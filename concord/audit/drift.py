@@ -53,7 +53,8 @@ its floor, or PSI above ``psi_warning``. A drifted column is ``"warning"`` (P1),
 (P0) when PSI is above ``psi_critical`` or more than half of current is in new categories. Each
 finding states the effect in readable terms (``effect``: "mean +0.31σ, scale ×1.02, W 0.3σ, p <
 1e-9"). A change of null share beyond ``null_share_change`` makes a column at least a warning. A
-warning seen on ``escalate_after_nights`` consecutive nights, tonight included, becomes critical (see :func:`data_drift`'s ``history``). Structural findings have fixed severities:
+warning seen on ``escalate_after_nights`` consecutive nights, tonight included, becomes critical
+(see :func:`data_drift`'s ``history``). Structural findings have fixed severities:
 a column missing from current, of another type, or with no values left in current is critical; one
 with no values in the reference is a warning; one only current has is ok and not counted as
 compared.
@@ -999,7 +1000,11 @@ def _compare(name: str, ref: _Side | None, cur: _Side | None, bins: int, t: Drif
             if side.low == side.high:
                 notes.append(f"constant in {label} ({_fmt(side.low)})")
         if ref.sampled or cur.sampled:
-            sizes = " and ".join(f"{side.values.size:,} of the {side.size:,} {label} values" for label, side in (("reference", ref), ("current", cur)) if side.sampled)
+            sizes = " and ".join(
+                f"{side.values.size:,} of the {side.size:,} {label} values"
+                for label, side in (("reference", ref), ("current", cur))
+                if side.sampled
+            )
             notes.append(f"KS, Brown–Forsythe and Wasserstein from uniform samples ({sizes})")
             stats.update(sampled=True)
     else:
@@ -1057,7 +1062,11 @@ def _numeric_tests(ref: _Side, cur: _Side, ks_p: float, wasserstein: float) -> d
     sd_r, sd_c = _std(ref), _std(cur)
     mean_r, mean_c = _mean(ref), _mean(cur)
     with np.errstate(all="ignore"):
-        p_t = float(stats.ttest_ind_from_stats(mean_r, sd_r, ref.size, mean_c, sd_c, cur.size, equal_var=False).pvalue) if ref.size > 1 and cur.size > 1 else math.nan
+        p_t = (
+            float(stats.ttest_ind_from_stats(mean_r, sd_r, ref.size, mean_c, sd_c, cur.size, equal_var=False).pvalue)
+            if ref.size > 1 and cur.size > 1
+            else math.nan
+        )
         p_bf = float(stats.levene(ref.values, cur.values, center="median").pvalue) if ref.values.size > 1 and cur.values.size > 1 else math.nan
     ps = [p for p in (p_t, p_bf, ks_p) if p is not None and math.isfinite(p)]
     pvalue = min(1.0, len(NUMERIC_TESTS) * min(ps)) if ps else 1.0

@@ -328,9 +328,17 @@ def _create_profile(ref: OpenTable, store: Store, sample_size: int | None, batch
     key = key or src.id  # a data snapshot's id, or a table file's BLAKE3
     try:
         batches = ref.batches(batch_bytes)
-        prof = profile_table(batches, sample_size=SAMPLE_SIZE if sample_size is None else sample_size, source={"kind": src.kind, "id": key, "name": src.name, "label": src.label})
+        prof = profile_table(
+            batches,
+            sample_size=SAMPLE_SIZE if sample_size is None else sample_size,
+            source={"kind": src.kind, "id": key, "name": src.name, "label": src.label},
+        )
     except DataFormatError as exc:
-        raise DriftConfigError("reference", f"{ref.path}: {exc.problem}", "Give a .parquet or .csv file (the format comes from the extension).") from exc
+        raise DriftConfigError(
+            "reference",
+            f"{ref.path}: {exc.problem}",
+            "Give a .parquet or .csv file (the format comes from the extension).",
+        ) from exc
     root = None
     try:
         if src.kind == "file":

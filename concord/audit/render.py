@@ -245,11 +245,16 @@ def render_markdown(
             + f"; {d.get('rows_reference')} reference rows, {d.get('rows_current')} current rows; "
             + f"{d.get('bins')} quantile bins, epsilon {d.get('epsilon')}; drift: significant at {t.get('alpha')} "
             + f"(Benjamini–Hochberg over the columns) and at least the floor ({t.get('floor')}σ Wasserstein, "
-            + f"{t.get('share_floor')} of categorical mass{', per column: ' + ', '.join(f'{k} {v}' for k, v in t['floors'].items()) if t.get('floors') else ''}) "
+            + f"{t.get('share_floor')} of categorical mass"
+            + (", per column: " + ", ".join(f"{k} {v}" for k, v in t["floors"].items()) if t.get("floors") else "")
+            + ") "
             + f"or PSI > {t.get('psi_warning')}; critical when PSI > {t.get('psi_critical')}; "
             + f"a warning on {t.get('escalate_after_nights')} consecutive nights escalates.",
             "",
-            _md_table(column_rows(d), ["column", "kind", "severity", "effect", "psi", "js", "ks", "wasserstein", "chi2", "nulls", "finding"]),
+            _md_table(
+                column_rows(d),
+                ["column", "kind", "severity", "effect", "psi", "js", "ks", "wasserstein", "chi2", "nulls", "finding"],
+            ),
         ]
         listed = dict(plots) if isinstance(plots, Mapping) else {os.path.basename(p): p for p in plots or []}
         if listed:
@@ -422,7 +427,12 @@ def _draw(hist: ColumnHistogram, column: dict, path: str) -> None:
         ax.bar(x - 0.2, ref, width=0.4, color="#9ecae1", edgecolor="#4a90c2", label="reference")
         ax.bar(x + 0.2, cur, width=0.4, color="#f4a582", edgecolor="#d6604d", label="current")
         ax.set_xticks(x)
-        ax.set_xticklabels([_short(label, 18) for label in labels], rotation=45 if len(labels) > 4 else 0, ha="right" if len(labels) > 4 else "center", fontsize=8)
+        ax.set_xticklabels(
+            [_short(label, 18) for label in labels],
+            rotation=45 if len(labels) > 4 else 0,
+            ha="right" if len(labels) > 4 else "center",
+            fontsize=8,
+        )
         ax.set_xlabel("category")
     ax.set_ylabel("share of values")
     ax.set_ylim(0, max(float(ref.max(initial=0)), float(cur.max(initial=0))) * 1.15 or 1.0)

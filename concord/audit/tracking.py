@@ -9,7 +9,8 @@ run is the same whichever wrote it: per column ``psi/<column>``, ``ks/<column>``
 ``severity_rank`` and the counts as metrics;
 the inputs, thresholds and bins as parameters (and ``reference_profile`` when the reference was a
 profile); the PNGs under ``histograms/``, ``report.json`` and ``report.md`` as artifacts (and the
-profile file under ``profile/`` when it is at hand: a profile file, or one made by this audit); the markdown also as the run's description. The run itself is written
+profile file under ``profile/`` when it is at hand: a profile file, or one made by this audit); the
+markdown also as the run's description. The run itself is written
 by :meth:`concord.lineage.Lineage.log_run`.
 """
 

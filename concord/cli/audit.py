@@ -325,18 +325,34 @@ def cmd_audit_model(args, out) -> int:
 def register(sub, common: list) -> None:
     lin, reg, trk = tracking_parent(), registry_parent(), track_parent("audit", "the nightly drift audit flow")
     weights = argparse.ArgumentParser(add_help=False)
-    weights.add_argument("--max-ulps", type=whole_number, default=1, metavar="N", help="a tensor in another dtype passes within N ULPs of the lower precision (default 1)")
+    weights.add_argument(
+        "--max-ulps",
+        type=whole_number,
+        default=1,
+        metavar="N",
+        help="a tensor in another dtype passes within N ULPs of the lower precision (default 1)",
+    )
     weights.add_argument("--top", type=positive_int, default=10, metavar="N", help="worst tensors listed per replica (default 10)")
     weights.add_argument("--trust", metavar="PUB.pem|block:NAME[,...]", help=TRUST_HELP + "; a root no trusted key signed, on any store, is critical")
     refp = argparse.ArgumentParser(add_help=False)
-    refp.add_argument("--reference", metavar="CLUSTER", type=name_arg("cluster label or store"), help="the cluster the others are compared with (default: the first store)")
+    refp.add_argument(
+        "--reference",
+        metavar="CLUSTER",
+        type=name_arg("cluster label or store"),
+        help="the cluster the others are compared with (default: the first store)",
+    )
     keys = argparse.ArgumentParser(add_help=False)
     keys.add_argument(
         "--store-key", action="append", metavar="STORE=FILE",
         help="the key of one encrypted STORE, as the command names it (repeat for each); the others take --key-file, else $CONCORD_KEY_FILE; never printed",
     )
     cards = argparse.ArgumentParser(add_help=False)
-    cards.add_argument("--require", type=_names("license,retention"), metavar="FIELD,...", help="card fields every cluster must have (default: the module's list)")
+    cards.add_argument(
+        "--require",
+        type=_names("license,retention"),
+        metavar="FIELD,...",
+        help="card fields every cluster must have (default: the module's list)",
+    )
 
     audit = sub.add_parser(
         "audit", help="drift audits: data against its reference, replicas' weights, model cards (exit 3 when critical)"
@@ -378,13 +394,23 @@ def register(sub, common: list) -> None:
         help="a .parquet or .csv file, a data snapshot id or data/NAME in the data store; several (or .profile files): the parts of one table, merged",
     )
     s.add_argument("--out", metavar="FILE", help="write the profile here (conventionally NAME.profile); needed unless one data snapshot is profiled")
-    s.add_argument("--data-store", metavar="STORE", help="store holding data snapshots named by id or data/NAME, where their profile is stored (default: the registry)")
+    s.add_argument(
+        "--data-store",
+        metavar="STORE",
+        help="store holding data snapshots named by id or data/NAME, where their profile is stored (default: the registry)",
+    )
     s.add_argument("--no-store", action="store_true", help="do not store a data snapshot's profile beside it (write --out only)")
     s.add_argument(
         "--sample-size", type=positive_int, default=500_000, metavar="N",
         help="numeric values kept per column, a uniform sample above (default 500000, as the audit keeps)",
     )
-    s.add_argument("--max-labels", type=positive_int, default=100_000, metavar="K", help="labels kept per categorical column, the most frequent; the rest pooled (default 100000)")
+    s.add_argument(
+        "--max-labels",
+        type=positive_int,
+        default=100_000,
+        metavar="K",
+        help="labels kept per categorical column, the most frequent; the rest pooled (default 100000)",
+    )
     s.set_defaults(func=cmd_audit_profile)
 
     s = audit.add_parser(

@@ -295,7 +295,11 @@ def register(sub, common: list) -> None:
         help="store new chunks as deltas of this version's (compressed or encrypted stores; default: the ref's current version)",
     )
     s.add_argument("--no-delta", action="store_true", help="store every new chunk whole, never as a delta")
-    s.add_argument("--signature", metavar="FILE", help="an OpenSSF Model Signing bundle of the folder (model_signing sign key): kept once it verifies with a --trust key")
+    s.add_argument(
+        "--signature",
+        metavar="FILE",
+        help="an OpenSSF Model Signing bundle of the folder (model_signing sign key): kept once it verifies with a --trust key",
+    )
     s.add_argument("--trust", metavar="PUB.pem|block:NAME[,...]", help=TRUST_HELP)
     s.set_defaults(func=cmd_snapshot)
 

@@ -354,7 +354,11 @@ def register(sub, common: list) -> None:
     s.set_defaults(func=cmd_restore)
 
     trk = track_parent("drill", "the restore-drill flow")
-    s = tier.add_parser("drill", parents=[*common, pol, tracking_parent(), trk], help="restore samples from every tier, verify, measure RTO and RPO (exit 1 when missed)")
+    s = tier.add_parser(
+        "drill",
+        parents=[*common, pol, tracking_parent(), trk],
+        help="restore samples from every tier, verify, measure RTO and RPO (exit 1 when missed)",
+    )
     s.add_argument("--sample", type=positive_int, default=1, metavar="N", help="checkpoints restored per tier (default 1)")
     s.set_defaults(func=cmd_drill)
 

@@ -120,7 +120,10 @@ def aggregate_folders(
 
     check_options(method, robust)
     if method == "fedex":
-        raise ValueError("fedex folds a residual into the base model, which adapter folders alone do not hold: run a round with a base (federate run --method fedex --base REF)")
+        raise ValueError(
+            "fedex folds a residual into the base model, which adapter folders alone do not hold: "
+            "run a round with a base (federate run --method fedex --base REF)"
+        )
     adapters = [lora.read_adapter(os.fspath(p)) for p in paths]
     result = lora.aggregate(adapters, method=method, weights=list(weights) if weights else None, rank=rank, clip_norm=clip_norm, robust=robust)
     out = lora.write_adapter(result, os.fspath(out_dir), like=adapters[0])

@@ -27,7 +27,17 @@ from typing import Any
 from concord.errors import LineageUnreachableError
 from concord.home import default_tracking_uri
 
-__all__ = ["EXPERIMENT_KIND", "EXPERIMENT_KIND_TAG", "HEALTH_TIMEOUT", "Tracking", "default_tracking_uri", "error_code", "retry_locked", "shown_uri", "sqlite_file"]
+__all__ = [
+    "EXPERIMENT_KIND",
+    "EXPERIMENT_KIND_TAG",
+    "HEALTH_TIMEOUT",
+    "Tracking",
+    "default_tracking_uri",
+    "error_code",
+    "retry_locked",
+    "shown_uri",
+    "sqlite_file",
+]
 
 HEALTH_TIMEOUT = 3.0
 

@@ -45,7 +45,23 @@ MAX_PATH_BYTES = 1024
 #: layers an imported artifact may have at most
 MAX_LAYERS = 100_000
 
-_WEIGHT_EXT = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".gguf", ".ggml", ".onnx", ".h5", ".msgpack", ".npz", ".pdparams", ".tflite", ".mlmodel", ".nemo")
+_WEIGHT_EXT = (
+    ".safetensors",
+    ".bin",
+    ".pt",
+    ".pth",
+    ".ckpt",
+    ".gguf",
+    ".ggml",
+    ".onnx",
+    ".h5",
+    ".msgpack",
+    ".npz",
+    ".pdparams",
+    ".tflite",
+    ".mlmodel",
+    ".nemo",
+)
 _DOC_NAMES = ("readme", "license", "licence", "notice", "copying", "changelog", "model_card", "use_policy")
 _DOC_EXT = (".md", ".rst", ".pdf")
 _CODE_EXT = (".py", ".sh", ".ipynb", ".js", ".ts", ".go", ".rs", ".c", ".cc", ".cpp", ".h")

@@ -504,7 +504,14 @@ def fallback_tag(digest: str) -> str:
 def _cause(exc: BaseException) -> str:
     """A short, credential-free cause of a connection failure."""
     text = str(exc)
-    for known in ("Connection refused", "Connection reset", "Name or service not known", "timed out", "No route to host", "Temporary failure in name resolution"):
+    for known in (
+        "Connection refused",
+        "Connection reset",
+        "Name or service not known",
+        "timed out",
+        "No route to host",
+        "Temporary failure in name resolution",
+    ):
         if known in text:
             return known.lower()
     return type(exc).__name__

@@ -72,7 +72,18 @@ def push_signatures(reg: Registry, documents: Mapping[str, bytes], subject: dict
         body = json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
         mdigest = _digest(body)
         reg.put_manifest(body, mdigest)
-        pushed.append((key_id, {"mediaType": MANIFEST_TYPE, "digest": mdigest, "size": len(body), "artifactType": SIGNATURE_TYPE, "annotations": {KEY_ID: key_id}}))
+        pushed.append(
+            (
+                key_id,
+                {
+                    "mediaType": MANIFEST_TYPE,
+                    "digest": mdigest,
+                    "size": len(body),
+                    "artifactType": SIGNATURE_TYPE,
+                    "annotations": {KEY_ID: key_id},
+                },
+            )
+        )
     _update_fallback_index(reg, subject["digest"], [d for _, d in pushed])
     return [k for k, _ in pushed]
 
@@ -149,7 +160,11 @@ def check_holds(
     other digests are computed from the chunks of ``store``. :class:`SignatureError` otherwise."""
     parsed = oms.parse_bundle(data, where)
     if parsed.key_hint and parsed.key_hint != key_id:
-        raise SignatureError(where, f"it names key {parsed.key_hint[:16]}, not the key {key_id[:16]} it is filed under", "Attach each signature under its own key id")
+        raise SignatureError(
+            where,
+            f"it names key {parsed.key_hint[:16]}, not the key {key_id[:16]} it is filed under",
+            "Attach each signature under its own key id",
+        )
     st = parsed.statement
     if st.root is not None and st.root != root:
         raise SignatureError(where, f"it signs root {st.root}, not {root}", "A signature holds for the root it names only")

@@ -134,7 +134,9 @@ def signing_key_from_pem(data: bytes, source: str = "private key", password: str
         if b"PUBLIC KEY" in data:
             raise KeyFileError(source, "it is a public key, and signing needs the private key", "Give the private key (KEY.pem, not KEY.pub.pem)")
         raise KeyFileError(
-            source, "not a PEM private key", "Give an ECDSA private key in PEM: `concord keys generate KEY.pem` or `openssl ecparam -name prime256v1 -genkey -noout`"
+            source,
+            "not a PEM private key",
+            "Give an ECDSA private key in PEM: `concord keys generate KEY.pem` or `openssl ecparam -name prime256v1 -genkey -noout`",
         )
     try:
         key = serialization.load_pem_private_key(data, password=password or None)

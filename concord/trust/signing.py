@@ -12,7 +12,8 @@ thread feeds SHA-256, in file order.
 
 A bundle that binds a root (``predicate.concord.root``) holds for that root only. A bundle made
 by ``model_signing sign`` binds no root: it holds for a root whose files are exactly the ones it
-lists (a file under its ``ignore_paths`` is unsigned) with exactly the digests it lists (checked from the store's bytes when it is imported, and again by a restore
+lists (a file under its ``ignore_paths`` is unsigned) with exactly the digests it lists (checked
+from the store's bytes when it is imported, and again by a restore
 under a trust policy, from the bytes it writes: :class:`FileDigests`, fed in file order).
 """
 

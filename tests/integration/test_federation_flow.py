@@ -118,7 +118,9 @@ def test_an_outlier_is_rejected_and_shown_in_the_clients_table(tmp_path, tenant,
     rows = {row["client"]: row for row in json.loads(_by_key(artifacts_of(state.state_details.flow_run_id), "federation-clients").data)}
     assert rows[f"{tenant}/rogue"]["status"] == "rejected" and rows[f"{tenant}/rogue"]["reason"].startswith("trimmed")
     assert [rows[f"{tenant}/adapter-{Path(c).name}"]["status"] for c in clusters] == ["accepted"] * 3
-    assert rows[f"{tenant}/rogue"]["weight"] == 0 and rows[f"{tenant}/rogue"]["distance"] > max(row["distance"] for row in rows.values() if row["status"] == "accepted")
+    assert rows[f"{tenant}/rogue"]["weight"] == 0 and rows[f"{tenant}/rogue"]["distance"] > max(
+        row["distance"] for row in rows.values() if row["status"] == "accepted"
+    )
     (entry,) = list_rounds(open_store(clusters[0]), tenant)
     assert [c["accepted"] for c in entry["metrics"]["clients"]] == [True, True, True, False]
 

@@ -456,7 +456,9 @@ def test_each_version_carries_its_lineage_picture_and_links(lineage, mlflow_clie
     assert f"{before}/1" in lineage.record_replica(root, stores["weights"], "hot")
     tags = mlflow_client.get_model_version(before, "1").tags
     assert tags["held_by"] == "replica (cold), weights (hot)"
-    assert json.loads(tags["replicas"]) == sorted([{"store": replica, "tier": "cold"}, {"store": stores["weights"].uri, "tier": "hot"}], key=lambda h: h["store"])
+    assert json.loads(tags["replicas"]) == sorted(
+        [{"store": replica, "tier": "cold"}, {"store": stores["weights"].uri, "tier": "hot"}], key=lambda h: h["store"]
+    )
     edges = {(e["source"], e["target"]) for e in lineage.lineage_graph(name)["edges"]}
     assert (f"version:{family['name']}/2", f"version:{name}/1") in edges
 

@@ -59,4 +59,12 @@ def test_the_flow_profiles_its_reference_once_and_audits_against_the_profile(tmp
     )
     assert raw["reference"]["profile"] is None and _statistics(raw) == _statistics(first)
     with pytest.raises(AuditFailed):  # the P0 night still fails the run by default
-        nightly_drift_audit("data/adelie", str(gentoo), night="2025-06-04", name=name, registry=str(registry), tracking_uri=mlflow_server, plots_dir=str(tmp_path / "night-4"))
+        nightly_drift_audit(
+            "data/adelie",
+            str(gentoo),
+            night="2025-06-04",
+            name=name,
+            registry=str(registry),
+            tracking_uri=mlflow_server,
+            plots_dir=str(tmp_path / "night-4"),
+        )

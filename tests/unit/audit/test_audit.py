@@ -57,15 +57,69 @@ REPLICAS = {
     "severity": "critical",
     "ok": False,
     "replicas": [
-        {"cluster": "us-east", "store": "/s/us-east", "root": "a" * 64, "reference": True, "identical": True, "severity": "ok", "finding": "the reference replica"},
-        {"cluster": "eu-central", "store": "/s/eu-central", "root": "b" * 64, "reference": False, "identical": False, "severity": "critical",
-         "finding": "1 tensor differs: layer.0.attn.weight", "tensors_compared": 4, "tensors_identical_by_hash": 3, "tensors_failed": 1,
-         "worst": [{"tensor": "layer.0.attn.weight", "file": "model.safetensors", "dtype_reference": "F32", "dtype_replica": "F32",
-                    "shape": [4, 4], "max_ulp": 2**31, "mean_ulp": 1e9, "max_abs_diff": 2.0, "differing_share": 1.0, "allclose": False, "ok": False}]},
-        {"cluster": "ap-south", "store": "/s/ap-south", "root": "c" * 64, "reference": False, "identical": False, "severity": "ok",
-         "finding": "every tensor within 1 ULP of bf16", "tensors_compared": 4, "tensors_identical_by_hash": 0, "tensors_failed": 0,
-         "worst": [{"tensor": "embed.weight", "file": "model.safetensors", "dtype_reference": "F32", "dtype_replica": "BF16",
-                    "shape": [8, 4], "max_ulp": 0, "mean_ulp": 0.0, "max_abs_diff": 0.001, "differing_share": 0.0, "allclose": True, "ok": True}]},
+        {
+            "cluster": "us-east",
+            "store": "/s/us-east",
+            "root": "a" * 64,
+            "reference": True,
+            "identical": True,
+            "severity": "ok",
+            "finding": "the reference replica",
+        },
+        {
+            "cluster": "eu-central",
+            "store": "/s/eu-central",
+            "root": "b" * 64,
+            "reference": False,
+            "identical": False,
+            "severity": "critical",
+            "finding": "1 tensor differs: layer.0.attn.weight",
+            "tensors_compared": 4,
+            "tensors_identical_by_hash": 3,
+            "tensors_failed": 1,
+            "worst": [
+                {
+                    "tensor": "layer.0.attn.weight",
+                    "file": "model.safetensors",
+                    "dtype_reference": "F32",
+                    "dtype_replica": "F32",
+                    "shape": [4, 4],
+                    "max_ulp": 2**31,
+                    "mean_ulp": 1e9,
+                    "max_abs_diff": 2.0,
+                    "differing_share": 1.0,
+                    "allclose": False,
+                    "ok": False,
+                }
+            ],
+        },
+        {
+            "cluster": "ap-south",
+            "store": "/s/ap-south",
+            "root": "c" * 64,
+            "reference": False,
+            "identical": False,
+            "severity": "ok",
+            "finding": "every tensor within 1 ULP of bf16",
+            "tensors_compared": 4,
+            "tensors_identical_by_hash": 0,
+            "tensors_failed": 0,
+            "worst": [
+                {
+                    "tensor": "embed.weight",
+                    "file": "model.safetensors",
+                    "dtype_reference": "F32",
+                    "dtype_replica": "BF16",
+                    "shape": [8, 4],
+                    "max_ulp": 0,
+                    "mean_ulp": 0.0,
+                    "max_abs_diff": 0.001,
+                    "differing_share": 0.0,
+                    "allclose": True,
+                    "ok": True,
+                }
+            ],
+        },
     ],
 }
 CARDS = {
@@ -194,7 +248,11 @@ def test_replica_and_card_rows():
     assert worst_rows[0]["tensor"] == "layer.0.attn.weight" and worst_rows[0]["ok"] == "✗"
     assert worst_rows[1]["dtype"] == "F32 → BF16" and worst_rows[1]["shape"] == "8×4"
     cards = card_rows(CARDS)
-    assert cards[1]["severity"] == "ok" and cards[1]["missing_required"] == "intended_use" and "license: cc-by-nc-4.0 (reference apache-2.0)" == cards[1]["differing"]
+    assert (
+        cards[1]["severity"] == "ok"
+        and cards[1]["missing_required"] == "intended_use"
+        and "license: cc-by-nc-4.0 (reference apache-2.0)" == cards[1]["differing"]
+    )
 
 
 # ----------------------------------------------------------------------------- histograms

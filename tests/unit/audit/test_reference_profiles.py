@@ -180,18 +180,60 @@ def _damaged_cases(tmp_path):
         ("not a zip", lambda d: b"PAR1 not a profile", "not a zip archive"),
         ("cut short", lambda d: d[: len(d) // 2], "not a zip archive"),
         ("no index", lambda d: _rewrite(d, lambda n, r: None if n == "profile.json" else r), "no profile.json"),
-        ("another format", lambda d: _rewrite(d, _index_edit(lambda doc: doc.update(format="concord/profile@9"))), "concord/profile@9"),
-        ("a byte flipped", lambda d: _rewrite(d, lambda n, r: r if not n.endswith("values.f8") else r[:100] + bytes([r[100] ^ 1]) + r[101:]), "does not match its digest"),
-        ("a pickle for values", lambda d: _rewrite(d, lambda n, r: boom if n.endswith("0/values.f8") else r), "bytes, not the"),
-        ("a pickle for the index", lambda d: _rewrite(d, lambda n, r: boom if n == "profile.json" else r), "not valid JSON"),
+        (
+            "another format",
+            lambda d: _rewrite(d, _index_edit(lambda doc: doc.update(format="concord/profile@9"))),
+            "concord/profile@9",
+        ),
+        (
+            "a byte flipped",
+            lambda d: _rewrite(
+                d, lambda n, r: r if not n.endswith("values.f8") else r[:100] + bytes([r[100] ^ 1]) + r[101:]
+            ),
+            "does not match its digest",
+        ),
+        (
+            "a pickle for values",
+            lambda d: _rewrite(d, lambda n, r: boom if n.endswith("0/values.f8") else r),
+            "bytes, not the",
+        ),
+        (
+            "a pickle for the index",
+            lambda d: _rewrite(d, lambda n, r: boom if n == "profile.json" else r),
+            "not valid JSON",
+        ),
         ("unsorted values", lambda d: _rewrite(_rewrite(d, unsorted), _fix_digests), "not sorted finite numbers"),
-        ("more values than rows", lambda d: _rewrite(d, _index_edit(lambda doc: numeric(doc).update(size=numeric(doc)["size"] + 1))), "values in 2000 rows"),
-        ("counts that do not add up", lambda d: _rewrite(d, _index_edit(lambda doc: labels(doc).update(size=labels(doc)["size"] - 1))), "its counts add up to"),
-        ("sampled with every value kept", lambda d: _rewrite(d, _index_edit(lambda doc: numeric(doc).update(sampled=True))), "says sampled=True"),
-        ("a huge declared size", lambda d: _rewrite(d, _index_edit(lambda doc: numeric(doc)["values"].update(count=10**12))), "bytes of values, not 8000000000000"),
+        (
+            "more values than rows",
+            lambda d: _rewrite(d, _index_edit(lambda doc: numeric(doc).update(size=numeric(doc)["size"] + 1))),
+            "values in 2000 rows",
+        ),
+        (
+            "counts that do not add up",
+            lambda d: _rewrite(d, _index_edit(lambda doc: labels(doc).update(size=labels(doc)["size"] - 1))),
+            "its counts add up to",
+        ),
+        (
+            "sampled with every value kept",
+            lambda d: _rewrite(d, _index_edit(lambda doc: numeric(doc).update(sampled=True))),
+            "says sampled=True",
+        ),
+        (
+            "a huge declared size",
+            lambda d: _rewrite(d, _index_edit(lambda doc: numeric(doc)["values"].update(count=10**12))),
+            "bytes of values, not 8000000000000",
+        ),
         ("rows beyond 2**63", lambda d: _rewrite(d, _index_edit(lambda doc: doc.update(rows=10**30))), "too large"),
-        ("a column twice", lambda d: _rewrite(d, _index_edit(lambda doc: doc["columns"].append(doc["columns"][0]))), "two columns are named"),
-        ("an unknown family", lambda d: _rewrite(d, _index_edit(lambda doc: numeric(doc).update(family="pickle"))), "family 'pickle'"),
+        (
+            "a column twice",
+            lambda d: _rewrite(d, _index_edit(lambda doc: doc["columns"].append(doc["columns"][0]))),
+            "two columns are named",
+        ),
+        (
+            "an unknown family",
+            lambda d: _rewrite(d, _index_edit(lambda doc: numeric(doc).update(family="pickle"))),
+            "family 'pickle'",
+        ),
     ]
 
 

@@ -97,5 +97,17 @@ def test_snapshot_part_takes_only_the_paths_named(spread, tmp_path, capsys):
     assert code == 0 and d["files"] == 2
     part = json.loads((tmp_path / "p.json").read_text())
     assert sorted(f["path"] for f in json.loads(part["manifest"])["files"]) == ["ckpt/.metadata", "config.json"]
-    code, _, err = run(capsys, "snapshot-part", str(whole), "--store", str(tmp_path / "s"), "--node", "n0", "--out", str(tmp_path / "q.json"), "--path", "nothere.bin")
+    code, _, err = run(
+        capsys,
+        "snapshot-part",
+        str(whole),
+        "--store",
+        str(tmp_path / "s"),
+        "--node",
+        "n0",
+        "--out",
+        str(tmp_path / "q.json"),
+        "--path",
+        "nothere.bin",
+    )
     assert code != 0 and "nothere.bin" in err and not (tmp_path / "q.json").exists()

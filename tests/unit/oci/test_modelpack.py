@@ -140,7 +140,16 @@ def test_credentials_from_the_environment_first_then_the_docker_config(tmp_path)
     docker = tmp_path / "docker"
     docker.mkdir()
     token = base64.b64encode(b"bob:from-config").decode()
-    (docker / "config.json").write_text(json.dumps({"auths": {"https://reg.example:5000": {"auth": token}, "other.example": {"username": "u", "password": "p"}}}))
+    (docker / "config.json").write_text(
+        json.dumps(
+            {
+                "auths": {
+                    "https://reg.example:5000": {"auth": token},
+                    "other.example": {"username": "u", "password": "p"},
+                }
+            }
+        )
+    )
     with patched_environ({"DOCKER_CONFIG": str(docker)}, CLEARED):
         c = find_credentials("reg.example:5000")
         assert (c.username, c.password, c.source) == ("bob", "from-config", str(docker / "config.json"))

@@ -166,7 +166,12 @@ def _write_gguf(path: Path, tensors: dict[str, tuple[int, list[int], bytes]], al
     ]
     infos, data, offset = [], b"", 0
     for name, (gtype, dims, raw) in tensors.items():
-        infos.append(_gguf_string(name) + struct.pack("<I", len(dims)) + b"".join(struct.pack("<Q", d) for d in dims) + struct.pack("<IQ", gtype, 0 if overlap else offset))
+        infos.append(
+            _gguf_string(name)
+            + struct.pack("<I", len(dims))
+            + b"".join(struct.pack("<Q", d) for d in dims)
+            + struct.pack("<IQ", gtype, 0 if overlap else offset)
+        )
         pad = -len(raw) % alignment
         data += raw + b"\0" * pad
         offset += len(raw) + pad
@@ -181,7 +186,15 @@ def _gguf_tensors(changed: set[str] = frozenset()) -> dict[str, tuple[int, list[
         name = f"blk.{i}.ffn.weight"
         seed = i + (1000 if name in changed else 0)
         if i % 2:  # Q8_0: blocks of 32 elements in 34 bytes
-            out[name] = (8, [256, 256], torch.randint(0, 256, (256 * 256 // 32 * 34,), generator=torch.Generator().manual_seed(seed), dtype=torch.uint8).numpy().tobytes())
+            out[name] = (
+                8,
+                [256, 256],
+                torch.randint(
+                    0, 256, (256 * 256 // 32 * 34,), generator=torch.Generator().manual_seed(seed), dtype=torch.uint8
+                )
+                .numpy()
+                .tobytes(),
+            )
         else:
             out[name] = (0, [256, 250], torch.randn(250 * 256, generator=torch.Generator().manual_seed(seed)).numpy().tobytes())
     return out
@@ -360,7 +373,18 @@ def _hostile_files(tmp_path: Path) -> Path:
     return src
 
 
-HOSTILE = ["cut.pt", "cd.pt", "big.pt", "past/__0_0.distcp", "overlap/__0_0.distcp", "nometa/__0_0.distcp", "trunc.gguf", "huge.gguf", "overlap.gguf", "strlen.gguf"]
+HOSTILE = [
+    "cut.pt",
+    "cd.pt",
+    "big.pt",
+    "past/__0_0.distcp",
+    "overlap/__0_0.distcp",
+    "nometa/__0_0.distcp",
+    "trunc.gguf",
+    "huge.gguf",
+    "overlap.gguf",
+    "strlen.gguf",
+]
 
 
 def test_damaged_or_lying_checkpoints_are_snapshotted_as_blobs(tmp_path, stores):
