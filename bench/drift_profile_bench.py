@@ -18,7 +18,8 @@ stored profile (``profile="use"``: only the current table is restored and read),
 Rows: wall time of each night (target: the profile audit at least 2× faster, ratio ≤ 0.5; with a
 current table as large as the reference, the current table alone costs about half of the raw
 audit, so the ratio cannot go below about 0.5 there); the CPU seconds of each (the child's, all its
-threads: the lowest of the runs); peak RSS of the profile audit at the large
+threads: the lowest of the runs) and, at equal sizes, where they go (restoring the snapshots,
+reading the stored profile, the reference's pass, the current table's pass, the columns' tests); peak RSS of the profile audit at the large
 size against the small one (flat in the table size: ratio ≤ 1.25) and against the raw audit; the
 profile's size at the large size against the small one (bounded: ratio ≤ 1.05) and as a fraction
 of the reference's parquet file; the nights whose every column has the same severity against the
@@ -151,6 +152,7 @@ def child(store_path: str, night: str, mode: str, plots: str) -> None:
     from concord.stores import LocalDirStore
 
     store = LocalDirStore(store_path)
+    phases = _time_phases()
     print(f"READY {status_kb(os.getpid(), ('VmRSS',))['VmRSS']}", flush=True)
     sys.stdin.readline()
     t0, c0 = time.perf_counter(), time.process_time()
@@ -158,7 +160,50 @@ def child(store_path: str, night: str, mode: str, plots: str) -> None:
     r = nightly_drift(f"data/ref-{ref_rows}", f"data/cur-{cur_rows}", store, None, profile=mode, draw_plots=False, plots_dir=plots, name="bench")
     seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
     verdict = {c["column"]: c["severity"] for c in r["drift"]["columns"]}
-    print(json.dumps({"seconds": seconds, "cpu": cpu, "verdict": verdict, "profile": r["reference"]["profile"]}), flush=True)
+    print(json.dumps({"seconds": seconds, "cpu": cpu, "phases": phases, "verdict": verdict, "profile": r["reference"]["profile"]}), flush=True)
+
+
+#: where an audit's CPU goes, in the order of a night
+PHASES = ("restoring snapshots", "reading the profile", "reading the reference", "reading the current table", "the tests")
+
+
+def _time_phases() -> dict[str, float]:
+    """The child's CPU seconds per phase of the audit (:data:`PHASES`), filled in as it runs: the
+    functions of each phase wrapped (a snapshot's restore, the stored profile's read, each table's
+    pass, each column's comparison); the rest (the report, opening the inputs) is what is left."""
+    from contextlib import contextmanager
+
+    import concord.audit.drift as drift
+    import concord.audit.profile as profile
+    import concord.lineage.data as data
+
+    spent = dict.fromkeys(PHASES, 0.0)
+
+    def timed(phase_of, f):
+        def wrapper(*args, **kwargs):
+            c0 = time.process_time()
+            try:
+                return f(*args, **kwargs)
+            finally:
+                spent[phase_of(*args)] += time.process_time() - c0
+
+        return wrapper
+
+    restore = data.data_file
+
+    @contextmanager
+    def data_file(*args, **kwargs):
+        c0 = time.process_time()
+        with restore(*args, **kwargs) as opened:
+            spent["restoring snapshots"] += time.process_time() - c0
+            yield opened
+
+    data.data_file = data_file
+    profile.stored_profile = timed(lambda *a: "reading the profile", profile.stored_profile)
+    # the current table's pass counts on the reference's bins; the reference's has none
+    drift._read_sides = timed(lambda table, names, size, edges: "reading the current table" if edges else "reading the reference", drift._read_sides)
+    drift._compare = timed(lambda *a: "the tests", drift._compare)
+    return spent
 
 
 def measure(store, night: tuple[int, int], mode: str, plots: Path) -> dict:
@@ -207,6 +252,11 @@ def run(opts: Options) -> list[Table]:
     cpu = {k: min(r["cpu"] for r in v) for k, v in results.items()}
     for night in audited:  # the audit's own CPU seconds (all its threads): less at the mercy of the machine's load
         t.add(Row(f"CPU time, {_night(night)}", cpu[(night, "use")], cpu[(night, "off")], "s", None, "raw reference"))
+    for night in audited[:2]:  # where it goes, in the run of least CPU of each
+        lean = {mode: min(results[(night, mode)], key=lambda r: r["cpu"])["phases"] for mode in ("use", "off")}
+        for phase in PHASES:
+            if lean["use"][phase] or lean["off"][phase]:
+                t.add(Row(f"CPU, {phase}, {_night(night)}", lean["use"][phase], lean["off"][phase], "s", None, "raw reference"))
     s_night, l_night = audited[0], audited[1]
     t.add(
         Row(
