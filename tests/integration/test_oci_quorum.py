@@ -6,8 +6,6 @@ publish the last two, import refuses a bundle that does not verify)."""
 
 from __future__ import annotations
 
-import base64
-import json
 import sys
 from pathlib import Path
 
@@ -21,7 +19,7 @@ from concord.stores.local import LocalDirStore
 from concord.trust import read_signature, sign_root, signature_key
 
 sys.path.append(str(Path(__file__).parents[1] / "unit" / "trust"))
-from quorum_keys import CLUSTERS, key, make_cluster_keys  # noqa: E402
+from quorum_keys import CLUSTERS, forge, key, make_cluster_keys  # noqa: E402
 
 pytestmark = pytest.mark.integration
 
@@ -41,13 +39,6 @@ def clusters(tmp_path_factory) -> Path:
     return make_cluster_keys(tmp_path_factory.mktemp("cluster-keys"))
 
 
-def _forge(bundle: bytes) -> bytes:
-    doc = json.loads(bundle)
-    sig = bytearray(base64.b64decode(doc["dsseEnvelope"]["signatures"][0]["sig"]))
-    sig[len(sig) // 2] ^= 0x01
-    doc["dsseEnvelope"]["signatures"][0]["sig"] = base64.b64encode(bytes(sig)).decode()
-    return json.dumps(doc).encode()
-
 
 @pytest.mark.parametrize("case", ["forged", "other-root", "same-key-twice", "two-valid"])
 def test_import_oci_needs_two_distinct_cluster_signatures(case, registry, clusters, tmp_path, capsys):
@@ -62,7 +53,7 @@ def test_import_oci_needs_two_distinct_cluster_signatures(case, registry, cluste
         sign_root(store, root, eu)
     elif case == "forged":
         _, data = sign_root(store, root, eu)
-        store.put_document(signature_key(root, eu.id), _forge(data), overwrite=True)
+        store.put_document(signature_key(root, eu.id), forge(data), overwrite=True)
     elif case == "other-root":
         _, data = sign_root(store, other, eu)
         store.put_document(signature_key(root, eu.id), data)

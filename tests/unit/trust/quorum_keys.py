@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import base64
+import json
 from pathlib import Path
 
 #: the clusters, in the order the policy file lists them
@@ -25,3 +27,12 @@ def make_cluster_keys(d: Path) -> Path:
     lines = ["threshold: 2", "keys:"] + [f"  {n}: {n}.pub.pem" for n in CLUSTERS]
     (d / "policy.yaml").write_text("\n".join(lines) + "\n")
     return d
+
+
+def forge(bundle: bytes) -> bytes:
+    """``bundle`` (an OMS bundle) with one bit of its signature flipped, the payload left as it was."""
+    doc = json.loads(bundle)
+    sig = bytearray(base64.b64decode(doc["dsseEnvelope"]["signatures"][0]["sig"]))
+    sig[len(sig) // 2] ^= 0x01
+    doc["dsseEnvelope"]["signatures"][0]["sig"] = base64.b64encode(bytes(sig)).decode()
+    return json.dumps(doc).encode()

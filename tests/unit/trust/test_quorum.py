@@ -11,14 +11,13 @@ stays a bundle the real ``model_signing`` verifies on its own.
 
 from __future__ import annotations
 
-import base64
 import json
 import shutil
 from pathlib import Path
 
 import pytest
 from oms_interop import import_model_signing
-from quorum_keys import CLUSTERS, key
+from quorum_keys import CLUSTERS, forge, key
 from test_tier_trust import policy_doc
 
 from concord.cli import main
@@ -65,14 +64,6 @@ def release(tmp_path: Path, model: Path):
     return tmp_path / "tiers.yaml", hot, second, ref, root, other
 
 
-def _forge(bundle: bytes) -> bytes:
-    """``bundle`` with its signature's bytes altered (the payload left as it was)."""
-    doc = json.loads(bundle)
-    sig = bytearray(base64.b64decode(doc["dsseEnvelope"]["signatures"][0]["sig"]))
-    sig[len(sig) // 2] ^= 0x01
-    doc["dsseEnvelope"]["signatures"][0]["sig"] = base64.b64encode(bytes(sig)).decode()
-    return json.dumps(doc).encode()
-
 
 def arrange(case: str, stores, root: str, other: str, clusters: Path) -> None:
     """us-east signs ``root`` validly in each store; the second signature is the case's."""
@@ -83,7 +74,7 @@ def arrange(case: str, stores, root: str, other: str, clusters: Path) -> None:
             sign_root(store, root, eu)  # co-signing: a second bundle beside the first
         elif case == "forged":
             _, data = sign_root(store, root, eu)
-            store.put_document(signature_key(root, eu.id), _forge(data), overwrite=True)
+            store.put_document(signature_key(root, eu.id), forge(data), overwrite=True)
         elif case == "other-root":
             _, data = sign_root(store, other, eu)
             store.put_document(signature_key(root, eu.id), data)  # a genuine bundle over another root
