@@ -5,7 +5,8 @@ deployments' ``minilm`` stays theirs).
 Register the Palmer penguins as a data snapshot, infer and save the schema contract ``penguins@1``
 and validate the data against it; register the base model and the fine-tune as two versions
 of ``minilm-demo`` (the second derives from the first) with that data and contract; see a replication record the
-clusters holding version 2; promote version 1 to ``champion``; watch the gate refuse a version
+clusters holding version 2; promote version 1 to ``champion`` and download ``models:/minilm-demo@champion``
+with MLflow's own client (the weights, byte for byte); watch the gate refuse a version
 whose contract ``penguins@2`` tightens a bound; read the lineage back and draw it (PNG and
 Mermaid under ``$CONCORD_HOME/lineage``).
 """
@@ -14,7 +15,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from demo._common import CLUSTERS, REF
+from demo._common import CLUSTERS, REF, model_folder
 from demo._common import human as _human
 from demo.story import Story
 
@@ -25,7 +26,7 @@ DATA = "penguins"
 
 def lineage_folders(home: Path) -> tuple[Path, ...]:
     """What the lineage part of the demo writes under ``home`` (besides the database)."""
-    return (home / "datasets", home / "registry", home / "lineage", home / "mlflow-artifacts")
+    return (home / "datasets", home / "registry", home / "lineage", home / "mlflow-artifacts", home / "downloads")
 
 
 def lineage_story(home: Path, story: Story, stores: dict[str, str], base_root: str, tuned_root: str) -> None:
@@ -109,6 +110,16 @@ def lineage_story(home: Path, story: Story, stores: dict[str, str], base_root: s
     story.check(str(holder.version) == base["version"], f"champion points at {MODEL}/{base['version']}")
     story.done()
 
+    story.step(f"Download {MODEL}@champion with MLflow's own client: models:/ gives the weights, checked")
+    downloaded = download_champion(lineage.tracking_uri, home / "downloads" / f"{MODEL}-champion")
+    story.say(f"$ python -c 'import mlflow; mlflow.artifacts.download_artifacts(\"models:/{MODEL}@champion\", dst_path=\"D\")'")
+    story.say(f"{len(downloaded)} files, {_human(sum(len(b) for b in downloaded.values()))}, into {home / 'downloads' / f'{MODEL}-champion'}")
+    story.check(
+        downloaded == files_of(model_folder()),
+        "the files are the base checkpoint's, byte for byte (restored from the nearest cluster, every chunk verified)",
+    )
+    story.done()
+
     story.step(f"Tighten the contract: {DATA}@2 lowers body_mass_g's max to 6000 g; a version under it is refused")
     tight = tuple(dataclasses.replace(c, max=6000.0) if c.name == "body_mass_g" else c for c in v1.columns)
     v2 = dataclasses.replace(v1, version=2, columns=tight, description="no penguin over 6 kg")
@@ -170,3 +181,26 @@ def lineage_story(home: Path, story: Story, stores: dict[str, str], base_root: s
         "the PNG and the Mermaid flowchart were written",
     )
     story.done()
+
+
+def download_champion(tracking_uri: str, dst: Path) -> dict[str, bytes]:
+    """``models:/minilm-demo@champion`` downloaded into ``dst`` by MLflow's own client (through
+    Concord's artifact repository for the version's ``concord://`` source): path → bytes."""
+    import os
+
+    import mlflow
+
+    before = os.environ.get("MLFLOW_REGISTRY_URI")
+    mlflow.set_registry_uri(tracking_uri)  # the registry models:/ is resolved in (also set in the environment)
+    try:
+        got = Path(mlflow.artifacts.download_artifacts(f"models:/{MODEL}@champion", dst_path=str(dst)))
+    finally:
+        mlflow.set_registry_uri(before)
+        if before is None:
+            os.environ.pop("MLFLOW_REGISTRY_URI", None)
+    return files_of(got)
+
+
+def files_of(folder: Path) -> dict[str, bytes]:
+    """Every file under ``folder``, by its path there."""
+    return {p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
