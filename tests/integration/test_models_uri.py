@@ -31,32 +31,41 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
 REF = "models/minilm"
 
-#: a plain MLflow client: what a notebook does to fetch released weights by name and alias
+#: a plain MLflow client: what a notebook does to fetch released weights by name and alias, here
+#: for each job of a JSON list (uri, dst and the environment variables it adds)
 CLIENT = textwrap.dedent(
     """
     import json, os, sys
     import mlflow
 
-    uri, dst = sys.argv[1], sys.argv[2]
-    try:
-        got = mlflow.artifacts.download_artifacts(uri, dst_path=dst)
-        listed = [(f.path, f.is_dir, f.file_size) for f in mlflow.artifacts.list_artifacts(uri)]
-    except Exception as exc:
-        print(json.dumps({"error": type(exc).__name__, "message": str(exc)}))
-        sys.exit(1)
-    print(json.dumps({"path": got, "listed": listed}))
+    answers = []
+    for job in json.loads(sys.argv[1]):
+        os.environ.pop("CONCORD_TRUSTED_KEYS", None)
+        os.environ.update(job["env"])
+        try:
+            got = mlflow.artifacts.download_artifacts(job["uri"], dst_path=job["dst"])
+            listed = [(f.path, f.is_dir, f.file_size) for f in mlflow.artifacts.list_artifacts(job["uri"])]
+        except Exception as exc:
+            answers.append({"error": type(exc).__name__, "message": str(exc)})
+        else:
+            answers.append({"path": got, "listed": listed})
+    print(json.dumps(answers))
     """
 )
 
 
-def mlflow_client(uri: str, dst: Path, tracking: str, **env: str) -> tuple[int, dict]:
-    """Run :data:`CLIENT` in a fresh process against ``tracking``; its exit status and answer."""
+def mlflow_client(tracking: str, *jobs: tuple[str, Path] | tuple[str, Path, dict[str, str]]) -> list[dict]:
+    """Run :data:`CLIENT` in one fresh process against ``tracking`` for each ``(uri, dst[, env])``;
+    its answer to each: ``{"path", "listed"}``, or ``{"error", "message"}``."""
     environ = {k: v for k, v in os.environ.items() if k not in ("CONCORD_TRUSTED_KEYS", "CONCORD_TRUST_THRESHOLD")}
-    environ.update(MLFLOW_TRACKING_URI=tracking, **env)
-    done = subprocess.run([sys.executable, "-c", CLIENT, uri, str(dst)], capture_output=True, text=True, env=environ, timeout=240)
-    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
-    assert lines, f"no answer from the client (exit {done.returncode}): {done.stderr[-3000:]}"
-    return done.returncode, json.loads(lines[-1])
+    environ["MLFLOW_TRACKING_URI"] = tracking
+    listed = json.dumps([{"uri": j[0], "dst": str(j[1]), "env": j[2] if len(j) > 2 else {}} for j in jobs])
+    done = subprocess.run([sys.executable, "-c", CLIENT, listed], capture_output=True, text=True, env=environ, timeout=240)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("[")]
+    assert done.returncode == 0 and lines, f"no answer from the client (exit {done.returncode}): {done.stderr[-3000:]}"
+    answers = json.loads(lines[-1])
+    assert len(answers) == len(jobs)
+    return answers
 
 
 def small_model(folder: Path) -> Path:
@@ -113,45 +122,47 @@ def test_models_uri_downloads_the_checkpoint_byte_identical(mlflow_server, store
     assert mv.tags["held_by"] == ("us-east (hot)" if isinstance(store, LocalDirStore) else "store (hot)")
     assert json.loads(mv.tags["replicas"]) == [{"store": store.uri, "tier": "hot"}]
 
-    code, got = mlflow_client(f"models:/{out['name']}@champion", tmp_path / "D", mlflow_server)
-    assert code == 0, got
-    assert Path(got["path"]) == tmp_path / "D"
+    name, version = out["name"], out["version"]
+    whole, one, missing = mlflow_client(
+        mlflow_server,
+        (f"models:/{name}@champion", tmp_path / "D"),
+        (f"models:/{name}/{version}/tokenizer/vocab.txt", tmp_path / "E"),  # by number, a sub-path: that file alone
+        (f"models:/{name}/{version}/tokenizer.json", tmp_path / "F"),
+    )
+    assert Path(whole["path"]) == tmp_path / "D", whole
     assert files_of(tmp_path / "D") == files_of(model)  # every file, byte for byte; nothing else
-    assert sorted(got["listed"]) == [
+    assert sorted(whole["listed"]) == [
         ["config.json", False, (model / "config.json").stat().st_size],
         ["model.safetensors", False, (model / "model.safetensors").stat().st_size],
         ["tokenizer", True, None],
     ]
-
-    # by version number too, and a sub-path gives that file alone
-    code, got = mlflow_client(f"models:/{out['name']}/{out['version']}/tokenizer/vocab.txt", tmp_path / "E", mlflow_server)
-    assert code == 0, got
+    assert Path(one["path"]) == tmp_path / "E" / "tokenizer" / "vocab.txt", one
     assert files_of(tmp_path / "E") == {"tokenizer/vocab.txt": (model / "tokenizer" / "vocab.txt").read_bytes()}
     # a path the snapshot lacks is one clear error naming its files
-    code, got = mlflow_client(f"models:/{out['name']}/{out['version']}/tokenizer.json", tmp_path / "F", mlflow_server)
-    assert code == 1 and "has no file or folder 'tokenizer.json'" in got["message"] and "config.json" in got["message"], got
+    assert missing["error"] == "ModelFileNotFoundError", missing
+    assert "has no file or folder 'tokenizer.json'" in missing["message"] and "config.json" in missing["message"]
 
 
-def test_untrusted_root_is_refused_and_nothing_written(mlflow_server, store, model, tmp_path):
+def test_untrusted_root_is_refused_and_nothing_written(mlflow_server, store, tmp_path):
     release = generate_key(tmp_path / "keys" / "release.pem")
     intruder = generate_key(tmp_path / "keys" / "intruder.pem")
-    trusted = str(tmp_path / "keys" / "release.pub.pem")
-    unsigned = register(mlflow_server, store, model)
+    trust = {"CONCORD_TRUSTED_KEYS": str(tmp_path / "keys" / "release.pub.pem")}
+    unsigned, forged, released = (register(mlflow_server, store, small_model(tmp_path / n)) for n in ("unsigned", "forged", "released"))
+    api.sign(store, intruder, root=forged["root"], progress=False)  # signed, by a key not trusted
+    api.sign(store, release, root=released["root"], progress=False)
 
-    code, got = mlflow_client(f"models:/{unsigned['name']}@champion", tmp_path / "D", mlflow_server, CONCORD_TRUSTED_KEYS=trusted)
-    assert code == 1 and got["error"] == "UntrustedRootError", got
-    assert unsigned["root"] in got["message"] and "not signed by a trusted key" in got["message"]
-    assert not any((tmp_path / "D").iterdir())
-
-    api.sign(store, intruder, root=unsigned["root"], progress=False)  # signed, by a key not trusted
-    code, got = mlflow_client(f"models:/{unsigned['name']}@champion", tmp_path / "D", mlflow_server, CONCORD_TRUSTED_KEYS=trusted)
-    assert code == 1 and got["error"] == "UntrustedRootError", got
-    assert not any((tmp_path / "D").iterdir())
-
-    api.sign(store, release, root=unsigned["root"], progress=False)  # now the release key signed it
-    code, got = mlflow_client(f"models:/{unsigned['name']}@champion", tmp_path / "D", mlflow_server, CONCORD_TRUSTED_KEYS=trusted)
-    assert code == 0, got
-    assert files_of(tmp_path / "D") == files_of(model)
+    answers = mlflow_client(
+        mlflow_server,
+        *((f"models:/{v['name']}@champion", tmp_path / "D" / n, trust) for n, v in (("unsigned", unsigned), ("forged", forged), ("released", released))),
+        (f"models:/{unsigned['name']}@champion", tmp_path / "D" / "no-policy"),
+    )
+    for (n, v), got in zip((("unsigned", unsigned), ("forged", forged)), answers):
+        assert got.get("error") == "UntrustedRootError", got
+        assert v["root"] in got["message"] and "not signed by a trusted key" in got["message"]
+        assert not any((tmp_path / "D" / n).iterdir())  # nothing written
+    assert files_of(tmp_path / "D" / "released") == files_of(tmp_path / "released"), answers[2]
+    # without a policy nothing is checked, as for the CLI
+    assert files_of(tmp_path / "D" / "no-policy") == files_of(tmp_path / "unsigned"), answers[3]
 
 
 def test_a_replica_lineage_records_later_serves_when_the_first_store_is_gone(mlflow_server, model, tmp_path):
@@ -164,8 +175,8 @@ def test_a_replica_lineage_records_later_serves_when_the_first_store_is_gone(mlf
     assert mv.source == out["source"]  # a source never changes: the replica is in the lineage
     shutil.rmtree(us.root)  # us-east is gone (or out of reach from here)
 
-    code, got = mlflow_client(f"models:/{out['name']}@champion", tmp_path / "D", mlflow_server)
-    assert code == 0, got
+    (got,) = mlflow_client(mlflow_server, (f"models:/{out['name']}@champion", tmp_path / "D"))
+    assert "error" not in got, got
     assert files_of(tmp_path / "D") == files_of(model)
 
 
@@ -183,8 +194,8 @@ def test_a_version_registered_before_concord_uris_downloads_the_weights(mlflow_s
     })
     assert Lineage(mlflow_server).model_lineage(name, 1)["replicas"] == [{"store": store.uri, "tier": "hot"}]
 
-    code, got = mlflow_client(f"models:/{name}/1", tmp_path / "D", mlflow_server)
-    assert code == 0, got
+    (got,) = mlflow_client(mlflow_server, (f"models:/{name}/1", tmp_path / "D"))
+    assert "error" not in got, got
     assert files_of(tmp_path / "D") == files_of(model)
 
 
