@@ -171,3 +171,27 @@ def test_a_first_fedex_round_needs_its_base(three, tmp_path):
         run_round("acme", three, ["adapter-0", "adapter-1"], method="fedex")
     with pytest.raises(ValueError, match="'fedex' only"):
         run_round("acme", three, ["adapter-0", "adapter-1"], method="exact", base="models/bert-tiny")
+
+
+def test_lineage_records_base_then_folded_base_then_adapter(three, tmp_path, tracking_uri):
+    from concord.lineage import Lineage
+
+    lineage = Lineage(tracking_uri)
+    base_dir = fetch(three[0], "models/bert-tiny", tmp_path / "base0")
+    roots = []
+    for rnd in (1, 2):
+        for i, store in enumerate(three):
+            snapshot(make_client(base_dir, tmp_path / f"r{rnd}-c{i}", seed=10 * rnd + i), store, ref=f"lin/adapter-{i}")
+        r = run_round("lin", three, [f"adapter-{i}" for i in range(3)], method="fedex", base="models/bert-tiny" if rnd == 1 else None,
+                      lineage=lineage)
+        assert "error" not in r["lineage"], r["lineage"]
+        roots.append((r["base"]["parent"], r["base"]["root"], r["root"]))
+        base_dir = fetch(three[0], "lin/federated-base", tmp_path / f"base{rnd}")
+    # round 2's adapter ← its folded base ← round 1's folded base ← the original base
+    view = lineage.model_lineage("lin-federated", r["lineage"]["version"])
+    (folded,) = view["parents"]
+    assert folded["name"] == "lin-federated-base" and folded["root"] == roots[1][1]
+    (before,) = folded["parents"]
+    assert before["root"] == roots[1][0] == roots[0][1]
+    (original,) = before["parents"]
+    assert original["root"] == roots[0][0] and original["parents"] == []
