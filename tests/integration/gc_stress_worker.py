@@ -8,6 +8,9 @@ the store TARGET until SECONDS have passed, then writes what it did to OUT (JSON
 * ``snapshot``: snapshot each FOLDER to TARGET under a ref (every chunk already there after the
   first round), check, delete the ref;
 * ``fresh``: snapshot a folder of new random bytes each time (new garbage), check, delete;
+* ``delta``: snapshot the first FOLDER under a ref, then its fine-tune (the folder
+  ``CONCORD_GC_STRESS_FINETUNE`` names) under another, as deltas of the first; delete the
+  base's ref (its chunks are then needed only as the deltas' bases), check the fine-tune, delete;
 * ``gc``: collect garbage with no grace period, again and again.
 
 A check that fails while the writer's ref still names its root is a live snapshot lost.
@@ -33,7 +36,7 @@ def main(role: str, target_spec: str, source_spec: str, seconds: float, out: str
     target = open_store(target_spec)
     source = open_store(source_spec)
     me = f"{role}-{os.getpid()}"
-    report = {"role": role, "ops": 0, "lost": [], "errors": [], "deleted_manifests": 0, "deleted_chunks": 0, "postponed": 0}
+    report = {"role": role, "ops": 0, "lost": [], "errors": [], "deleted_manifests": 0, "deleted_chunks": 0, "postponed": 0, "deltas": 0}
     deadline = time.monotonic() + seconds
     i = 0
 
@@ -61,6 +64,15 @@ def main(role: str, target_spec: str, source_spec: str, seconds: float, out: str
                     res = snapshot(folder, target, ref=ref, chunk_size=64 * 1024)
                     check(ref, res.root)
                     target.delete_ref(ref, res.root)
+            elif role == "delta":
+                base_ref, ft_ref = f"delta/{me}-base", f"delta/{me}-ft"
+                b = snapshot(folders[0], target, ref=base_ref, chunk_size=64 * 1024)
+                res = snapshot(os.environ["CONCORD_GC_STRESS_FINETUNE"], target, ref=ft_ref, base=base_ref, chunk_size=64 * 1024)
+                report["deltas"] += sum(1 for c in res.manifest.chunk_lengths() if target.delta_of(c))
+                target.delete_ref(base_ref, b.root)
+                time.sleep(0.2)  # a collection runs while only the deltas keep the base's chunks
+                check(ft_ref, res.root)
+                target.delete_ref(ft_ref, res.root)
             elif role == "fresh":
                 with tempfile.TemporaryDirectory() as tmp:
                     with open(os.path.join(tmp, "weights.bin"), "wb") as f:

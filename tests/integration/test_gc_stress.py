@@ -26,12 +26,35 @@ SECONDS = float(os.environ.get("CONCORD_GC_STRESS_SECONDS", "20"))
 WORKER = Path(__file__).with_name("gc_stress_worker.py")
 
 
-@pytest.fixture(params=["local", "s3"])
+@pytest.fixture(params=["local", "local-compressed", "s3"])
 def target_spec(request, tmp_path):
     if request.param == "local":
         return str(tmp_path / "target")
+    if request.param == "local-compressed":  # where fine-tunes are stored as deltas of their base
+        from concord.stores.config import configure
+
+        configure(LocalDirStore(tmp_path / "target"), compress="auto")
+        return str(tmp_path / "target")
     s3 = request.getfixturevalue("s3_store")
     return s3.uri
+
+
+def _fine_tuned(src: Path, dst: Path) -> Path:
+    """``src`` with every float tensor moved by 1e-3 of its mean magnitude, as a fine-tune moves it."""
+    import shutil
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(src, dst)
+    g = torch.Generator().manual_seed(7)
+    sd = load_file(str(src / "model.safetensors"))
+    for k, v in sd.items():
+        if v.is_floating_point() and v.numel():
+            w = v.float()
+            sd[k] = (w + 1e-3 * w.abs().mean() * torch.randn(w.shape, generator=g)).to(v.dtype)
+    save_file(sd, str(dst / "model.safetensors"), metadata={"format": "pt"})
+    return dst
 
 
 def test_writers_racing_collections_never_lose_a_live_snapshot(target_spec, tmp_path, moto_server):
@@ -39,8 +62,9 @@ def test_writers_racing_collections_never_lose_a_live_snapshot(target_spec, tmp_
     folders = [make_checkpoint(tmp_path / f"ck{i}", seed=i, layers=2, dim=64) for i in range(3)]
     for i, folder in enumerate(folders):
         snapshot(folder, source, ref=f"src/m{i}", chunk_size=SMALL_CHUNK)
-    env = dict(os.environ, AWS_ENDPOINT_URL=moto_server, PYTHONPATH=os.pathsep.join(sys.path))
-    roles = ["gc", "sync", "snapshot", "snapshot", "fresh"]
+    tuned = _fine_tuned(folders[0], tmp_path / "tuned")
+    env = dict(os.environ, AWS_ENDPOINT_URL=moto_server, PYTHONPATH=os.pathsep.join(sys.path), CONCORD_GC_STRESS_FINETUNE=str(tuned))
+    roles = ["gc", "sync", "snapshot", "snapshot", "fresh", "delta"]
     procs = []
     for n, role in enumerate(roles):
         out = tmp_path / f"report-{n}.json"
@@ -57,6 +81,8 @@ def test_writers_racing_collections_never_lose_a_live_snapshot(target_spec, tmp_
     assert lost == [] and errors == [], (lost, errors[:3])
     gc = reports[0]
     writes = sum(r["ops"] for r in reports[1:])
+    if target_spec.endswith("target") and (Path(target_spec) / "config").exists():
+        assert reports[-1]["ops"] >= 1 and reports[-1]["deltas"] > 0, reports[-1]  # deltas were in play
     # the race was run: collections deleted garbage while writers wrote
     assert gc["ops"] >= 3 and gc["deleted_manifests"] > 0 and writes >= 10, reports
 
