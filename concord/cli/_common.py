@@ -21,7 +21,10 @@ from functools import cached_property
 from concord.home import patched_environ
 
 STORE_HELP = "a folder, file:///path, s3://bucket/prefix or block:NAME"
-TRUST_HELP = "trusted public keys: comma-separated PEM paths and block:NAME (a saved Concord Trust block) entries (default: $CONCORD_TRUSTED_KEYS)"
+TRUST_HELP = (
+    "trusted public keys: comma-separated PEM paths and block:NAME (a saved Concord Trust block) entries, or one POLICY.yaml "
+    "(keys: by name, threshold: K) (default: $CONCORD_TRUSTED_KEYS)"
+)
 TRUST_THRESHOLD_HELP = (
     "how many distinct trusted keys must have signed (default: the policy file's or block's threshold, "
     "else $CONCORD_TRUST_THRESHOLD, else 1)"
