@@ -260,7 +260,9 @@ def stop_all(state_dir: Path, *, timeout: float = 15.0, out=sys.stdout) -> int:
     if not data["processes"]:
         print("nothing recorded as started: nothing to stop", file=out)
     for p in reversed(data["processes"]):
-        print(f"{p.name} (pid {p.pid}): {terminate(p, timeout=timeout)}", file=out)
+        with _Ticking(f"stopping {p.name}", out):
+            how = terminate(p, timeout=timeout)
+        print(f"{p.name} (pid {p.pid}): {how}", file=out, flush=True)
     (state_dir / RECORD).unlink(missing_ok=True)
     return 0
 
@@ -539,7 +541,8 @@ def start_databases(state_dir: Path, project_dir: Path, env: Mapping[str, str], 
               f"concurrent runs: install it ({postgres.INSTALL}), then `make stop` and `make serve`", file=out)
         return sqlite
     try:
-        cluster.init(lambda line: print(line, file=out, flush=True))
+        with _Ticking("creating the PostgreSQL cluster", out):
+            cluster.init(lambda line: print(line, file=out, flush=True))
         port = int(env.get(postgres.PORT_ENV, "").strip() or _free_port())
         print(f"starting PostgreSQL on 127.0.0.1:{port} (its cluster in {cluster.root})", file=out, flush=True)
         p = spawn(state_dir, "postgres", cluster.command(port), env=env, cwd=cluster.root,
