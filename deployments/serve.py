@@ -417,7 +417,7 @@ def registry_command(exe: str, data_dir: Path, port: int) -> list[str]:
 
 def start_registry(state_dir: Path, data_dir: Path, env: Mapping[str, str], exe: str | None, out) -> str | None:
     """Start (and record) a registry keeping its blobs in ``data_dir`` on a free port of 127.0.0.1
-    (5000 stays free for ``mlflow ui``): its ``host:port``. Without ``exe``, one line says how to
+    (5000 stays free for the MLflow server): its ``host:port``. Without ``exe``, one line says how to
     install it, and None."""
     if exe is None:
         print(f"no OCI registry: {REGISTRY_EXE} is not installed; install it ({REGISTRY_INSTALL}), then `make stop` "
