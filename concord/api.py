@@ -934,7 +934,7 @@ def federate_round(
     base: str | None = None,
 ) -> dict[str, Any]:
     """One LoRA federation round: find each adapter ref of ``tenant`` in ``clusters``, aggregate
-    (``method``: exact, stack or fedavg), snapshot the result into the first cluster as
+    (``method``: exact, stack, fedavg or fedex), snapshot the result into the first cluster as
     ``TENANT/OUT_NAME``, replicate it to the others and append the round to the ledger (in
     ``ledger``, default the first cluster; signed with ``key`` when given): ``concord federate run``.
     With ``track`` the result is registered in MLflow; ``remember`` checks the ledger against, and
