@@ -23,6 +23,7 @@ from concord.errors import LineageError, LineageUnreachableError, PromotionRefus
 from concord.lineage import Lineage
 from concord.lineage.contracts import ColumnSpec, infer_contract, save_contract
 from concord.lineage.data import write_parquet
+from concord.lineage.sources import SnapshotLocation, parse_source
 from concord.snapshots.snapshot import snapshot
 from concord.snapshots.sync import replicate
 from concord.stores import LocalDirStore, open_store
@@ -191,7 +192,7 @@ def test_register_model_task_records_data_contract_parents_and_holders(data, con
     assert json.loads(json.dumps(v1)) == v1
     assert (v1["version"], v1["root"], v1["data_snapshot"], v1["contract"]) == ("1", weights, data["id"], "penguins@1")
     assert v1["held_by"] == [{"store": stores["eu"], "tier": "hot"}, {"store": stores["us"], "tier": "hot"}]  # ap lacks it
-    assert v1["source"].endswith(f"/manifests/{weights}.json") and v1["store"] == stores["us"]
+    assert parse_source(v1["source"]) == SnapshotLocation(weights, (stores["us"], stores["eu"])) and v1["store"] == stores["us"]
 
     mv = mlflow_client.get_model_version(name, "1")
     assert (mv.tags["root"], mv.tags["data"], mv.tags["contract"]) == (weights, data["id"], "penguins@1")
