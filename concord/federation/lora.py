@@ -206,7 +206,7 @@ class AggregateResult:
             "clients": [asdict(c) for c in self.clients],
             "relative_error": self.relative_error,
             "base_model": self.base_model,
-            "residual_share": self.residual_share,
+            **({"residual_share": self.residual_share} if self.method == "fedex" else {}),
         }
 
 
