@@ -1407,6 +1407,68 @@ def model_lineage(name: str, version: str | int, *, tracking_uri: str | None = N
     return open_lineage(tracking_uri).model_lineage(name, version)
 
 
+def data_info(snapshot: str, *, registry: StoreLike | None = None) -> DataSnapshot:
+    """What the registry (default ``$CONCORD_REGISTRY``) records about the data snapshot whose id
+    (64 hex, what :func:`register_data` returned) is ``snapshot``: rows, columns, schema, digest,
+    without reading its data: ``concord data show``.
+
+    Raises:
+        DataSnapshotNotFoundError. ValueError: ``snapshot`` is not an id.
+    """
+    from concord.lineage.data import data_info as info
+
+    return info(_registry(registry), snapshot)
+
+
+def promote_model(
+    name: str, version: str | int, alias: str, *, registry: StoreLike | None = None, tracking_uri: str | None = None
+) -> dict[str, Any]:
+    """Point ``alias`` (e.g. ``champion``) at version ``version`` of model ``name`` once the
+    promotion gate passes (its data snapshot still meets its contract; both read from the
+    registry, default ``$CONCORD_REGISTRY``): ``concord model promote``. Returns what ``--json`` prints.
+
+    Raises:
+        PromotionRefused: the gate failed, with why. LineageUnreachableError, LineageError.
+    """
+    reg = _registry(registry)
+    return open_lineage(tracking_uri).promote(name, version, alias, data_store=reg, contracts=reg)
+
+
+def data_lineage(snapshot: str, *, tracking_uri: str | None = None) -> list[dict[str, Any]]:
+    """Every model version that records the data snapshot ``snapshot`` as its data, by name and
+    version: ``concord lineage data``.
+
+    Raises:
+        LineageUnreachableError.
+    """
+    return open_lineage(tracking_uri).data_lineage(snapshot)
+
+
+def lineage_graph(
+    name: str, *, out: str | os.PathLike[str] | None = None, tracking_uri: str | None = None
+) -> dict[str, Any]:
+    """The lineage of model ``name`` as a graph (``nodes``, ``edges``: versions, data snapshots,
+    contracts, parents) and its Mermaid text (``mermaid``); with ``out``, also drawn into that
+    folder as ``NAME.mmd`` and ``NAME.png`` (``mermaid_file``, ``png``): ``concord lineage graph``.
+
+    Raises:
+        LineageUnreachableError.
+    """
+    from concord.lineage.graph import render_png, to_mermaid
+
+    graph = open_lineage(tracking_uri).lineage_graph(name)
+    mermaid = to_mermaid(graph)
+    found: dict[str, Any] = {"name": name, "nodes": graph["nodes"], "edges": graph["edges"], "mermaid": mermaid}
+    if out is not None:
+        folder = os.path.abspath(out)
+        os.makedirs(folder, exist_ok=True)
+        found["mermaid_file"] = os.path.join(folder, f"{name}.mmd")
+        with open(found["mermaid_file"], "w") as f:
+            f.write(mermaid + "\n")
+        found["png"] = render_png(graph, os.path.join(folder, f"{name}.png"))
+    return found
+
+
 # ----------------------------------------------------------------------------- contracts
 
 

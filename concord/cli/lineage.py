@@ -8,8 +8,6 @@ else ``$CONCORD_HOME/registry`` (``./data/registry``). MLflow is ``--tracking-ur
 
 from __future__ import annotations
 
-import os
-
 from concord.cli._common import (
     fail,
     open_lineage,
@@ -52,9 +50,9 @@ def cmd_data_register(args, out) -> int:
 
 
 def cmd_data_show(args, out) -> int:
-    from concord.lineage.data import data_info
+    from concord.api import data_info
 
-    snap = data_info(_registry(args), args.id)
+    snap = data_info(args.id, registry=_registry(args))
     d = snap.to_dict()
     lines = [f"{snap.id}  {snap.name}: {snap.rows} rows"] + [f"  {c}: {t}" for c, t in snap.schema.items()]
     out.emit(d, lines)
@@ -136,8 +134,10 @@ def cmd_model_register(args, out) -> int:
 
 
 def cmd_model_promote(args, out) -> int:
-    registry = _registry(args)
-    res = open_lineage(args.tracking_uri).promote(args.name, args.version, args.alias, data_store=registry, contracts=registry)
+    from concord.api import promote_model
+
+    quiet_mlflow()
+    res = promote_model(args.name, args.version, args.alias, registry=_registry(args), tracking_uri=args.tracking_uri)
     out.emit(res, [f"{args.name} version {args.version} is now '{args.alias}'"])
     return 0
 
@@ -157,7 +157,10 @@ def cmd_lineage_model(args, out) -> int:
 
 
 def cmd_lineage_data(args, out) -> int:
-    versions = open_lineage(args.tracking_uri).data_lineage(args.id)
+    from concord.api import data_lineage
+
+    quiet_mlflow()
+    versions = data_lineage(args.id, tracking_uri=args.tracking_uri)
     lines = [f"{v['name']} version {v['version']}  root {str(v.get('root'))[:12]}" for v in versions] or [
         f"no model version used data snapshot {args.id}"
     ]
@@ -166,20 +169,11 @@ def cmd_lineage_data(args, out) -> int:
 
 
 def cmd_lineage_graph(args, out) -> int:
-    from concord.lineage.graph import render_png, to_mermaid
+    from concord.api import lineage_graph
 
-    graph = open_lineage(args.tracking_uri).lineage_graph(args.name)
-    folder = os.path.abspath(args.out)
-    os.makedirs(folder, exist_ok=True)
-    mermaid = to_mermaid(graph)
-    mmd = os.path.join(folder, f"{args.name}.mmd")
-    with open(mmd, "w") as f:
-        f.write(mermaid + "\n")
-    png = render_png(graph, os.path.join(folder, f"{args.name}.png"))
-    out.emit(
-        {"name": args.name, "nodes": graph["nodes"], "edges": graph["edges"], "mermaid": mermaid, "png": png, "mermaid_file": mmd},
-        [*mermaid.splitlines(), f"picture: {png}", f"mermaid: {mmd}"],
-    )
+    quiet_mlflow()
+    g = lineage_graph(args.name, out=args.out, tracking_uri=args.tracking_uri)
+    out.emit(g, [*g["mermaid"].splitlines(), f"picture: {g['png']}", f"mermaid: {g['mermaid_file']}"])
     return 0
 
 

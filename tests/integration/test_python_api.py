@@ -371,3 +371,16 @@ def test_export_and_import_oci(world, oci_registry):
     assert isinstance(e, concord.ExportResult) and isinstance(i, concord.ImportResult)
     assert e.root == i.root == _root(world, "models/llama") == _root(world, "models/llama-oci", REPLICA)
     assert printed.split()[2:] == ["True", "models/llama-oci"]
+
+
+def test_promotion_and_lineage_queries(world):
+    names, printed = run_example(
+        "Promotion and queries: concord.promote_model, data_info, data_lineage and lineage_graph", world
+    )
+    data, mv = names["data"], names["mv"]
+    assert printed.splitlines()[0] == f"200 [{str(mv['version'])!r}]"  # versions are MLflow's strings
+    assert "champion" in concord.model_lineage("llama", mv["version"])["aliases"]  # the alias moved
+    assert concord.data_info(data.id, registry=world["registry"]).id == data.id  # in the registry: S3 in the S3 world
+    png = world["dir"] / "lineage" / "llama.png"
+    assert printed.splitlines()[1] == str(png) and png.stat().st_size > 0
+    assert data.id[:12] in (world["dir"] / "lineage" / "llama.mmd").read_text()
