@@ -88,14 +88,16 @@ def column_rows(report: AuditReport | dict) -> list[dict]:
     return rows
 
 
-def replica_rows(replicas: dict | None) -> list[dict]:
+def replica_rows(replicas: dict | None, *, stores: bool = False) -> list[dict]:
     """One row per replica: cluster, root, identical, severity, counts, finding (the cluster by its
-    name: a store's full address would push the table off the right edge)."""
+    name: a store's full address would push a markdown table off the right edge); with ``stores``
+    (a terminal's table) the store's address follows the cluster."""
     rows = []
     for x in (replicas or {}).get("replicas", []):
         rows.append(
             {
                 "cluster": x.get("cluster") or x.get("store"),
+                **({"store": x.get("store")} if stores else {}),
                 "root": (x.get("root") or "")[:12],
                 "identical": "yes" if x.get("identical") else "no",
                 "severity": section_severity(x),

@@ -113,7 +113,7 @@ def report_lines(report) -> list[str]:
         lines += [f"  ✗ {f['expectation']}" + (f" [{f['column']}]" if f.get("column") else "") + f": {f['details']}" for f in c["failed"]]
     if report.replicas is not None:
         lines += ["", f"replicas (reference {report.replicas.get('reference')}):"]
-        lines += _text_table(replica_rows(report.replicas))
+        lines += _text_table(replica_rows(report.replicas, stores=True))
         worst = worst_tensor_rows(report.replicas)
         if worst:
             lines += ["", "worst tensors:"] + _text_table(worst)

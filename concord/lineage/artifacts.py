@@ -168,3 +168,16 @@ def _remove_empty_parents(folder: str, stop: str) -> None:
 
 
 __all__ = ["ConcordArtifactRepository"]
+
+
+def _register() -> None:
+    """Register the schemes with MLflow's registry. Its entry points name this module, but when
+    this module is imported first MLflow loads them while the class is not yet defined (the import
+    of ``ArtifactRepository`` above starts the registry), warns, and leaves the schemes out."""
+    from mlflow.store.artifact.artifact_repository_registry import _artifact_repository_registry as registry
+
+    for scheme in ("concord", "concord-file"):
+        registry.register(scheme, ConcordArtifactRepository)
+
+
+_register()

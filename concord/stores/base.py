@@ -439,7 +439,7 @@ class Store(ABC):
         except (FrameError, SealError) as exc:
             raise UnknownEncodingError(self.uri, f"chunk {base}", f"the base of a delta: {exc}") from None
 
-    def decode_stored(self, cid: str, blob, *, transient: bool = False):
+    def decode_stored(self, cid: str, blob: bytes | memoryview, *, transient: bool = False) -> bytes | memoryview:
         """The raw bytes of ``blob``, chunk ``cid`` as this store keeps it (a delta decoded
         against its base, read from this store); not hash-checked."""
         return self.encoding().decode_chunk(cid, blob, transient=transient, base=self.read_base)

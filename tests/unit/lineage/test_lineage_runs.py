@@ -166,6 +166,8 @@ def test_audit_record_names_metrics_params_and_artifacts_as_the_flow_logs_them()
         "js/body mass _g_": 0.3,
         "psi/species": 0.01,
         "js/species": 0.02,
+        "severity_rank/body mass _g_": 2.0,  # each column's severity, as ranked above
+        "severity_rank/species": 0.0,
         "contract_failed": 2.0,
         "replicas_not_ok": 2.0,
     }

@@ -91,3 +91,16 @@ def test_replicas_written_before_are_read_as_todays():
     # today's tags win, and a value that is not Concord's list reads as no replica
     assert read_tags({**replica_tags(listed), "concord.held_by": "[]"})[TAG_HELD_BY] == "us-east (warm)"
     assert replicas_of({TAG_REPLICAS: "not json"}) == [] and replicas_of({TAG_REPLICAS: '{"store": "x"}'}) == []
+
+
+def test_the_schemes_are_registered_when_the_plugin_module_is_imported_before_mlflow():
+    import subprocess
+    import sys
+
+    code = (
+        "import concord.lineage.artifacts\n"
+        "from mlflow.store.artifact.artifact_repository_registry import _artifact_repository_registry as r\n"
+        "print(sorted(s for s in r._registry if s.startswith('concord')))\n"
+    )
+    out = subprocess.run([sys.executable, "-W", "ignore", "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert out.stdout.split("\n")[-2] == "['concord', 'concord-file']"
