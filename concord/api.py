@@ -534,8 +534,10 @@ class RefSummary(TypedDict):
 class LogEntry(TypedDict, total=False):
     """One move of a ref, as ``concord log --json`` lists it: the root it named and who signed
     that root. Without a trust policy ``signed_by`` is None and ``unchecked`` lists the key ids
-    the signature documents claim; under one, ``signed_by`` lists the verified signers and
-    ``invalid`` each signature that did not hold (key id → why)."""
+    the signature documents claim; under one, ``signed_by`` lists the verified signers,
+    ``invalid`` each signature that did not hold (key id → why), ``trusted`` whether at least the
+    policy's threshold of distinct trusted keys signed the root, and ``quorum`` who signed and who
+    is missing ("1 of 3 (us-east; eu-central, ap-south missing), 2 needed")."""
 
     root: str
     version: int
@@ -544,6 +546,8 @@ class LogEntry(TypedDict, total=False):
     signed_by: list[str] | None
     unchecked: list[str]
     invalid: dict[str, str]
+    trusted: bool
+    quorum: str
 
 
 def refs(store: StoreLike, *, key_file: str | os.PathLike[str] | None = None) -> list[RefSummary]:
@@ -566,7 +570,9 @@ def log(
 ) -> list[LogEntry]:
     """The history of ``ref`` in ``store``, newest first, each root with who signed it (checked
     against the trust policy, default ``$CONCORD_TRUSTED_KEYS``; with none, nothing is checked):
-    ``concord log``.
+    ``concord log``. Under a policy each root's ``trusted`` is the one check every consumer
+    applies (:meth:`~concord.trust.TrustPolicy.decide`: the threshold of distinct trusted keys
+    signed this root), so a version one cluster signed reads untrusted under a threshold of two.
 
     Raises:
         RefNotFoundError: ``store`` has no such ref. TrustPolicyError: the policy does not read.
@@ -574,6 +580,7 @@ def log(
     from concord.errors import RefNotFoundError
     from concord.stores import canonical_ref
     from concord.trust import signature_ids
+    from concord.trust.policy import THRESHOLD
 
     policy = _policy(trust)  # an empty list fails before the store is read
     target = _to_read(store, key_file)
@@ -587,10 +594,14 @@ def log(
             if policy is None:
                 signers[e.root] = {"signed_by": None, "unchecked": signature_ids(target, e.root)}
             elif not target.has_manifest(e.root):
-                signers[e.root] = {"signed_by": [], "invalid": {}}
+                signers[e.root] = {"signed_by": [], "invalid": {}, "trusted": False, "quorum": policy.quorum(())}
             else:
                 v = policy.report(target, e.root)
-                signers[e.root] = {"signed_by": list(v.signed_by), "invalid": dict(v.problems)}
+                # too few signers is the verdict's, not a signature's problem
+                invalid = {k: why for k, why in v.problems.items() if k != THRESHOLD}
+                signers[e.root] = {
+                    "signed_by": list(v.signed_by), "invalid": invalid, "trusted": v.trusted, "quorum": v.quorum,
+                }
         entry = {"root": e.root, "version": e.version, "time": e.time, "message": e.message, **signers[e.root]}
         history.append(cast(LogEntry, entry))
     return history

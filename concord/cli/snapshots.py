@@ -273,7 +273,8 @@ def cmd_log(args, out) -> int:
         if e["signed_by"] is None:  # nothing is verified without a policy: no key is named
             return f"  [{len(e['unchecked'])} signature(s), unchecked: give --trust]" if e["unchecked"] else ""
         text = f"  [signed: {', '.join(k[:12] for k in e['signed_by'])}]" if e["signed_by"] else ""
-        return text + "".join(f"  [invalid signature from key id {k[:12]}]" for k in e["invalid"])
+        text += "".join(f"  [invalid signature from key id {k[:12]}]" for k in e["invalid"])
+        return text + f"  [{'trusted' if e['trusted'] else 'untrusted'}: {e['quorum']}]"
 
     lines = [f"v{e['version']:<4} {e['root'][:12]}  {e['time']}  {e['message']}" + signs(e) for e in hist]
     out.emit({"ref": canonical_ref(args.ref), "history": hist}, lines)

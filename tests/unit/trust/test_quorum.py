@@ -2,7 +2,7 @@
 
 A root counts as trusted only when at least ``threshold`` *distinct* trusted keys signed *this*
 root. Each case is tried through every command that takes ``--trust`` (verify, signatures,
-restore, sync, checkout, tier restore, audit replicas) with a policy file and with
+restore, sync, checkout, tier restore, audit replicas, audit model, log) with a policy file and with
 ``--trust-threshold`` beside a key list: one valid signature plus a forged one, plus one over
 another root, plus one by a key outside the policy, or one key's signature twice, is refused and
 nothing is written; two valid ones are trusted. Every bundle a cluster adds with ``concord sign``
@@ -30,6 +30,7 @@ from concord.stores import LocalDirStore
 from concord.tiering.engine import TierState, add_checkpoint
 from concord.tiering.policy import TierPolicy
 from concord.trust import ENV, TrustPolicy, load_policy, read_signature, sign_root, signature_key
+from concord.trust.policy import THRESHOLD
 
 UNTRUSTED = UntrustedRootError.exit_code
 #: every way a second signature can fail to count, and the one where it counts
@@ -159,6 +160,19 @@ def c_audit(capsys, trust, rel, tmp_path):
     return trusted[0]
 
 
+def c_log(capsys, trust, rel, tmp_path):
+    """concord log: each version says whether its root is trusted, and who of the clusters signed it."""
+    _, hot, _, ref, root, _ = rel
+    code, out, _ = cli(capsys, "log", hot.uri, ref, "--json", *trust)
+    (entry,) = [e for e in json.loads(out)["history"] if e["root"] == root]
+    code_text, text, _ = cli(capsys, "log", hot.uri, ref, *trust)
+    (line,) = [line for line in text.splitlines() if root[:12] in line]
+    assert code == code_text == 0 and entry["quorum"] in line
+    assert (f"[trusted: {entry['quorum']}]" in line) is entry["trusted"]
+    assert "(threshold)" not in line and THRESHOLD not in entry["invalid"]  # too few signers is not a signature
+    return entry["trusted"]
+
+
 def c_library(capsys, trust, rel, tmp_path):
     """The library's checks (what sync, restore and the flows call): require and restore_check."""
     _, hot, _, ref, root, _ = rel
@@ -177,7 +191,7 @@ def c_library(capsys, trust, rel, tmp_path):
 
 CONSUMERS = {
     "verify": c_verify, "signatures": c_signatures, "restore": c_restore, "sync": c_sync, "checkout": c_checkout,
-    "tier-restore": c_tier_restore, "audit-replicas": c_audit, "library": c_library,
+    "tier-restore": c_tier_restore, "audit-replicas": c_audit, "log": c_log, "library": c_library,
 }
 
 
@@ -201,6 +215,28 @@ def test_two_valid_signatures_of_three_clusters_are_trusted_by_every_consumer(co
         assert CONSUMERS[consumer](capsys, trust, release, tmp_path / spelling) is True, spelling
     three = ["--trust", specs(clusters)["threshold"][1], "--trust-threshold", "3"]
     assert CONSUMERS[consumer](capsys, three, release, tmp_path / "three") is False
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_audit_model_applies_the_quorum_on_every_store_lineage_records(case, release, clusters, tracking_uri, capsys):
+    """concord audit model: the stores come from MLflow lineage, and each replica's root is
+    trusted only under the same rule (the threshold's distinct keys signed this root)."""
+    from concord.lineage import Lineage
+
+    _, hot, second, _, root, other = release
+    name = f"quorum-{case}"
+    version = Lineage(tracking_uri).register_model_version(name, root, [hot.uri, second.uri])["version"]
+    arrange(case, [hot, second], root, other, clusters)
+    one = ["--trust", specs(clusters)["threshold"][1], "--trust-threshold", "1"]
+    for label, trust in [*specs(clusters).items(), ("one", one)]:
+        code, out, err = cli(capsys, "audit", "model", name, version, "--tracking-uri", tracking_uri, "--json", *trust)
+        doc = json.loads(out)
+        replicas = doc["replicas"]["replicas"]
+        assert doc["model"]["root"] == root and len(replicas) == 2, (label, err)
+        want = case == "two-valid" or label == "one"
+        assert [r["trusted"] for r in replicas] == [want, want], (label, replicas)
+        assert (doc["sections"]["replicas"] == "critical") is (not want), (label, doc["sections"])
+        assert code == 3 or want, (label, code)
 
 
 # ----------------------------------------------------------------------------- the library's one rule
