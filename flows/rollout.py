@@ -89,7 +89,8 @@ def checkout_node(
         health_cmd: Shell command run after the flip; failing, the link flips back.
         health_url: URL fetched after the flip; anything but 2xx flips back.
         cache: A local store the nodes of this host share downloads through.
-        trust: Trusted public keys (PEM paths, comma-separated): an unsigned root is refused.
+        trust: Trusted public keys (PEM paths and block:NAME, comma-separated), or a policy file
+            (keys by name, threshold): a root fewer than the threshold's distinct keys signed is refused.
     """
     r = checkout_task(
         store, root or _root_of(store, ref), dest.replace("{node}", node), node=node or None, keep=keep,

@@ -1,6 +1,8 @@
 """Quorum trust in the pipelines, on a real temporary Prefect server: a Concord Trust block with
-three cluster keys and ``threshold: 2`` refuses, in the flows that take it, a root whose second
-signature is forged, over another root or by the same key, and trusts one two clusters signed;
+three cluster keys and ``threshold: 2`` refuses, in the flows that take it (replicate, restore,
+verify-store, checkout-node with a policy file, the nightly drift audit), a root whose second
+signature is forged, over another root, by a key outside the policy or by the same key, and
+trusts one two clusters signed;
 the lora-federation flow collects the clusters' signatures (each cluster checks the aggregate it
 received), its ledger check refuses a round with fewer than the threshold, and its artifact
 says who signed each round."""
@@ -12,11 +14,14 @@ import uuid
 from pathlib import Path
 
 import pytest
+from servers import free_port
 
 from concord.snapshots.snapshot import snapshot
 from concord.stores import open_store
 from concord.trust import generate_key, read_signature, sign_root, signature_key
+from concord_pipelines.flows.audit import nightly_drift_audit
 from concord_pipelines.flows.replicate import replicate_snapshot
+from concord_pipelines.flows.rollout import checkout_node
 from concord_pipelines.flows.snapshot import restore_snapshot
 from concord_pipelines.flows.verify import verify_store
 
@@ -49,7 +54,7 @@ def cluster_blocks(tmp_path):
 
 
 
-@pytest.mark.parametrize("case", ["forged", "other-root", "same-key-twice", "two-valid"])
+@pytest.mark.parametrize("case", ["forged", "other-root", "outsider", "same-key-twice", "two-valid"])
 def test_the_flows_apply_the_blocks_threshold(case, checkpoints, store_dirs, cluster_blocks, tmp_path):
     names, keys = cluster_blocks
     us, eu, ap = (store_dirs[c] for c in CLUSTERS)
@@ -65,6 +70,9 @@ def test_the_flows_apply_the_blocks_threshold(case, checkpoints, store_dirs, clu
     elif case == "other-root":
         _, data = sign_root(store, other, keys["eu-central"])
         store.put_document(signature_key(root, keys["eu-central"].id), data)
+    elif case == "outsider":  # a genuine signature by a key outside the policy, filed under eu-central's id
+        _, data = sign_root(store, root, generate_key(tmp_path / "keys" / "outsider.pem"))
+        store.put_document(signature_key(root, keys["eu-central"].id), data)
     else:
         store.put_document(signature_key(root, keys["eu-central"].id), read_signature(store, root, keys["us-east"].id))
     trusted = case == "two-valid"
@@ -79,6 +87,21 @@ def test_the_flows_apply_the_blocks_threshold(case, checkpoints, store_dirs, clu
     (sig,) = v["signatures"]
     assert sig["trusted"] is trusted and sig["threshold"] == 2
     assert sig["quorum"].startswith("2 of 3 (us-east, eu-central; ap-south missing)" if trusted else "1 of 3 (us-east; eu-central, ap-south missing)")
+    # checkout-node takes the policy file (keys by cluster name, threshold 2)
+    policy = tmp_path / "keys" / "policy.yaml"
+    policy.write_text("threshold: 2\nkeys:\n" + "".join(f"  {c}: {c}.pub.pem\n" for c in CLUSTERS))
+    state = checkout_node(us, str(tmp_path / "node" / "current"), ref=REF, trust=str(policy), return_state=True)
+    assert state.is_completed() is trusted and (tmp_path / "node" / "current").exists() is trusted
+    # the nightly audit: a replica whose root lacks the quorum is critical
+    audit = nightly_drift_audit(
+        ref=REF, stores=[us], trust_block=block, fail_on="never", name=f"quorum-{uuid.uuid4().hex[:8]}",
+        registry=str(tmp_path / "registry"), tracking_uri=f"http://127.0.0.1:{free_port()}",
+    )
+    (replica,) = audit["replicas"]["replicas"]
+    assert replica["trusted"] is trusted and (replica["severity"] == "critical") is (not trusted), replica
+    signers = {keys["us-east"].id, keys["eu-central"].id} if trusted else {keys["us-east"].id}
+    assert set(replica["signed_by"]) == signers
+    assert (audit["sections"]["replicas"] == "critical") is (not trusted)
 
 
 def test_the_federation_flow_collects_a_quorum_and_shows_who_signed(tmp_path, store_dirs, cluster_blocks, artifacts_of):
