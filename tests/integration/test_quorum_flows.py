@@ -1,8 +1,8 @@
 """Quorum trust in the pipelines, on a real temporary Prefect server: a Concord Trust block with
 three cluster keys and ``threshold: 2`` refuses, in the flows that take it (replicate, restore,
-verify-store, checkout-node with a policy file, the nightly drift audit), a root whose second
-signature is forged, over another root, by a key outside the policy or by the same key, and
-trusts one two clusters signed;
+verify-store, checkout-node with a policy file, restore-checkpoint, the nightly drift audit), a
+root whose second signature is forged, over another root, by a key outside the policy or by the
+same key, and trusts one two clusters signed;
 the lora-federation flow collects the clusters' signatures (each cluster checks the aggregate it
 received), its ledger check refuses a round with fewer than the threshold, and its artifact
 says who signed each round."""
@@ -102,6 +102,37 @@ def test_the_flows_apply_the_blocks_threshold(case, checkpoints, store_dirs, clu
     signers = {keys["us-east"].id, keys["eu-central"].id} if trusted else {keys["us-east"].id}
     assert set(replica["signed_by"]) == signers
     assert (audit["sections"]["replicas"] == "critical") is (not trusted)
+
+
+def test_restore_checkpoint_needs_the_blocks_threshold_of_distinct_signers(tmp_path, cluster_blocks):
+    """The tier flows: a checkpoint tiered by us-east's deployment carries one signature per tier,
+    so restore-checkpoint under a threshold of two refuses it, also with us-east's bundle filed
+    again under eu-central's id or eu-central's forged, until eu-central co-signs it."""
+    from test_tier_flows import make_checkpoint, write_policy
+
+    from concord_pipelines.flows.tiering import restore_checkpoint_flow, tier_checkpoints
+
+    names, keys = cluster_blocks
+    policy = write_policy(tmp_path / "policy.yaml", tmp_path / "tiers", f"run-{uuid.uuid4().hex[:8]}")
+    ckpt = make_checkpoint(tmp_path / "ckpts" / "step-100", 100, 1_700_000_000)
+    root = tier_checkpoints(policy, checkpoint_dir=str(ckpt), pin_promoted=False, trust_block=names["us-east"])["added"]["root"]
+    hot = open_store(str(tmp_path / "tiers" / "hot"))
+    eu_doc = signature_key(root, keys["eu-central"].id)
+
+    def restored(out: str) -> bool:
+        state = restore_checkpoint_flow(policy, "step-100", str(tmp_path / out), tier="hot", trust_block=names["ap-south"],
+                                        return_state=True)
+        assert state.is_completed() is (tmp_path / out).exists(), out
+        return state.is_completed()
+
+    assert not restored("one-signer")
+    hot.put_document(eu_doc, read_signature(hot, root, keys["us-east"].id))  # one key twice
+    assert not restored("same-key-twice")
+    _, data = sign_root(hot, root, keys["eu-central"])
+    hot.put_document(eu_doc, forge(data), overwrite=True)
+    assert not restored("forged")
+    sign_root(hot, root, keys["eu-central"])  # a genuine co-signature
+    assert restored("two-valid")
 
 
 def test_the_federation_flow_collects_a_quorum_and_shows_who_signed(tmp_path, store_dirs, cluster_blocks, artifacts_of):
