@@ -429,12 +429,20 @@ def diff(
     key_file: str | os.PathLike[str] | None = None,
     against_key_file: str | os.PathLike[str] | None = None,
 ) -> DiffResult:
-    """Which files, tensors and chunks differ from snapshot ``a`` to ``b``: ``concord diff``.
+    """Which files and tensors differ from snapshot ``a`` to ``b``, by content, and what a sync of
+    ``b`` to a store holding ``a`` would move: ``concord diff``.
+
+    A tensor whose bytes moved to another file or offset is reported ``moved``, one whose bytes
+    got a new name ``renamed`` (``from_file``, ``from_tensor``: where it was in ``a``), so a
+    re-shard or a rename moves no bytes. The chunk and byte counts are those of ``b`` that ``a``
+    holds nowhere, by chunk id; ``bytes_to_send`` is what the sync sends as the store holding
+    ``b`` keeps them (compressed, encrypted, a delta as the delta where ``a`` holds its base).
 
     Args:
         a, b: each a ref, ``ref~N`` or a 64-hex root; ``b`` is looked up in ``against`` when given.
 
-    Returns the :class:`DiffResult` (``same``, ``changes`` by file and tensor, chunks and bytes that differ).
+    Returns the :class:`DiffResult` (``same``; ``changes`` by file and tensor; ``chunks_differing``,
+    ``bytes_differing``, ``bytes_to_send``, ``delta_chunks``).
 
     Raises:
         StoreNotFoundError, RefNotFoundError, HistoryError, ManifestNotFoundError.
@@ -444,7 +452,7 @@ def diff(
 
     sa = _to_read(store, key_file)
     sb = _to_read(against, against_key_file) if against is not None else sa
-    return diff_manifests(load_manifest(sa, resolve_root(sa, a)), load_manifest(sb, resolve_root(sb, b)))
+    return diff_manifests(load_manifest(sa, resolve_root(sa, a)), load_manifest(sb, resolve_root(sb, b)), source=sb)
 
 
 def restore(

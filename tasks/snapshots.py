@@ -98,7 +98,7 @@ def diff_task(store: str, a: str, b: str, against: str | None = None) -> dict:
     with open_stores(store, against) as (sa, sb):
         sb = sb or sa
         ra, rb = resolve_root(sa, a), resolve_root(sb, b)
-        d = diff_manifests(load_manifest(sa, ra), load_manifest(sb, rb))
+        d = diff_manifests(load_manifest(sa, ra), load_manifest(sb, rb), source=sb)
     run_logger().info("diff %s → %s: %d change(s), %d bytes differ", ra[:12], rb[:12], len(d.changes), d.bytes_differing)
     return d.to_dict() | {"store": sa.uri, "against": sb.uri, "a_spec": a, "b_spec": b}
 

@@ -132,12 +132,29 @@ def cmd_diff(args, out) -> int:
         lines = [f"same snapshot {ra}"]
     else:
         lines = [f"{ra[:12]} → {rb[:12]}: {len(d.changes)} change(s)"]
-        for c in d.changes:
-            mark = {"added": "+", "removed": "-", "changed": "~"}[c.kind]
-            lines.append(f"  {mark} {c.file}" + (f" :: {c.tensor}" if c.tensor else ""))
-        lines.append(f"  {d.chunks_differing} chunk(s), {human(d.bytes_differing)} differ")
+        lines += [f"  {_change_line(c)}" for c in d.changes]
+        lines.append(f"  {d.chunks_differing} chunk(s), {human(d.bytes_differing)} not in {ra[:12]}: what a sync to a store holding it moves")
+        if d.bytes_to_send is not None and (d.bytes_to_send != d.bytes_differing or d.delta_chunks):
+            deltas = f", {d.delta_chunks} chunk(s) as deltas" if d.delta_chunks else ""
+            lines.append(f"  sent as the store keeps them: {human(d.bytes_to_send)}{deltas}")
     out.emit(payload, lines)
     return 0
+
+
+def _change_line(c) -> str:
+    """One change of a diff: a mark, the file (and tensor), and where a moved or renamed one was."""
+    mark = {"added": "+", "removed": "-", "changed": "~", "moved": ">", "renamed": "="}[c.kind]
+    line = f"{mark} {c.file}" + (f" :: {c.tensor}" if c.tensor else "")
+    if c.tensor is None:
+        return line + (f" (was {c.from_file})" if c.from_file else "")
+    origin = []
+    if c.from_file and c.from_file != c.file:
+        origin.append(f"was in {c.from_file}")
+    elif c.kind == "moved":
+        origin.append("at another offset")
+    if c.from_tensor:
+        origin.append(f"was {c.from_tensor}")
+    return line + (f" ({', '.join(origin)})" if origin else "")
 
 
 def cmd_sync(args, out) -> int:
@@ -331,7 +348,7 @@ def register(sub, common: list) -> None:
     )
     s.set_defaults(func=cmd_snapshot_assemble)
 
-    s = sub.add_parser("diff", parents=common, help="which files, tensors and chunks differ between two snapshots")
+    s = sub.add_parser("diff", parents=common, help="which files and tensors differ between two snapshots, by content, and what a sync would move")
     s.add_argument("store", metavar="STORE", help=STORE_HELP)
     s.add_argument("a", metavar="REF_OR_ROOT", help="ref, ref~N (N versions back) or 64-hex root")
     s.add_argument("--against", metavar="STORE", help="look the second snapshot up in this store")

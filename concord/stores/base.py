@@ -484,6 +484,21 @@ class Store(ABC):
         head = self._read_head(chunk_key(_check_digest(name, "chunk object name")), enc.HEAD_BYTES)
         return None if head is None else enc.base_of(name, head)
 
+    def chunk_stored_sizes(self, names: Iterable[str]) -> dict[str, int]:
+        """Object name (as :meth:`chunk_object_name` gives it) → size as stored, for each of
+        ``names`` held here, from listings: one of each chunk folder (two hex digits) that a name
+        falls in, never one request per chunk."""
+        wanted: dict[str, set[str]] = {}
+        for name in names:
+            wanted.setdefault(_check_digest(name, "chunk object name")[:2], set()).add(name)
+        out: dict[str, int] = {}
+        for folder, group in sorted(wanted.items()):
+            for key, size, _ in self._list_stats(f"chunks/{folder}/"):
+                name = chunk_name(key)
+                if name in group:
+                    out[name] = size
+        return out
+
     def get_chunk(self, cid: str, *, verify: bool = True) -> bytes:
         """The chunk's raw bytes (decoded); with ``verify`` they are re-hashed and must match ``cid``."""
         return self._load_chunk(cid, verify, transient=False)

@@ -61,7 +61,9 @@ def _next_step_is_cut_at_its_tensors(tmp_path: Path, store, a: Path, b: Path, fi
     second = snapshot(b, store, ref="ckpt/run")
     assert 0 < second.new_bytes <= 1.02 * changed_bytes, (second.new_bytes, changed_bytes)
     d = diff_manifests(first.manifest, second.manifest)
-    assert {c.tensor for c in d.changes} == set(changed)
+    # a legacy archive may write the storages in another order: those tensors moved, not changed
+    assert {c.tensor for c in d.changes if c.kind != "moved"} == set(changed)
+    assert {c.kind for c in d.changes if c.tensor not in changed} <= {"moved"}
     capsys.readouterr()
     assert main(["diff", str(store.root), "ckpt/run~1", "ckpt/run"]) == 0
     shown = capsys.readouterr().out
