@@ -9,6 +9,7 @@ compressed (``auto``), so the bytes sent as stored differ from the raw bytes and
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -188,3 +189,47 @@ def test_a_renamed_file_and_a_tensor_moved_inside_its_file(tmp_path, model):
     assert {c.kind for c in d.changes if c.tensor not in (None, "head.weight")} == {"moved"}
     head = 2048 * 128 * 2
     assert d.bytes_differing < head + 64 * 1024  # the zeros (one distinct chunk) and the header
+
+
+def test_an_encrypted_store_reports_the_deltas_a_replica_of_its_key_takes(tmp_path, model):
+    key = os.urandom(32)
+    store = LocalDirStore(tmp_path / "store")
+    configure(store, compress="auto", encrypt=True, key=key)
+    base = snapshot(_one_file(tmp_path / "base", model), store, ref="m", chunk_size=SMALL_CHUNK)
+    snapshot(_sharded(tmp_path / "split", _moved(model), 2), store, ref="m", chunk_size=SMALL_CHUNK)
+    replica = LocalDirStore(tmp_path / "replica")  # the same key and salt: a copy of the store's config
+    os.makedirs(replica.root, exist_ok=True)
+    (Path(replica.root) / "config").write_bytes((Path(store.root) / "config").read_bytes())
+    replica.unlock(key)
+    replicate(store, [replica], root=base.root)
+    d = diff(store, "m~1", "m")  # the store holds its key
+    (sent,) = replicate(store, [replica], ref="m")
+    assert d.delta_chunks > 0 and d.chunks_differing == sent.chunks_sent
+    assert _within(d.bytes_to_send, sent.bytes_sent), (d.bytes_to_send, sent.bytes_sent)
+
+
+def test_a_delta_whose_base_the_first_version_lacks_counts_whole(tmp_path, model):
+    store, _ = _store_and_replica(tmp_path, _one_file(tmp_path / "base", model))
+    snapshot(_one_file(tmp_path / "ft", _moved(model)), store, ref="m", chunk_size=SMALL_CHUNK)
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "config.json").write_text('{"hidden_size": 128}')
+    snapshot(other, store, ref="other", chunk_size=SMALL_CHUNK)
+    replica = _compressed(tmp_path / "holds-other")
+    replicate(store, [replica], ref="other")
+    d = diff(store, "other", "m")  # the fine-tune's deltas need chunks of the base, which "other" lacks
+    (sent,) = replicate(store, [replica], ref="m")
+    assert d.delta_chunks == 0 and d.chunks_differing == sent.chunks_sent
+    assert _within(d.bytes_to_send, sent.bytes_sent), (d.bytes_to_send, sent.bytes_sent)
+
+
+def test_an_s3_store_reports_what_a_sync_from_it_sends(tmp_path, model, s3_store):
+    configure(s3_store, compress="auto")
+    snapshot(_one_file(tmp_path / "base", model), s3_store, ref="m", chunk_size=SMALL_CHUNK)
+    replica = _compressed(tmp_path / "replica")
+    replicate(s3_store, [replica], ref="m")
+    snapshot(_sharded(tmp_path / "split", _moved(model), 3), s3_store, ref="m", chunk_size=SMALL_CHUNK)
+    d = diff(s3_store, "m~1", "m")
+    (sent,) = replicate(s3_store, [replica], ref="m")
+    assert d.delta_chunks > 0 and d.chunks_differing == sent.chunks_sent
+    assert _within(d.bytes_differing, sent.raw_bytes_sent) and _within(d.bytes_to_send, sent.bytes_sent)
