@@ -28,6 +28,8 @@ def printable(text: object) -> str:
 
 def control_char(name: str) -> str | None:
     """The first control character (``\\x00``-``\\x1f``, ``\\x7f``) in ``name``, or None."""
+    if name.isascii() and name.isprintable():  # ASCII is printable exactly where it holds none of them
+        return None
     return next((ch for ch in name if ch in CONTROL_CHARS), None)
 
 

@@ -59,7 +59,11 @@ def target_path(path: str, real_base: str, *, resolve: bool = False, shown: str 
     Raises:
         UnsafePathError: the path is not a safe relative name, or (``resolve``) leaves the folder.
     """
-    full = os.path.join(real_base, *relative_path(path, shown=shown).split("/"))
+    rel = relative_path(path, shown=shown)
+    if os.sep == "/":  # a checked relative path is already '/'-separated: joined as it is
+        full = real_base + rel if real_base.endswith("/") else f"{real_base}/{rel}"
+    else:
+        full = os.path.join(real_base, *rel.split("/"))
     if not resolve:
         return full
     full = os.path.realpath(full)

@@ -15,6 +15,7 @@ from concord.snapshots.manifest import Manifest, make_file, make_part
 from concord.snapshots.paths import CONTROL_REASON, OUTSIDE_REASON, relative_path, target_path, target_paths
 from concord.snapshots.restore import restore
 from concord.stores.local import LocalDirStore
+from concord.text import control_char
 
 BAD = [
     ("", "empty path"),
@@ -46,6 +47,15 @@ def test_the_error_can_name_what_the_user_knows_instead():
     with pytest.raises(UnsafePathError) as exc:
         relative_path("x\ny", shown="ckpt/x\ny")
     assert (exc.value.path, exc.value.reason) == ("ckpt/x\ny", CONTROL_REASON)
+
+
+@pytest.mark.parametrize("code", [*range(0x80), 0x85, 0xA0, 0x2028, 0x1F600])
+def test_a_name_holds_a_control_character_exactly_where_it_holds_c0_or_del(code):
+    ch = chr(code)
+    expected = ch if code < 0x20 or code == 0x7F else None
+    for name in (f"a{ch}b.bin", f"\u00e9t\u00e9/{ch}", ch):
+        assert control_char(name) == expected, (hex(code), name)
+    assert control_char("caf\u00e9\x1b.txt") == "\x1b" and control_char("caf\u00e9.txt") is None
 
 
 def test_safe_paths_land_under_the_folder(tmp_path):
