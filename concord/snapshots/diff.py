@@ -125,18 +125,19 @@ class _Walk:
         fa, fb = a.by_path, b.by_path
         for path in sorted(fa.keys() | fb.keys()):
             x, y = fa.get(path), fb.get(path)
-            if x is not None and y is not None and x.hash == y.hash:
-                self.unopened.extend(p.chunks for p in x.parts)
-            elif y is None:
-                self.removed.append(x)  # type: ignore[arg-type]
-                self._old(x.parts)  # type: ignore[union-attr]
-            elif x is None:
+            if x is not None and y is not None:
+                if x.hash == y.hash:
+                    self.unopened.extend(p.chunks for p in x.parts)
+                else:
+                    self.changed.append(path)
+                    self._file(path, x, y)
+            elif x is not None:
+                self.removed.append(x)
+                self._old(x.parts)
+            elif y is not None:
                 self.added.append(y)
                 for part in y.parts:
                     self._new(part)
-            else:
-                self.changed.append(path)
-                self._file(path, x, y)
 
     def _old(self, parts: Iterable[Part]) -> None:
         for p in parts:
@@ -166,15 +167,16 @@ class _Walk:
                 self.listed.append(Change(path, key[1], "changed"))
             elif p is not None:
                 self.gone.append((path, p))
-            else:
-                self.came.append((path, q))  # type: ignore[arg-type]
+            elif q is not None:
+                self.came.append((path, q))
 
     # ------------------------------------------------------------------ changes
 
     def changes(self) -> tuple[Change, ...]:
         out = list(self.listed)
         renamed_from = _renamed_files(self.removed, self.added)
-        gone_files = {f.path for f in self.removed if f.path not in renamed_from.values()}
+        was = set(renamed_from.values())
+        gone_files = {f.path for f in self.removed if f.path not in was}
         new_files = {f.path for f in self.added if f.path not in renamed_from}
         out += [Change(new, None, "renamed", old) for new, old in renamed_from.items()]
         out += [Change(path, None, "removed") for path in sorted(gone_files)]
