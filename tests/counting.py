@@ -1,10 +1,13 @@
-"""Real stores that count what they are asked, and a sampler of the threads alive, for the tests
-of fan-out (folder and S3 targets)."""
+"""Real stores that count what they are asked, the requests a real S3 client sends, and a
+sampler of the threads alive, for the tests of fan-out (folder and S3 targets) and of what
+garbage collection reads."""
 
 from __future__ import annotations
 
 import threading
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from concord.stores import LocalDirStore
 
@@ -50,3 +53,33 @@ class ThreadPeak:
     def __exit__(self, *exc) -> None:
         self._stop.set()
         self._thread.join(timeout=10)
+
+
+@contextmanager
+def s3_requests(store) -> Iterator[Counter]:
+    """Count, by operation (``GetObject``, ``ListObjectsV2``, ...), the requests the boto3 client
+    of the S3 store ``store`` sends to its bucket while the block runs, from every thread."""
+    counts: Counter = Counter()
+    lock = threading.Lock()
+    client = store._client()
+
+    def count(params, model, **_) -> None:
+        if params.get("Bucket") == store.bucket:
+            with lock:
+                counts[model.name] += 1
+
+    client.meta.events.register("before-parameter-build.s3", count)
+    try:
+        yield counts
+    finally:
+        client.meta.events.unregister("before-parameter-build.s3", count)
+
+
+def unindexed_deltas(store) -> list[str]:
+    """The delta chunks of ``store`` (read from their heads) that its delta index does not name
+    with their base: none may be, wherever a writer or a collection was stopped."""
+    index = store.delta_index()
+    assert index is not None, "the store's delta index is not marked whole"
+    pairs = {(name, base) for name, base, _ in index.values()}
+    heads = {name: store.chunk_base(name) for name, _, _ in store.iter_chunk_stats()}
+    return [name for name, base in heads.items() if base is not None and (name, base) not in pairs]

@@ -31,7 +31,10 @@ out in docs/architecture.md, "Garbage collection"), not a timing:
   that snapshot keeps alive cannot be known until the manifest is repaired.
 * A chunk stored as a delta keeps its base chunk: a base any chunk that stays is a delta of is
   never deleted, even when no ref names it any more (docs/deltas.md). Bases are stored whole, so
-  there is no chain to follow.
+  there is no chain to follow. Which base each delta needs comes from the store's delta index
+  (one listing; a writer puts a delta's entry there before the delta), or, in a store whose
+  index is not known whole, from the first bytes of every chunk that stays; such a collection
+  then writes the missing entries and marks the index whole.
 * The grace period keeps everything written recently. Manifests go before chunks, so a
   collection stopped halfway never leaves a manifest naming chunks that are gone.
 * A root's signature documents (``signatures/<root>/<key id>.sig``) go with its manifest, under
@@ -168,10 +171,11 @@ def collect_garbage(
             return plan.result(dry_run=False, postponed_by=holders)
         plan.remark()  # what writers that finished since the first mark made live
         swept = _Sweep(store, lock, ensure(progress))
-        swept.run(plan.doomed_manifests, plan.doomed, plan.doomed_signatures)
+        swept.run(plan.doomed_manifests, plan.doomed, plan.doomed_signatures, plan.doomed_entries(plan.written))
         if not swept.postponed_by:
             for key in plan.leftovers:
                 store.delete_leftover(key)
+            plan.complete_index({c for c, _ in plan.doomed})
     return plan.result(
         dry_run=False,
         deleted=(swept.chunks, swept.bytes, swept.manifests),
@@ -213,6 +217,11 @@ class _Plan:
         self.live |= _chunks_of_unreferenced(store, [r for r in unreferenced if manifests[r] >= cutoff])
         stats = list(store.iter_chunk_stats())
         self.chunk_names = {c for c, _, _ in stats}
+        # listed after the chunks: a delta written between the two listings has its entry (written
+        # before it) in this one. None: the index is not known whole, the heads are read instead
+        self.index = store.delta_index()
+        self.heads: dict[str, str | None] = {}  # object name -> its base, from its first bytes
+        self.written: set[str] = set()  # chunks the second mark found written since the first
         self.unreferenced = [(c, size, m) for c, size, m in stats if c not in self.live]
         self.doomed = [(c, size) for c, size, m in self.unreferenced if m < cutoff]
         # a chunk that stays and is stored as a delta keeps its base (docs/deltas.md)
@@ -232,16 +241,22 @@ class _Plan:
     def _spare_bases(self, names) -> None:
         """Take off the list of what goes every base chunk that a chunk of ``names`` (object names
         of chunks that stay) is a delta of: no delta is ever left without its base. A base is
-        stored whole, so one level is all there is. Only the first bytes of each are read, and
-        only when something is to go."""
+        stored whole, so one level is all there is. The bases come from the delta index where the
+        store has it whole, else from the first bytes of each chunk; only when something is to go."""
         if not self.doomed:
             return
         names = list(names)
         if not names:
             return
         store = self.store
-        with ThreadPoolExecutor(max(1, min(store.parallelism, len(names))), thread_name_prefix="concord-gc") as pool:
-            bases = {b for b in pool.map(store.chunk_base, names) if b is not None}
+        if self.index is not None:
+            needed: dict[str, set[str]] = {}
+            for name, base, _ in self.index.values():
+                needed.setdefault(name, set()).add(base)
+            bases = {b for n in names for b in needed.get(n, ())}
+        else:
+            self._read_heads(names)
+            bases = {b for n in names if (b := self.heads.get(n)) is not None}
         spared = {c for c, _ in self.doomed if c in bases}
         if spared:
             self.doomed = [(c, size) for c, size in self.doomed if c not in spared]
@@ -249,6 +264,41 @@ class _Plan:
             self.live |= spared
             self.kept_bases += len(spared)
             log.info("%s: %d unreferenced chunk(s) stay as the bases of deltas that stay", store.uri, len(spared))
+
+    def _read_heads(self, names) -> None:
+        """The base of each chunk of ``names`` whose head was not read yet, from its first bytes."""
+        todo = [n for n in dict.fromkeys(names) if n not in self.heads]
+        if not todo:
+            return
+        store = self.store
+        with ThreadPoolExecutor(max(1, min(store.parallelism, len(todo))), thread_name_prefix="concord-gc") as pool:
+            self.heads.update(zip(todo, pool.map(store.chunk_base, todo)))
+
+    def doomed_entries(self, written: set[str]) -> list[str]:
+        """The delta index's entries that go with this collection (after its chunks): those of
+        the deltas it deletes, and those whose delta is in the store no more (a delta a killed
+        collection deleted before its entry, a killed writer's entry) once past the grace period."""
+        if not self.index:
+            return []
+        doomed = {c for c, _ in self.doomed}
+        here = self.chunk_names | written
+        return sorted(
+            key for key, (name, _, mtime) in self.index.items() if name in doomed or (name not in here and mtime < self.cutoff)
+        )
+
+    def complete_index(self, deleted: set[str]) -> None:
+        """With the lock held, after a sweep that went to its end, in a store whose delta index is
+        not known whole: read the first bytes of every chunk left whose head no mark read, write
+        the entry of each delta, then mark the index whole; the next collections list it instead
+        of reading a head per chunk. Only after a mark that read the heads (it had something to
+        delete), so a collection with nothing to delete reads nothing."""
+        if self.index is not None or not self.heads:
+            return
+        left = [c for c, _, _ in self.store.iter_chunk_stats() if c not in deleted]
+        self._read_heads(left)
+        self.store.index_deltas((n, self.heads[n]) for n in left if self.heads[n] is not None)
+        self.store.mark_delta_index()
+        log.info("%s: the delta index now names the base of every delta chunk", self.store.uri)
 
     def _doom_signatures(self) -> None:
         doomed = set(self.doomed_manifests)
@@ -270,12 +320,17 @@ class _Plan:
             self.live_roots.update(new)
         fresh = [r for r, _, _ in self.store.iter_manifest_stats() if r not in self.listed and r not in self.live_roots]
         self.live |= _chunks_of_unreferenced(self.store, fresh)
-        if self.doomed:
+        # entries whose delta the first listing did not see: a delta written since, or none
+        unseen = bool(self.index) and any(name not in self.chunk_names for name, _, _ in self.index.values())
+        if self.doomed or unseen:
             # chunks written since the first listing, and doomed ones a writer made live again,
             # may be deltas of a chunk on the list: their bases stay
+            self.written = {c for c, _, _ in self.store.iter_chunk_stats() if c not in self.chunk_names}
+            if self.index is not None:
+                self.index = self.store.delta_index()  # after the chunks again: the new deltas' entries
+        if self.doomed:
             doomed_names = {c for c, _ in self.doomed}
-            written = {c for c, _, _ in self.store.iter_chunk_stats() if c not in self.chunk_names}
-            self._spare_bases(written | {c for c in doomed_names if c in self.live})
+            self._spare_bases(self.written | {c for c in doomed_names if c in self.live})
         # a signature whose manifest arrived since is no orphan: it stays with its (young) manifest
         self.listed.update(fresh)
         if new or fresh:
@@ -399,7 +454,7 @@ class _Sweep:
         self.manifests = self.chunks = self.bytes = self.signatures = 0
         self.postponed_by: list[str] = []
 
-    def run(self, manifests: list[str], chunks: list[tuple[str, int]], signatures: list[str] = ()) -> None:
+    def run(self, manifests: list[str], chunks: list[tuple[str, int]], signatures: list[str] = (), entries: list[str] = ()) -> None:
         self.progress.start(sum(size for _, size in chunks), "gc")
         try:
             for i in range(0, len(manifests), SWEEP_BATCH):
@@ -419,6 +474,11 @@ class _Sweep:
                 self.chunks += self._delete(self.store.delete_chunk_object, [c for c, _ in batch])
                 self.bytes += sum(size for _, size in batch)
                 self.progress.advance(sum(size for _, size in batch))
+            # after the chunks: a delta is never in the store without its entry
+            for i in range(0, len(entries), SWEEP_BATCH):
+                if self._lost():
+                    return
+                self._delete(self.store.delete_delta_entry, list(entries[i : i + SWEEP_BATCH]))
         finally:
             self.progress.close()
 

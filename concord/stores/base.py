@@ -102,6 +102,28 @@ def chunk_key(cid: str) -> str:
     return f"chunks/{cid[:2]}/{cid}"
 
 
+#: where a store lists which chunk each of its delta chunks needs: one empty object per delta,
+#: ``gc/deltas/<2 hex>/<delta's object name>-<base's object name>``, written before the delta
+#: itself, so garbage collection learns every base a delta needs from one listing (docs/deltas.md)
+DELTA_INDEX = "gc/deltas"
+#: present once every delta chunk of the store has its entry in :data:`DELTA_INDEX`: written by
+#: ``concord init`` (an empty store), else by the first collection that read every chunk's head
+DELTA_INDEX_MARK = "gc/delta-index.json"
+
+
+def delta_entry_key(name: str, base: str) -> str:
+    """The key of the index entry saying that the chunk stored under ``name`` is a delta of the
+    chunk stored under ``base`` (object names: ids, or an encrypted store's keyed names)."""
+    return f"{DELTA_INDEX}/{name[:2]}/{name}-{base}"
+
+
+def delta_entry(key: str) -> tuple[str, str] | None:
+    """``(delta's object name, base's object name)`` of the index entry at ``key``, or None for
+    anything else found under :data:`DELTA_INDEX` (temporary names, stray files)."""
+    name, _, base = key.rsplit("/", 1)[-1].partition("-")
+    return (name, base) if is_digest(name) and is_digest(base) and key == delta_entry_key(name, base) else None
+
+
 def manifest_key(root: str) -> str:
     return f"manifests/{root}.json"
 
@@ -381,6 +403,8 @@ class Store(ABC):
         if pair is not None and pair[0] == cid:
             pair = None
         stored = enc.encode_chunk(cid, data, dtype, transient=True, base=pair)  # written at once, then reused
+        if pair is not None:
+            self._index_delta(enc.chunk_name(cid), stored)
         return len(stored) if self._put_object(key, stored, overwrite=overwrite) else None
 
     def put_chunk_from_file(
@@ -424,6 +448,50 @@ class Store(ABC):
                 return None
             base = further
         return None
+
+    def _index_delta(self, name: str, stored) -> None:
+        """Before the chunk ``stored`` (encoded) is written under object name ``name``: if it is a
+        delta, its entry in the delta index (:data:`DELTA_INDEX`), so that no delta is ever in the
+        store without the entry that tells garbage collection its base stays."""
+        enc = self.encoding()
+        if not enc.framed:
+            return
+        base = enc.base_of(name, memoryview(stored)[: enc.HEAD_BYTES])
+        if base is not None:
+            self._put_object(delta_entry_key(name, base), b"", overwrite=False)  # there already: as good
+
+    def delta_index(self) -> dict[str, tuple[str, str, float]] | None:
+        """The delta index (:data:`DELTA_INDEX`): ``{entry key: (delta's object name, base's object
+        name, modification time)}`` from one listing, or None where the store does not say that
+        every delta has its entry (:data:`DELTA_INDEX_MARK` absent): its chunks' heads must be read."""
+        if not self.encoding().framed or self.archive:
+            return {}  # bare bytes, or an archive: no delta at all
+        if not self._exists_many([DELTA_INDEX_MARK])[0]:
+            return None
+        entries = {}
+        for key, _, mtime in self._list_stats(DELTA_INDEX + "/"):
+            pair = delta_entry(key)
+            if pair is not None:
+                entries[key] = (*pair, mtime)
+        return entries
+
+    def mark_delta_index(self) -> None:
+        """Say that every delta chunk of this store has its entry in the delta index (for an empty
+        store, or once every chunk's head was read and the missing entries written)."""
+        doc = json.dumps({"format": "concord/delta-index", "version": 1}).encode()
+        self._put_object(DELTA_INDEX_MARK, doc, overwrite=False)
+
+    def index_deltas(self, pairs) -> None:
+        """Write the delta index's entry of each ``(delta's object name, base's object name)``."""
+        for name, base in pairs:
+            self._put_object(delta_entry_key(_check_digest(name, "chunk object name"), _check_digest(base, "chunk object name")), b"", overwrite=False)
+
+    def delete_delta_entry(self, key: str) -> None:
+        """Remove one entry of the delta index, as :meth:`delta_index` lists it (garbage collection
+        only: after its delta chunk is gone)."""
+        if delta_entry(key) is None:
+            raise ValueError(f"not a delta index entry: {key!r}")
+        self._delete_object(key)
 
     def read_base(self, base: str) -> tuple[int, memoryview]:
         """The frame of chunk ``base`` (``(encoding byte, what follows it)``, opened in an
@@ -557,7 +625,9 @@ class Store(ABC):
             if actual != cid:
                 raise IntegrityError(f"chunk sent to {self.uri}", cid, actual)
             raw = len(data)
-        return raw if self._put_object(chunk_key(enc.chunk_name(cid)), blob, overwrite=overwrite) else None
+        name = enc.chunk_name(cid)
+        self._index_delta(name, blob)
+        return raw if self._put_object(chunk_key(name), blob, overwrite=overwrite) else None
 
     def delete_chunk(self, cid: str) -> None:
         self._delete_object(self._chunk_key(cid))

@@ -335,6 +335,8 @@ def configure(store: Store, *, compress: str = codec.COMPRESS_NONE, encrypt: boo
     if not store._put_object(CONFIG_KEY, wanted.to_json(), overwrite=False):
         raise StoreConfigError(store.uri, "another process configured it at the same moment", "Run init again to see its settings.")
     store.forget_encoding()
+    if wanted.framed:  # empty: every delta it will hold is indexed as it is written (docs/deltas.md)
+        store.mark_delta_index()
     return wanted
 
 

