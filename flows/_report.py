@@ -5,9 +5,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from concord_pipelines.tasks.common import store_name
 from concord_pipelines.tasks.progress import human_bytes as human
 
-__all__ = ["EVENTS_PAGE", "MiB", "artifact_links", "cluster", "events_line", "human", "md_table", "short", "ui_link"]
+__all__ = ["EVENTS_PAGE", "MiB", "artifact_links", "brief", "cluster", "events_line", "human", "md_facts", "md_table", "short", "ui_link"]
 
 #: the Prefect UI's event feed showing Concord's events only (Prefect's own task and flow run
 #: events left out)
@@ -20,16 +21,16 @@ def short(root: str | None) -> str:
     return f"`{root[:12]}`" if root else "(none)"
 
 
-def cluster(store: str) -> str:
-    """A store as a table names it: its cluster's short name (``data/stores/eu-central`` and
-    ``/srv/stores/eu-central`` → ``eu-central``), never a long path that pushes the table off the
-    right edge of the UI; the address itself when it names no store."""
-    from concord.stores.address import StoreAddress
+#: a store as a table names it: its cluster's short name, never a long path (see
+#: :func:`~concord_pipelines.tasks.common.store_name`)
+cluster = store_name
 
-    try:
-        return StoreAddress.parse(store, check=False).name or store
-    except ValueError:
-        return store
+
+def brief(text: Any, n: int = 60) -> str:
+    """``text`` on one line, cut to ``n`` characters (``…`` where cut): a table cell, which the UI
+    never wraps."""
+    line = " ".join(str(text).split())
+    return line if len(line) <= n else line[: n - 1] + "…"
 
 
 def _cell(value: Any) -> str:
@@ -40,6 +41,12 @@ def md_table(headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
     lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
     lines += ["| " + " | ".join(_cell(v) for v in row) + " |" for row in rows]
     return "\n".join(lines)
+
+
+def md_facts(rows: Iterable[Sequence[Any]]) -> str:
+    """Label → value pairs as a list (``- **label**: value``): a two-column table would show an
+    empty header row above them in the UI."""
+    return "\n".join(f"- **{_cell(label)}**: {_cell(value)}" for label, value in rows)
 
 
 def ui_link(page: str) -> str:

@@ -33,13 +33,21 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from concord.audit.history import night_of
 from concord.audit.inputs import audit_name, spec_name
-from concord.audit.render import column_rows, render_markdown, replica_rows, worst_tensor_rows
+from concord.audit.render import (
+    COLUMN_SUMMARY,
+    REPLICA_SUMMARY,
+    WORST_TENSOR_SUMMARY,
+    column_rows,
+    render_markdown,
+    replica_rows,
+    worst_tensor_rows,
+)
 from concord.audit.report import AuditReport
 from concord.audit.tracking import audit_params, run_markdown
 from concord.home import default_registry
 from concord_pipelines.flows._ended import ENDED_HOOKS
 from concord_pipelines.flows._params import NAME_PATTERN, ModelName, StoreAddress
-from concord_pipelines.flows._report import events_line
+from concord_pipelines.flows._report import cluster, events_line
 from concord_pipelines.tasks.audit import (
     AUDIT_EXPERIMENT,
     audit_cards_task,
@@ -257,7 +265,7 @@ def nightly_drift_audit(
         f"run `{run_id}` in experiment {AUDIT_EXPERIMENT} (metrics, PNGs, report.json, report.md)" if run_id else "not logged to MLflow (see the run's warning)"
     )
     if data and data.get("history_key"):
-        links["history"] = f"`{data['history_key']}` in `{registry}`"
+        links["history"] = f"`{data['history_key']}` in {cluster(registry)}"
     links["events"] = events_line()
     # the histograms drawn in the report itself (Prefect's UI shows a data: URI image inline), not
     # as paths on the worker
@@ -267,14 +275,15 @@ def nightly_drift_audit(
         key="drift-report", description=report.verdict()[:500],
     )
     if report.data is not None:
-        rows = column_rows(report)
+        rows = [{k: r[k] for k in COLUMN_SUMMARY} for r in column_rows(report)]
         create_table_artifact(
             rows, key="drift-columns",
             description=f"{rd.get('columns_drifted', 0)} of {rd.get('columns_compared', 0)} column(s) drifted; worst first",
         )
     if report.replicas is not None:
+        worst = [{k: r[k] for k in WORST_TENSOR_SUMMARY} for r in worst_tensor_rows(report.replicas)]
         create_table_artifact(
-            worst_tensor_rows(report.replicas) or replica_rows(report.replicas), key="drift-replicas",
+            worst or [{k: r[k] for k in REPLICA_SUMMARY} for r in replica_rows(report.replicas)], key="drift-replicas",
             description=f"replicas: {report.sections.get('replicas')}",
         )
     event_id = audit_event_task(rd, name, tonight, run_id, list(plots.values()))

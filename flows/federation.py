@@ -15,7 +15,7 @@ from pydantic import Field
 
 from concord_pipelines.flows._ended import ENDED_HOOKS
 from concord_pipelines.flows._params import NAME_PATTERN
-from concord_pipelines.flows._report import human, md_table, short
+from concord_pipelines.flows._report import cluster, human, md_facts, md_table, short
 from concord_pipelines.tasks import federate_task, verify_ledger_task
 
 Tenant = Annotated[str, Field(pattern=NAME_PATTERN, description="The tenant: its adapters are the refs TENANT/NAME.")]
@@ -117,7 +117,7 @@ def lora_federation(
         [
             {
                 "client": c["adapter"],
-                "cluster": c["cluster"],
+                "cluster": cluster(c["cluster"]),
                 "norm": round(c["norm"], 6),
                 "distance": round(c["distance"], 6),
                 "weight": round(c["weight"], 6),
@@ -143,7 +143,7 @@ def lora_federation(
         ("rank", f"{r['rank']} (clients: {', '.join(map(str, r['client_ranks']))})"),
         ("relative error", err),
         ("result", f"`{r['ref']}` → {short(r['root'])}"),
-        ("ledger", f"round {r['round']}, hash {short(r['hash'])}, prev {short(r['prev'])} in `{r['ledger']}`; {ledger['rounds']} round(s), {verdict}"),
+        ("ledger", f"round {r['round']}, hash {short(r['hash'])}, prev {short(r['prev'])} in {cluster(r['ledger'])}; {ledger['rounds']} round(s), {verdict}"),
         ("lineage", lineage_text),
         ("signed by", ", ".join(ledger.get("signed_by", {}).get(str(r["round"]), [])) or (
             f"{len(r['signatures'])} key(s), not checked (no trust policy)" if r["signatures"] else "nobody (no signing key)")),
@@ -155,12 +155,12 @@ def lora_federation(
     signers = md_table(["round", "signed by"], [(n, ", ".join(names) or "(none)") for n, names in ledger.get("signed_by", {}).items()])
     replicas = md_table(
         ["cluster", "root", "chunks sent", "bytes sent", "ref version"],
-        [(f"`{p['store']}`", short(p["root"]), p["chunks_sent"], human(p["bytes_sent"]), p["ref_version"]) for p in r["replicas"]],
+        [(cluster(p["store"]), short(p["root"]), p["chunks_sent"], human(p["bytes_sent"]), p["ref_version"]) for p in r["replicas"]],
     )
-    inputs = md_table(["adapter", "root", "found in"], [(f"`{i['adapter']}`", short(i["root"]), f"`{i['cluster']}`") for i in r["inputs"]])
+    inputs = md_table(["adapter", "root", "found in"], [(f"`{i['adapter']}`", short(i["root"]), cluster(i["cluster"])) for i in r["inputs"]])
     create_markdown_artifact(
         f"## Federation round {r['round']} of `{tenant}`\n\n"
-        + md_table(["", ""], rows)
+        + md_facts(rows)
         + f"\n\n### Inputs\n\n{inputs}\n\n### Result on every cluster\n\n{replicas}\n"
         + (f"\n### Who signed each round\n\n{signers}\n" if ledger.get("signed_by") else ""),
         key="federation-summary",

@@ -18,7 +18,7 @@ from pydantic import Field
 
 from concord_pipelines.flows._ended import ENDED_HOOKS
 from concord_pipelines.flows._params import NAME_PATTERN, ModelName, RefName, StoreAddress
-from concord_pipelines.flows._report import human, md_table, short
+from concord_pipelines.flows._report import brief, cluster, human, md_facts, md_table, short
 from concord_pipelines.flows.snapshot import DEFAULT_REF, DEFAULT_STORE
 from concord_pipelines.tasks import (
     model_lineage_task,
@@ -85,7 +85,7 @@ def register_data_snapshot(
     r = register_data_task(source, store, name, tracking_uri=tracking_uri or None)
     rows = [
         ("id", f"`{r['id']}`"),
-        ("rows", r["rows"]),
+        ("rows", f"{r['rows']:,}"),
         ("columns", len(r["columns"])),
         ("format", f"{r['format']}, {human(r['bytes'])}"),
         ("digest (BLAKE3)", f"`{r['digest']}`"),
@@ -94,8 +94,8 @@ def register_data_snapshot(
     ]
     schema = md_table(["column", "dtype"], list(r["schema"].items()))
     create_markdown_artifact(
-        f"## Data snapshot `{r['name']}` in `{r['store']}`\n\nfrom `{r['source']}`\n\n"
-        + md_table(["", ""], rows)
+        f"## Data snapshot `{r['name']}` in {cluster(r['store'])}\n\nfrom `{r['source']}`\n\n"
+        + md_facts(rows)
         + f"\n\n### Schema\n\n{schema}",
         key="data-snapshot",
         description=f"data {r['name']}: {r['id'][:12]}, {r['rows']} rows",
@@ -124,7 +124,8 @@ def validate_contract(
     r = validate_contract_task(contracts_store, contract, data_store, data_snapshot)
     if r["failures"]:  # no table of nothing: an empty one shows as a bare header in the UI
         create_table_artifact(
-            [{"expectation": f["expectation"], "column": f["column"] or "", "details": f["details"]} for f in r["failures"]],
+            # a table cell never wraps in the UI: the details in full are in the summary's list
+            [{"expectation": f["expectation"], "column": f["column"] or "", "details": brief(f["details"])} for f in r["failures"]],
             key="contract-failures",
             description=f"{r['data_name']} {r['data_snapshot'][:12]} vs {r['contract']}: failing expectations",
         )
@@ -133,8 +134,9 @@ def validate_contract(
         f"## Data `{r['data_name']}` {short(r['data_snapshot'])} {verdict} contract `{r['contract']}`\n\n"
         + md_table(
             ["expectations evaluated", "failed", "rows", "contract digest", "contracts store", "data store"],
-            [(r["evaluated"], len(r["failures"]), r["rows"], short(r["contract_digest"]), f"`{r['contract_store']}`", f"`{r['data_store']}`")],
-        ),
+            [(r["evaluated"], len(r["failures"]), f"{r['rows']:,}", short(r["contract_digest"]), cluster(r["contract_store"]), cluster(r["data_store"]))],
+        )
+        + "".join(f"\n- `{f['expectation']}`" + (f" on `{f['column']}`" if f["column"] else "") + f": {f['details']}" for f in r["failures"]),
         key="contract-validation",
         description=f"{r['contract']}: {'passed' if r['success'] else 'failed'}",
     )
@@ -200,9 +202,9 @@ def register_model_version(
     )
     summary = model_lineage_task(name, r["version"], tracking_uri=tracking_uri or None)
     rows = [
-        ("snapshot", f"{short(r['root'])} in `{r['store']}`"),
+        ("snapshot", f"{short(r['root'])} in {cluster(r['store'])}"),
         ("source", f"`{r['source']}`"),
-        ("held by", ", ".join(f"`{h['store']}` ({h['tier']})" for h in r["held_by"])),
+        ("held by", ", ".join(f"{cluster(h['store'])} ({h['tier']})" for h in r["held_by"])),
         ("data", f"{r['data_name']} {short(r['data_snapshot'])}" if r["data_snapshot"] else "(none)"),
         ("contract", f"`{r['contract']}` (digest {short(r['contract_digest'])})" if r["contract"] else "(none)"),
         ("parents", ", ".join(f"`{p}`" for p in r["parents"]) or "(none)"),
@@ -214,7 +216,7 @@ def register_model_version(
     headers, versions = to_table(summary["graph"])
     create_markdown_artifact(
         f"## `{name}` version {r['version']}\n\n"
-        + md_table(["", ""], rows)
+        + md_facts(rows)
         + f"\n\n### Lineage of `{name}`\n\n"
         + md_table(headers, [[f"`{row[0]}`", *row[1:]] for row in versions])
         + "\n",
@@ -255,8 +257,8 @@ def promote_model(
         r = promote_task(name, version, alias, data_store, contracts_store, tracking_uri=tracking_uri or None)
     except PromotionRefused as exc:
         create_markdown_artifact(
-            f"## Promotion of `{name}` version {version} to `{alias}` refused\n\n"
-            + md_table(["#", "failed check"], [(i, reason) for i, reason in enumerate(exc.reasons, 1)])
+            f"## Promotion of `{name}` version {version} to `{alias}` refused\n\nThe failed checks:\n\n"
+            + "\n".join(f"{i}. {' '.join(str(reason).split())}" for i, reason in enumerate(exc.reasons, 1))
             + f"\n\nThe alias did not move.\n\n### The gate\n\n{gate}\n",
             key="promotion",
             description=f"{name}/{version} → {alias}: refused ({len(exc.reasons)} reason(s))",

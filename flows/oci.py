@@ -18,7 +18,7 @@ from pydantic import AfterValidator, Field
 
 from concord_pipelines.flows._ended import ENDED_HOOKS
 from concord_pipelines.flows._params import ModelName
-from concord_pipelines.flows._report import human
+from concord_pipelines.flows._report import human, short
 from concord_pipelines.tasks.oci import publish_oci_task
 
 DEFAULT_REPOSITORY = "127.0.0.1:5000/models"
@@ -80,7 +80,7 @@ def publish_oci(
     r = publish_oci_task(name, version, repository, tag or None, plain_http, tracking_uri=tracking_uri or None)
     create_markdown_artifact(
         f"## `{name}` version {version} published\n\n"
-        f"- reference: `{r['reference']}`\n- digest: `{r['digest']}`\n- snapshot: `{r['root']}`\n"
+        f"- reference: `{r['reference']}`\n- digest: `{r['digest']}`\n- snapshot: {short(r['root'])}\n"
         f"- {r['layers']} layers, {human(r['bytes'])}; uploaded {r['layers_uploaded']} layer(s), {human(r['bytes_uploaded'])}\n"
         + (f"- signatures attached: {', '.join(f'`{k[:12]}`' for k in r['signatures'])}\n" if r["signatures"] else ""),
         key="oci-publication",

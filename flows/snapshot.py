@@ -15,7 +15,7 @@ from pydantic import Field
 
 from concord_pipelines.flows._ended import ENDED_HOOKS
 from concord_pipelines.flows._params import RefName, StoreAddress
-from concord_pipelines.flows._report import MiB, human, md_table, short
+from concord_pipelines.flows._report import MiB, cluster, human, md_facts, md_table, short
 from concord_pipelines.tasks import diff_task, restore_task, rollback_task, sign_snapshot_task, snapshot_task
 
 DEFAULT_STORE = "data/stores/us-east"
@@ -62,7 +62,7 @@ def snapshot_checkpoint(
     if r.get("signed_by"):
         rows.append(("signed by", f"key `{r['signed_by'][0][:16]}`"))
     create_markdown_artifact(
-        f"## Snapshot of `{r['source']}` in `{r['store']}`\n\n" + md_table(["", ""], rows),
+        f"## Snapshot of `{r['source']}` in {cluster(r['store'])}\n\n" + md_facts(rows),
         key="snapshot-summary",
         description=f"snapshot {r['root'][:12]}",
     )
@@ -91,7 +91,7 @@ def diff_snapshots(
             key="diff-changes",
             description=f"{d['a'][:12]} → {d['b'][:12]}: changed files and tensors",
         )
-    where = f"`{d['store']}`" + (f" vs `{d['against']}`" if d["against"] != d["store"] else "")
+    where = cluster(d["store"]) + (f" vs {cluster(d['against'])}" if d["against"] != d["store"] else "")
     if d["same"]:
         summary = f"## Diff in {where}\n\n`{a}` and `{b}` are the same snapshot {short(d['a'])}."
     else:
@@ -123,8 +123,9 @@ def restore_snapshot(
     """
     r = restore_task(store, snapshot, out_dir, trust_block=trust_block or None)
     create_markdown_artifact(
-        f"## Restored `{snapshot}` from `{r['store']}`\n\n"
-        + md_table(["root", "files", "size", "into"], [(short(r["root"]), r["files"], human(r["bytes"]), f"`{r['path']}`")]),
+        f"## Restored `{snapshot}` from {cluster(r['store'])}\n\n"
+        + md_table(["root", "files", "size"], [(short(r["root"]), r["files"], human(r["bytes"]))])
+        + f"\n\ninto `{r['path']}`",
         key="restore-summary",
         description=f"restore of {r['root'][:12]}",
     )
@@ -143,7 +144,7 @@ def rollback_ref(store: StoreAddress = DEFAULT_STORE, ref: RefName = DEFAULT_REF
     r = rollback_task(store, ref, to=to or None)
     history = [(e["version"], short(e["root"]), e["time"], e["message"]) for e in r["history"]]
     create_markdown_artifact(
-        f"## Rolled back `{r['ref']}` in `{r['store']}`\n\n{short(r['previous'])} → {short(r['root'])} "
+        f"## Rolled back `{r['ref']}` in {cluster(r['store'])}\n\n{short(r['previous'])} → {short(r['root'])} "
         f"(version {r['version']})\n\n### History (newest first)\n\n"
         + md_table(["version", "root", "time", "message"], history),
         key="rollback-summary",

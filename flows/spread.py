@@ -22,7 +22,7 @@ from pydantic import AfterValidator, BaseModel, Field
 
 from concord_pipelines.flows._ended import ENDED_HOOKS
 from concord_pipelines.flows._params import NAME_PATTERN, RefName, StoreAddress
-from concord_pipelines.flows._report import MiB, human, md_table, short
+from concord_pipelines.flows._report import MiB, cluster, human, md_table, short
 from concord_pipelines.flows._runner import describe, task_runner
 from concord_pipelines.flows.snapshot import DEFAULT_REF, DEFAULT_STORE, ChunkSizeMiB
 from concord_pipelines.tasks import assemble_task, snapshot_part_task
@@ -117,13 +117,14 @@ def snapshot_spread(
         )
     parts = [f.result() for f in futures]
     r = assemble_task(store, parts, [n.name for n in nodes], ref=ref or None, message=message, allow_incomplete=allow_incomplete)
-    rows = [(p["node"], p["host"], f"`{p['folder']}`", p["files"], human(p["bytes"]), human(p["new_bytes"])) for p in parts]
-    head = f"## Spread snapshot {short(r['root'])} in `{r['store']}`\n\n"
+    rows = [(p["node"], p["host"], p["files"], human(p["bytes"]), human(p["new_bytes"])) for p in parts]
+    head = f"## Spread snapshot {short(r['root'])} in {cluster(r['store'])}\n\n"
     head += f"root `{r['root']}`: {r['files']} files, {human(r['bytes'])}"
     if r["ref"]:
         head += f"; ref `{r['ref']}` → version {r['ref_version']}"
     create_markdown_artifact(
-        head + "\n\n" + md_table(["node", "host", "folder", "files", "size", "new in store"], rows),
+        head + "\n\n" + md_table(["node", "host", "files", "size", "new in store"], rows)
+        + "\n\n" + "\n".join(f"- {p['node']}: `{p['folder']}`" for p in parts),
         key="spread-snapshot",
         description=f"spread snapshot {r['root'][:12]}",
     )

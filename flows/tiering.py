@@ -23,7 +23,7 @@ from concord_pipelines.flows._arguments import BadArguments, checkpoint_problems
 from concord_pipelines.flows._ended import ENDED_HOOKS
 from concord_pipelines.flows._params import NAME_PATTERN
 from concord_pipelines.flows._policy import final
-from concord_pipelines.flows._report import human, md_table, short
+from concord_pipelines.flows._report import cluster, human, md_facts, md_table, short
 from concord_pipelines.flows._staging import staged
 from concord_pipelines.tasks import (
     add_checkpoint_task,
@@ -148,16 +148,16 @@ def sweep_report(namespace: str, sweep: dict, added: dict | None = None) -> str:
         ("violations", len(sweep["violations"])),
     ]
     verdict = "ok" if not sweep["errors"] and not sweep["violations"] else "**needs attention**"
-    text = f"## Tiering of `{namespace}`: {verdict}\n\n" + md_table(["", ""], rows)
+    text = f"## Tiering of `{namespace}`: {verdict}\n\n" + md_facts(rows)
     details = [(f"copied to {c['tier']}", f"`{c['name']}` from {c['from']}") for c in sweep["copied"]]
     details += [
         (f"demoted from {d['tier']}", f"`{d['name']}` (verified first: {', '.join(d.get('verified') or [])})")
         for d in sweep["demoted"]
     ]
     details += [(f"repaired in {x['tier']}", f"`{x['name']}`: {x['chunks']} chunk(s) from {x['from']}") for x in sweep["repaired"]]
-    details += [("**violation**", v) for v in sweep["violations"]] + [("**error**", e) for e in sweep["errors"]]
+    details += [("violation", v) for v in sweep["violations"]] + [("error", e) for e in sweep["errors"]]
     if details:
-        text += "\n\n### What happened\n\n" + md_table(["", ""], details)
+        text += "\n\n### What happened\n\n" + md_facts(details)
     return text + "\n"
 
 
@@ -261,14 +261,14 @@ def restore_checkpoint_flow(
     )
     rows = [
         ("checkpoint", f"`{r['name']}` {short(r['root'])}"),
-        ("from", f"{r['tier']} (`{r['store']}`)"),
+        ("from", f"{r['tier']} ({cluster(r['store'])})"),
         ("into", f"`{r['path']}`"),
         ("files / size", f"{r['files']} / {human(r['bytes'])}"),
         ("time", f"{r['seconds']:.3g} s ({r['wait_seconds']:.3g} s waiting on the archive, {r['restore_requests']} restore request(s))"),
         ("throughput", f"{human(r['bytes_per_second'])}/s"),
     ]
     create_markdown_artifact(
-        f"## Restore of `{r['name']}` from {r['tier']}\n\n" + md_table(["", ""], rows),
+        f"## Restore of `{r['name']}` from {r['tier']}\n\n" + md_facts(rows),
         key="tier-restore",
         description=f"{r['name']} from {r['tier']} in {r['seconds']:.3g} s",
     )
@@ -299,7 +299,7 @@ def drill_report(r: dict, run_id: str | None) -> str:
         for t, d in r["tiers"].items()
     ]
     text = f"## Restore drill of `{r['namespace']}`: {'passed' if r['ok'] else '**FAILED**'}\n\n" + md_table(
-        ["tier", "restored", "RTO", "RTO objective", "", "RPO", "RPO objective", "", "ok"], rows
+        ["tier", "restored", "RTO", "RTO objective", "RTO met", "RPO", "RPO objective", "RPO met", "ok"], rows
     )
     if r["findings"]:
         text += "\n\n### Findings\n\n" + "\n".join(f"- {f}" for f in r["findings"])

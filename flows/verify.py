@@ -16,7 +16,7 @@ from pydantic import Field
 
 from concord_pipelines.flows._ended import ENDED_HOOKS
 from concord_pipelines.flows._params import RefName, StoreAddress
-from concord_pipelines.flows._report import MiB, human, md_table, short
+from concord_pipelines.flows._report import MiB, cluster, human, md_table, short
 from concord_pipelines.flows._runner import describe, fan_out, in_flight, task_runner
 from concord_pipelines.flows.snapshot import DEFAULT_STORE
 from concord_pipelines.tasks import signatures_task, verify_batch_task, verify_conclude_task, verify_plan_task
@@ -79,15 +79,15 @@ def verify_store(
     r["signatures"] = signatures_task(store, r["roots"], trust_block or None)
 
     repaired = set(r["repaired"])
-    rows = [("missing", c, "repaired" if c in repaired else "**broken**") for c in r["missing"][:LISTED]]
-    rows += [("corrupt", c, "repaired" if c in repaired else "**broken**") for c in r["corrupt"][:LISTED]]
-    rows += [("manifest", m, "repaired" if m in repaired else "**broken**") for m in r["bad_manifests"][:LISTED]]
+    rows = [("missing", short(c), "repaired" if c in repaired else "**broken**") for c in r["missing"][:LISTED]]
+    rows += [("corrupt", short(c), "repaired" if c in repaired else "**broken**") for c in r["corrupt"][:LISTED]]
+    rows += [("manifest", short(m), "repaired" if m in repaired else "**broken**") for m in r["bad_manifests"][:LISTED]]
     verdict = "healthy" if r["ok"] and not rows else "repaired" if r["ok"] else "DAMAGED"
     snapshots = ", ".join(short(x) for x in r["roots"][:5]) + (" …" if len(r["roots"]) > 5 else "")
     counts = (len(r["missing"]), len(r["corrupt"]), len(r["bad_manifests"]), len(r["repaired"]))
-    report = f"## `{r['store']}`: {verdict}\n\n" + md_table(
+    report = f"## {cluster(r['store'])}: {verdict}\n\n" + md_table(
         ["snapshots", "chunks checked", "missing", "corrupt", "damaged manifests", "repaired", "repair source"],
-        [(snapshots, r["chunks_checked"], *counts, r["repair_from"] or "(none)")],
+        [(snapshots, f"{r['chunks_checked']:,}", *counts, cluster(r["repair_from"]) if r["repair_from"] else "(none)")],
     )
     if r["signatures"]:
         signed = [
@@ -97,7 +97,7 @@ def verify_store(
         report += "\n\n### Signatures\n\n" + md_table(["snapshot", "signed by", "trusted"], signed)
     if rows:
         report += "\n\n### Problems\n\n" + md_table(["kind", "id", "state"], rows)
-    create_markdown_artifact(report, key="verify-report", description=f"{r['store']}: {verdict}")
+    create_markdown_artifact(report, key="verify-report", description=f"{cluster(r['store'])}: {verdict}")
     if not r["ok"]:
         if r["repair_from"]:
             hint = f"{r['repair_from']} could not supply every copy; try another replica"

@@ -1,8 +1,9 @@
-"""What every Concord task shares: the retry policy (``RETRIED``), and opening stores from their specs."""
+"""What every Concord task shares: the retry policy (``RETRIED``), opening stores from their specs,
+and the short names a store goes by in task run names and artifacts (:func:`store_name`)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from typing import TYPE_CHECKING
 
@@ -69,3 +70,32 @@ def open_stores(*specs: str | None) -> Iterator[list[Store | None]]:
             stack.callback(store.close)
             stores.append(store)
         yield stores
+
+
+def store_name(store: object) -> str:
+    """A store as a person reads it in the UI: its cluster's short name (``data/stores/eu-central``,
+    ``/srv/stores/eu-central`` and ``s3://bucket/stores/eu-central`` → ``eu-central``), never a long
+    path that pushes a table off the right edge or a task run name out of its column; the address
+    itself when it names no store."""
+    from concord.stores.address import StoreAddress
+
+    text = str(store or "")
+    try:
+        return StoreAddress.parse(text, check=False).name or text
+    except ValueError:
+        return text
+
+
+def named_by(prefix: str, parameter: str, short: Callable[[object], str] = store_name) -> Callable[[], str]:
+    """A ``task_run_name`` for ``@task``: ``PREFIX-SHORT`` where SHORT is ``short`` of the task
+    run's ``parameter`` (by default the short name of the store it names), so a run is named
+    ``replicate-to-eu-central``, never by a path or a 64-hex root."""
+
+    def run_name() -> str:
+        from prefect.runtime import task_run
+
+        value = task_run.parameters.get(parameter)
+        return f"{prefix}-{short(value)}" if value else prefix
+
+    run_name.__name__ = f"{prefix.replace('-', '_')}_run_name"
+    return run_name

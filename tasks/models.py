@@ -20,7 +20,7 @@ from prefect import task
 
 from concord.lineage.client import shown_uri, sqlite_file
 from concord_pipelines.tasks import events
-from concord_pipelines.tasks.common import RETRIED, open_stores
+from concord_pipelines.tasks.common import RETRIED, named_by, open_stores
 from concord_pipelines.tasks.lineage import checked_lineage, data_snapshot_id
 from concord_pipelines.tasks.progress import run_logger
 
@@ -155,7 +155,7 @@ def promote_task(
     return out
 
 
-@task(name="record-replica", task_run_name="record-replica-{store}", **RETRIED)
+@task(name="record-replica", task_run_name=named_by("record-replica", "store"), **RETRIED)
 def record_replica_task(root: str, store: str, tier: str = "hot", tracking_uri: str | None = None) -> dict:
     """Record that ``store`` holds snapshot ``root`` on ``tier``, on every model version
     registered with that root (none registered: nothing to record).

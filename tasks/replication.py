@@ -5,11 +5,11 @@ from __future__ import annotations
 from prefect import task
 
 from concord_pipelines.tasks import events
-from concord_pipelines.tasks.common import RETRIED, open_stores
+from concord_pipelines.tasks.common import RETRIED, named_by, open_stores
 from concord_pipelines.tasks.progress import PrefectProgress, run_logger
 
 
-@task(name="replicate", task_run_name="replicate-to-{target}", **RETRIED)
+@task(name="replicate", task_run_name=named_by("replicate-to", "target"), **RETRIED)
 def replicate_task(source: str, target: str, ref: str | None = None, root: str | None = None) -> dict:
     """Bring ``target`` up to the snapshot ``ref`` (or ``root``) names in ``source``.
 

@@ -12,7 +12,7 @@ import socket
 from prefect import task
 
 from concord_pipelines.tasks import events
-from concord_pipelines.tasks.common import RETRIED
+from concord_pipelines.tasks.common import RETRIED, named_by
 from concord_pipelines.tasks.progress import PrefectProgress, human_bytes, run_logger
 
 #: the deployments a rollout starts on each node (``flow name/deployment name``)
@@ -91,7 +91,7 @@ def checkout_task(
     return out
 
 
-@task(name="rollback-link", task_run_name="rollback-{dest}")
+@task(name="rollback-link", task_run_name=named_by("rollback", "dest"))
 def rollback_link_task(dest: str, *, expect: str | None = None, node: str | None = None, reason: str = "by hand") -> dict:
     """Flip ``dest`` back to its previous version (with ``expect``: only if it names that root
     now). Emits ``concord.checkout.rolled_back`` when it flipped."""

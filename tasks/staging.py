@@ -12,11 +12,11 @@ from dataclasses import asdict
 
 from prefect import task
 
-from concord_pipelines.tasks.common import RETRIED
+from concord_pipelines.tasks.common import RETRIED, named_by
 from concord_pipelines.tasks.progress import PrefectProgress, run_logger
 
 
-@task(name="stage-checkpoint", task_run_name="stage-{source}", **RETRIED)
+@task(name="stage-checkpoint", task_run_name=named_by("stage", "source"), **RETRIED)
 def stage_checkpoint_task(source: str, into: str) -> dict:
     """Download every object under the S3 prefix ``source`` into the folder ``into``.
 

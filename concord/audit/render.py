@@ -28,7 +28,11 @@ if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
 
 __all__ = [
+    "COLUMN_STATISTICS",
+    "COLUMN_SUMMARY",
     "PLOT_CATEGORIES",
+    "REPLICA_SUMMARY",
+    "WORST_TENSOR_SUMMARY",
     "card_rows",
     "column_rows",
     "plot_histograms",
@@ -45,6 +49,14 @@ PLOT_CATEGORIES = 25
 EMBEDDED_PLOTS = 8
 #: the largest PNG embedded (a drift overlay is about 35 KB)
 EMBEDDED_PNG_BYTES = 512 * 1024
+#: the columns of the report's per-column table: narrow enough for the Prefect UI's artifact pane
+COLUMN_SUMMARY = ("column", "kind", "severity", "effect", "psi")
+#: the statistics in the second table below it (each column's finding follows as a list)
+COLUMN_STATISTICS = ("column", "js", "ks", "wasserstein", "chi2", "nulls")
+#: the columns of the replicas table (each replica's finding follows as a list)
+REPLICA_SUMMARY = ("cluster", "root", "identical", "severity", "tensors", "failed")
+#: the columns of the worst-tensors table the report and the flow's artifact show (the terminal's has all)
+WORST_TENSOR_SUMMARY = ("cluster", "tensor", "dtype", "max_ulp", "max_abs_diff", "ok")
 
 
 # --------------------------------------------------------------------------- table rows
@@ -162,6 +174,15 @@ def _short(value: Any, n: int = 60) -> str:
 # --------------------------------------------------------------------------- markdown
 
 
+def _findings(rows: Sequence[dict], key: str, name: str = "cluster") -> list[str]:
+    """The rows' ``key`` (a sentence, too long for a table cell) as a list, each by its row's ``name``."""
+    return [f"- `{_cell(r[name])}`: {_cell(r[key])}" for r in rows if r.get(key)]
+
+
+def _count(value: Any) -> str:
+    return f"{value:,}" if isinstance(value, int) else str(value)
+
+
 def _cell(value: Any) -> str:
     return "" if value is None else str(value).replace("|", "\\|").replace("\n", " ")
 
@@ -226,11 +247,9 @@ def render_markdown(
     if subject:
         lines += ["Audited: " + "; ".join(subject) + ".", ""]
     summaries = report.summaries()
-    lines.append(
-        _md_table(
-            [{"section": SECTION_TITLES[n], "severity": _badge(s), "summary": summaries[n]} for n, s in report.sections.items()]
-        )
-    )
+    # lists, not tables, for sentences: the UI never wraps a table cell, so a long one pushes the
+    # table off the right edge of the artifact pane
+    lines += [f"- **{SECTION_TITLES[n]}**: {_badge(s)}: {_cell(summaries[n])}" for n, s in report.sections.items()]
 
     if "data" in report.errors:
         lines += ["", "## Data drift: could not be audited", "", report.errors["data"]]
@@ -244,7 +263,7 @@ def render_markdown(
             "",
             f"{d.get('columns_drifted', 0)} of {d.get('columns_compared', 0)} column(s) drifted"
             + (f" (drift share {share:.3g})" if share is not None else "")
-            + f"; {d.get('rows_reference')} reference rows, {d.get('rows_current')} current rows; "
+            + f"; {_count(d.get('rows_reference'))} reference rows, {_count(d.get('rows_current'))} current rows; "
             + f"{d.get('bins')} quantile bins, epsilon {d.get('epsilon')}; drift: significant at {t.get('alpha')} "
             + f"(Benjamini–Hochberg over the columns) and at least the floor ({t.get('floor')}σ Wasserstein, "
             + f"{t.get('share_floor')} of categorical mass"
@@ -253,15 +272,16 @@ def render_markdown(
             + f"or PSI > {t.get('psi_warning')}; critical when PSI > {t.get('psi_critical')}; "
             + f"a warning on {t.get('escalate_after_nights')} consecutive nights escalates.",
             "",
-            _md_table(
-                column_rows(d),
-                ["column", "kind", "severity", "effect", "psi", "js", "ks", "wasserstein", "chi2", "nulls", "finding"],
-            ),
+            _md_table(column_rows(d), COLUMN_SUMMARY),
         ]
         listed = dict(plots) if isinstance(plots, Mapping) else {os.path.basename(p): p for p in plots or []}
         if listed:
             lines += ["", "### Histograms of the drifted columns", ""]
             lines += _plot_lines(listed, embed, plots_where)
+        rows = column_rows(d)
+        if rows:
+            lines += ["", "### Statistics per column", "", _md_table(rows, COLUMN_STATISTICS), ""]
+            lines += _findings(rows, "finding", "column")
 
     if "contract" in report.errors:
         lines += ["", "## Contract: could not be audited", "", report.errors["contract"]]
@@ -272,7 +292,10 @@ def render_markdown(
             f"{c.get('evaluated', 0)} expectation(s) evaluated, {len(c.get('failed', []))} failed."
         )
         if c.get("failed"):
-            lines += ["", "### Failing expectations", "", _md_table(c["failed"], ["expectation", "column", "details"])]
+            lines += ["", "### Failing expectations", ""] + [
+                f"- `{_cell(f.get('expectation'))}`" + (f" on `{_cell(f['column'])}`" if f.get("column") else "") + f": {_cell(f.get('details'))}"
+                for f in c["failed"]
+            ]
 
     if "replicas" in report.errors:
         lines += ["", "## Replicas: could not be audited", "", report.errors["replicas"]]
@@ -284,11 +307,13 @@ def render_markdown(
             "",
             f"Reference replica: `{r.get('reference')}`.",
             "",
-            _md_table(replica_rows(r)),
+            _md_table(replica_rows(r), REPLICA_SUMMARY),
+            "",
+            *_findings(replica_rows(r), "finding"),
         ]
         worst_rows = worst_tensor_rows(r)
         if worst_rows:
-            lines += ["", "### Worst tensors", "", _md_table(worst_rows)]
+            lines += ["", "### Worst tensors", "", _md_table(worst_rows, WORST_TENSOR_SUMMARY)]
 
     if "cards" in report.errors:
         lines += ["", "## Model cards: could not be audited", "", report.errors["cards"]]
@@ -301,7 +326,9 @@ def render_markdown(
             "",
             f"Reference card: `{c.get('reference')}`; required fields: {required}.",
             "",
-            _md_table(card_rows(c)),
+            _md_table(card_rows(c), ("cluster", "severity", "present", "missing_required")),
+            "",
+            *_findings(card_rows(c), "differing"),
         ]
 
     if links:

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from readable import markdown_tables, unreadable
 from servers import free_port
 
 from concord.audit.history import HISTORY_FORMAT, history_key
@@ -103,7 +104,13 @@ def test_drift_between_species_is_detected_logged_and_fails_the_night(
     report = _by_key(artifacts, "drift-report").data
     assert report.startswith("# Drift audit: **CRITICAL (P0)**")
     assert "body_mass_g" in report and "species" in report and "### Histograms of the drifted columns" in report
+    # narrow tables that fit the artifact pane: the rest of the statistics in a second table, the findings below it
+    headers = [t[0] for t in markdown_tables(report)]
+    assert ["column", "kind", "severity", "effect", "psi"] in headers and ["column", "js", "ks", "wasserstein", "chi2", "nulls"] in headers
+    assert "- `body_mass_g`: " in report and "reference rows" in report
+    assert unreadable(artifacts, [str(tmp_path)]) == [] and str(tmp_path) not in report
     rows = json.loads(_by_key(artifacts, "drift-columns").data)
+    assert list(rows[0]) == ["column", "kind", "severity", "effect", "psi"]
     assert rows[0]["severity"] == "critical (P0)"
     drifted = {row["column"] for row in rows if row["severity"] != "ok"}
     assert {"species", "island", "bill_length_mm", "flipper_length_mm", "body_mass_g"} <= drifted
@@ -226,8 +233,9 @@ def test_replicas_and_cards_in_the_same_audit(tmp_path, name, penguins, no_mlflo
     assert state.is_failed()
     artifacts = artifacts_of(state.state_details.flow_run_id)
     report = _by_key(artifacts, "drift-report").data
-    assert "| data drift | ok |" in report
+    assert "- **data drift**: ok: " in report
     assert "layer.0.attn.weight" in report and "cc-by-nc-4.0" in report
+    assert "Reference replica: `us-east`" in report and unreadable(artifacts, [str(tmp_path)]) == []
     worst = json.loads(_by_key(artifacts, "drift-replicas").data)
     assert [(w["cluster"], w["tensor"], w["ok"]) for w in worst if w["ok"] == "✗"] == [("ap-south", "layer.0.attn.weight", "✗")]
     (detected,) = events_about("concord.drift.detected", f"concord.audit.{name}")

@@ -17,6 +17,7 @@ import uuid
 
 import pytest
 from prefect import flow, task
+from readable import unreadable
 
 from concord.hashing import chunk_id
 from concord.snapshots.refs import load_manifest
@@ -87,6 +88,7 @@ def test_snapshot_then_replicate_to_two_targets(checkpoints, store_dirs, artifac
     assert summary.count("updated") == 2
     assert "| eu-central | updated |" in summary and "| ap-south | updated |" in summary  # clusters by name
     assert eu not in summary and ap not in summary  # no store path to cut the table off on the right
+    assert unreadable(artifacts, store_dirs.values()) == []
     progress = [a for a in artifacts if a.type == "progress"]
     assert len(progress) == 3  # the flow's count of targets, and one per replicate task
     assert all(a.data == 100 for a in progress)
@@ -143,8 +145,10 @@ def test_verify_fails_on_damaged_chunks_and_passes_after_repair(checkpoints, sto
     assert failed.is_failed()
     with pytest.raises(StoreDamaged, match="1 missing and 1 corrupt"):
         failed.result()
-    report = _by_key(artifacts_of(failed.state_details.flow_run_id), "verify-report").data
-    assert "DAMAGED" in report and corrupt_id in report and missing_id in report
+    artifacts = artifacts_of(failed.state_details.flow_run_id)
+    report = _by_key(artifacts, "verify-report").data
+    assert "DAMAGED" in report and corrupt_id[:12] in report and missing_id[:12] in report
+    assert report.startswith("## eu-central: DAMAGED") and unreadable(artifacts, [us, eu]) == []
 
     repaired = verify_store(eu, ref=REF, repair_from=us, return_state=True)
     assert repaired.is_completed(), repaired
@@ -187,8 +191,10 @@ def test_rollback_flow_moves_the_ref_back(checkpoints, store_dirs, artifacts_of,
     assert (r["root"], r["previous"], r["version"]) == (v1["root"], v2["root"], 3)
     assert open_store(us).read_ref(REF).root == v1["root"]
     assert [e["root"] for e in r["history"]] == [v1["root"], v2["root"], v1["root"]]
-    summary = _by_key(artifacts_of(state.state_details.flow_run_id), "rollback-summary").data
+    artifacts = artifacts_of(state.state_details.flow_run_id)
+    summary = _by_key(artifacts, "rollback-summary").data
     assert v1["root"][:12] in summary and v2["root"][:12] in summary
+    assert f"`{REF}` in us-east" in summary and unreadable(artifacts, [us]) == []
 
     forward = rollback_ref(us, REF, to=v2["root"][:10])
     assert forward["root"] == v2["root"] and forward["version"] == 4
@@ -261,8 +267,10 @@ def test_replication_reports_a_bad_target_and_completes_the_others(checkpoints, 
     assert "**failed**" in summary and "updated" in summary
 
     runs = {r.name: r for r in _task_runs(prefect_client, state.state_details.flow_run_id)}
-    assert runs[f"replicate-to-{bad}"].run_count == 1  # bad input is not retried
-    assert runs[f"replicate-to-{bad}"].state.is_failed()
+    # each replicate task run is named by its target's cluster, never by its address
+    assert {"replicate-to-eu-central", "replicate-to-x"} <= set(runs)
+    assert runs["replicate-to-x"].run_count == 1  # bad input is not retried
+    assert runs["replicate-to-x"].state.is_failed()
     (failed,) = events_about("concord.replica.failed", f"concord.store.{bad}", where=lambda e: e.payload["source"] == us)
     assert failed.payload["error_type"] == "InvalidStoreURIError" and failed.payload["ref"] == REF
 

@@ -7,6 +7,7 @@ manifest and no moved ref."""
 from __future__ import annotations
 
 import pytest
+from readable import unreadable
 from toy_checkpoints import files_equal, make_spread_checkpoint
 
 from concord.errors import SpreadSnapshotError
@@ -70,6 +71,7 @@ def test_the_flow_on_threads_gives_the_root_of_the_whole_folder(spread, tmp_path
     assert r["root"] == root and LocalDirStore(store).read_ref(REF).root == root
     assert [p["node"] for p in r["parts"]] == ["node-0", "node-1", "node-2"]
     (report,) = [a for a in artifacts_of(state.state_details.flow_run_id) if a.key == "spread-snapshot"]
+    assert unreadable([report], [store]) == [] and "in store\n" in report.data
     assert root in report.data and "node-2" in report.data
 
     gone = _nodes(nodes) + [{"name": "node-3", "folder": str(tmp_path / "not-there")}]

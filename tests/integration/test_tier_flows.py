@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
+from readable import unreadable
 from safetensors.numpy import save_file
 from servers import free_port
 
@@ -120,6 +121,7 @@ def test_tier_checkpoints_adds_sweeps_pins_promoted_versions_and_reports(
     assert hot.read_ref(f"{namespace}/step-100").root == root100
 
     artifacts = artifacts_of(state.state_details.flow_run_id)
+    assert unreadable(artifacts, [str(tmp_path)]) == []
     rows = {row["checkpoint"]: row for row in json.loads(_by_key(artifacts, "tier-status").data)}
     assert set(rows) == {"step-100", "step-200", "step-300"}
     assert {k: rows["step-200"][k] for k in TIERS} == {"hot": "–", "warm": "✓", "cold": "✓"}

@@ -12,6 +12,7 @@ from types import SimpleNamespace
 import numpy as np
 import pandas as pd
 import pytest
+from readable import MAX_WIDTH, markdown_tables, width
 
 from concord.audit.drift import DriftThresholds, data_drift
 from concord.audit.history import history_key, previous_nights, record_night
@@ -227,6 +228,10 @@ def test_markdown_puts_the_verdict_first_and_names_what_drifted():
     assert lines[2].startswith("data drift: 2 of 3 columns drifted")
     assert "data `ref.parquet` → `tonight.parquet`" in md and "model `minilm/2`" in md
     assert "| mass | numeric | critical (P0) |" in md and "| kind | categorical |" in md
+    # every table fits the UI's artifact pane, sentences are lists below the tables
+    tables = markdown_tables(md)
+    assert [t[0] for t in tables][:2] == [["column", "kind", "severity", "effect", "psi"], ["column", "js", "ks", "wasserstein", "chi2", "nulls"]]
+    assert max(map(width, tables)) <= MAX_WIDTH and "- **data drift**: **critical (P0)**: " in md and "- `mass`: " in md
     assert "## Contract `toy@1`" in md and "expect_column_values_to_be_between" in md
     assert "### Worst tensors" in md and "layer.0.attn.weight" in md and "F32 → BF16" in md
     assert "## Model cards" in md and "cc-by-nc-4.0" in md
