@@ -102,6 +102,8 @@ _LAZY = {
     "Contract": ("concord.lineage.contracts", "Contract"),
     "ValidationResult": ("concord.lineage.contracts", "ValidationResult"),
     "CompatResult": ("concord.lineage.contracts", "CompatResult"),
+    # the typed dicts some verbs return (their keys are what --json prints)
+    **{name: ("concord.api", name) for name in ("StoreInit", "RefSummary", "LogEntry", "LedgerLog", "ProfileResult")},
     # the errors a caller most often catches (every one is in concord.errors)
     **{
         name: ("concord.errors", name)

@@ -481,7 +481,7 @@ class Store(ABC):
         doc = json.dumps({"format": "concord/delta-index", "version": 1}).encode()
         self._put_object(DELTA_INDEX_MARK, doc, overwrite=False)
 
-    def index_deltas(self, pairs) -> None:
+    def index_deltas(self, pairs: Iterable[tuple[str, str]]) -> None:
         """Write the delta index's entry of each ``(delta's object name, base's object name)``."""
         for name, base in pairs:
             self._put_object(delta_entry_key(_check_digest(name, "chunk object name"), _check_digest(base, "chunk object name")), b"", overwrite=False)
