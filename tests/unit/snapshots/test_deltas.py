@@ -9,6 +9,7 @@ training run use smaller real checkpoints (safetensors, torch.save, DCP) written
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -483,6 +484,24 @@ def test_an_s3_store_keeps_receives_and_collects_deltas(tmp_path, s3_store):
     assert collect_garbage(s3_store, grace_seconds=0, now=_later()).kept_bases > 0
     restore(s3_store, v2.manifest, tmp_path / "out")
     assert files_equal(tmp_path / "out", b) and verify(s3_store).ok
+
+
+def test_a_dry_run_on_a_store_written_before_the_index_writes_nothing_and_a_collection_builds_it(tmp_path):
+    a = _generated(tmp_path / "a", 0)
+    b = _generated(tmp_path / "b", 0, 1e-3, base=a)
+    store = _compressed(tmp_path / "s")
+    v1 = snapshot(a, store, ref="models/base", chunk_size=SMALL_CHUNK)
+    v2 = snapshot(b, store, ref="models/ft", base="models/base", chunk_size=SMALL_CHUNK)
+    (Path(store.root) / DELTA_INDEX_MARK).unlink()
+    shutil.rmtree(Path(store.root) / DELTA_INDEX)
+    assert store.delete_ref("models/base", v1.root)
+    dry = collect_garbage(store, grace_seconds=0, now=_later(), dry_run=True)
+    assert dry.kept_bases > 0 and store.delta_index() is None and not (Path(store.root) / DELTA_INDEX).exists()
+    done = collect_garbage(store, grace_seconds=0, now=_later())
+    assert done.kept_bases == dry.kept_bases and done.deleted_chunks == dry.deleted_chunks and done.deleted_manifests == 1
+    assert unindexed_deltas(store) == [] and len(store.delta_index()) == _deltas(store, v2.manifest) > 0
+    restore(store, v2.manifest, tmp_path / "out")
+    assert files_equal(tmp_path / "out", b)
 
 
 def test_a_collection_on_s3_learns_the_bases_from_the_delta_index_without_reading_each_chunk(tmp_path, s3_store):
