@@ -185,6 +185,10 @@ def test_deltas_compose_with_encryption_and_travel_between_stores_of_one_key(tmp
     (sent,) = replicate(store, [replica], ref="m")
     assert sent.bytes_sent <= 0.16 * size
     assert verify(replica, ref="m").ok
+    # the deltas a sync sends as they are stored arrive with their index entries (keyed names)
+    assert unindexed_deltas(store) == []
+    entries = {p.name for p in (Path(replica.root) / DELTA_INDEX).rglob("*") if p.is_file()}
+    assert entries and entries == {f"{n}-{replica.chunk_base(n)}" for n, _, _ in replica.iter_chunk_stats() if replica.chunk_base(n)}
     restore(replica, v2.manifest, tmp_path / "out")
     assert files_equal(tmp_path / "out", b)
     # a plain compressed replica gets the chunks decoded, checked and encoded again
