@@ -29,7 +29,7 @@ from prefect.cache_policies import NO_CACHE
 
 from concord.audit.tracking import AUDIT_EXPERIMENT
 from concord_pipelines.tasks import events
-from concord_pipelines.tasks.common import RETRIED, open_stores
+from concord_pipelines.tasks.common import RETRIED, open_stores, store_name
 from concord_pipelines.tasks.progress import PrefectProgress, run_logger
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -142,7 +142,7 @@ def model_holders_task(model: str, version: str, tracking_uri: str | None = None
     lineage = Lineage(tracking_uri)
     lineage.ensure_ready()  # an unreachable server is a ConnectionError: retried
     out = model_holders(lineage, model, version)
-    run_logger().info("%s/%s: root %s held by %s", out["name"], out["version"], out["root"][:12], ", ".join(out["stores"]))
+    run_logger().info("%s/%s: root %s held by %s", out["name"], out["version"], out["root"][:12], ", ".join(map(store_name, out["stores"])))
     return out
 
 
@@ -185,7 +185,7 @@ def audit_cards_task(snapshot: str, stores: Sequence[str], required: Sequence[st
     kwargs = {"required": tuple(required)} if required else {}
     with open_stores(*specs) as opened:
         r = compare_cards({label: (s, snapshot) for label, s in zip(labels, opened)}, reference=reference or None, **kwargs).to_dict()
-    run_logger().info("model cards of %s across %d store(s): %s", snapshot, len(specs), r.get("severity"))
+    run_logger().info("model cards of %s across %d store(s): %s", snapshot[:12] if len(snapshot) == 64 else snapshot, len(specs), r.get("severity"))
     return r
 
 
