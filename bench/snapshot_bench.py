@@ -5,7 +5,9 @@ a) Hashing throughput: a second snapshot into a store that already holds every c
    over the same file, and against SHA-256 over the file in 8 MiB reads.
 b) Fresh snapshot into an empty store on the same filesystem (every chunk written) against
    ``cp`` of the file to that filesystem.
-c) Peak anonymous memory (RssAnon: heap, not the file's mapped pages) of a fresh snapshot run
+c) Restore of the snapshot into a new folder (every chunk read from the store and its hash
+   checked) against ``cp -a`` of the store's folder: the same bytes copied, unchecked.
+d) Peak anonymous memory (RssAnon: heap, not the file's mapped pages) of a fresh snapshot run
    in a child process, polled from this process every ~5 ms, minus the child's RssAnon after its
    imports; on the checkpoint and on one half its size, to show it does not grow with size.
 
@@ -49,6 +51,7 @@ FLAT_SLACK_MB = 32
 
 
 def run(opts: Options) -> list[Table]:
+    from concord.snapshots.restore import restore
     from concord.snapshots.snapshot import snapshot
     from concord.stores import LocalDirStore
 
@@ -104,6 +107,23 @@ def run(opts: Options) -> list[Table]:
         )
     t_again, t_b3, t_sha, t_fresh, t_cp = again.best, b3.best, sha.best, fresh.best, cp.best
 
+    # c) restore of the snapshot vs a copy of the store ---------------------------------------
+    snapshot(ckpt.file, LocalDirStore(store_dir))  # untimed: the store the restores read
+    settle()
+    out = work / "restored"
+    store_copy = work / "store-copy"
+    restored, copied = race(
+        opts.runs,
+        Case("restore", lambda: restore(LocalDirStore(store_dir), written.manifest, out), after=lambda: drop(out)),
+        Case(
+            "cp -a of the store",
+            lambda: subprocess.run(["cp", "-a", str(store_dir), str(store_copy)], check=True),
+            after=lambda: drop(store_copy),
+        ),
+        wait_idle=opts.wait_idle,
+    )
+    remove(store_dir)
+
     gbps = ckpt.size / GB
     table.add(
         Row(
@@ -126,9 +146,28 @@ def run(opts: Options) -> list[Table]:
         )
     )
     table.add(Row("fresh snapshot, every chunk written", t_fresh, t_cp, "s", Target("ratio", "<=", 1.5), "cp"))
-    table.add(Row("fresh snapshot, every chunk written", t_fresh, cp_sync.best, "s", Target("ratio", "<=", 1.5), "cp, then sync FILE"))
+    table.add(
+        Row(
+            "fresh snapshot, every chunk written",
+            t_fresh,
+            cp_sync.best,
+            "s",
+            Target("ratio", "<=", 1.5),
+            "cp, then sync FILE",
+        )
+    )
+    table.add(
+        Row(
+            "restore into a new folder, every chunk verified",
+            restored.best,
+            copied.best,
+            "s",
+            None,
+            "cp -a of the store",
+        )
+    )
 
-    # c) peak anonymous memory ------------------------------------------------------------
+    # d) peak anonymous memory ------------------------------------------------------------
     peaks = {}
     for c in (ckpt, half):
         warm(c.file)
@@ -164,6 +203,9 @@ def run(opts: Options) -> list[Table]:
         "flushes the copy; the copy is deleted and dirty pages flushed after each run, outside the timing",
         f"hashing: {times_note((again, b3, sha))}",
         f"writing: {times_note((fresh, cp, cp_sync))}",
+        "restore: the snapshot's file written into a new folder from the store (every chunk read and "
+        "its hash checked), against `cp -a` of the store's folder (the same bytes copied, unchecked); "
+        f"{times_note((restored, copied))}",
         f"memory: RssAnon polled every {POLL_SECONDS * 1000:.0f} ms ({full['samples']} samples on the full run); "
         f"the child's baseline after imports was {full['baseline_mb']:.1f} MB, "
         f"its peak RssFile (mapped checkpoint pages, not counted) {full['peak_file_mb']:.0f} MB",
@@ -200,7 +242,9 @@ def _peak_anon_mb(ckpt: Checkpoint, store_dir: Path) -> dict:
     remove(store_dir)
     code = "import sys; from bench.snapshot_bench import memory_child; memory_child(sys.argv[1], sys.argv[2])"
     try:
-        peak, baseline_kb, result, samples = probe_memory(code, [str(ckpt.file), str(store_dir)], ("RssAnon", "RssFile"))
+        peak, baseline_kb, result, samples = probe_memory(
+            code, [str(ckpt.file), str(store_dir)], ("RssAnon", "RssFile")
+        )
     finally:
         remove(store_dir)
     if result["new_bytes"] < result["bytes"]:
