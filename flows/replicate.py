@@ -68,20 +68,22 @@ def replicate_snapshot(
 
     held = record_holders([results[t] for t in targets if t in results]) if record_lineage and results else {}
 
-    rows = []
+    rows, notes = [], []  # a sentence is a line below the table: the UI never wraps a table cell
     names = {t: cluster(t) for t in targets}
     for t in targets:
         if t in results:
             r = results[t]
             sent = (r["chunks_sent"], human(r["bytes_sent"]), r["chunks_present"])
-            versions = ", ".join(held.get(r["store"], []))
-            status = f"updated; held-by recorded on {versions}" if versions else "updated"
-            rows.append((names[t], status, short(r["root"]), *sent, r["ref_version"]))
+            rows.append((names[t], "updated", short(r["root"]), *sent, r["ref_version"]))
+            if held.get(r["store"]):
+                notes.append(f"- {names[t]}: held-by recorded on {', '.join(held[r['store']])}")
         else:
-            rows.append((names[t], f"**failed**: {failures[t]}", "", "", "", "", ""))
+            rows.append((names[t], "**failed**", "", "", "", "", ""))
+            notes.append(f"- {names[t]}: {' '.join(str(failures[t]).split())}")
     create_markdown_artifact(
         f"## Replication of `{ref}` from {cluster(source)}\n\n"
-        + md_table(["target", "status", "root", "chunks sent", "bytes sent", "chunks already there", "ref version"], rows),
+        + md_table(["target", "status", "root", "chunks sent", "bytes sent", "already there", "ref version"], rows)
+        + "".join(f"\n{line}" for line in ["", *notes] if notes),
         key="replication-summary",
         description=f"{len(results)} of {len(targets)} target(s) updated",
     )

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import re
 from contextlib import nullcontext
+from datetime import datetime, timezone
 from typing import Annotated, Literal
 
 from prefect import flow
@@ -103,23 +104,35 @@ def _mark(tier: dict) -> str:
     return "✗ missing" if tier["wanted"] else "–"
 
 
+def _minute(when: str | None) -> str:
+    """An ISO time as ``YYYY-MM-DD HH:MM`` (UTC): short enough for a table cell."""
+    if not when:
+        return ""
+    try:
+        t = datetime.fromisoformat(when)
+    except ValueError:
+        return when
+    return (t.astimezone(timezone.utc) if t.tzinfo else t).strftime("%Y-%m-%d %H:%M")
+
+
 def _oldest_verification(c: dict) -> str:
-    """When the least recently verified copy was verified (how stale the weakest copy's check is)."""
+    """When the least recently verified copy was verified (how stale the weakest copy's check is),
+    ``never`` when a copy was not verified."""
     times = [c["tiers"][t]["verified"] for t in TIERS if c["tiers"][t]["present"]]
     if not times:
         return ""
     if any(t is None for t in times):
-        return "never (a copy was not verified)"
-    return min(times)
+        return "never"
+    return _minute(min(times))
 
 
 def status_rows(status: dict) -> list[dict]:
-    """One row per checkpoint: ✓ / – per tier (✗ where the policy wants a copy that is missing)."""
+    """One row per checkpoint: ✓ / – per tier (✗ where the policy wants a copy that is missing),
+    times in UTC to the minute."""
     return [
         {
             "checkpoint": c["name"],
-            "step": c["step"],
-            "created": c["created"],
+            "created": _minute(c["created"]),
             "pinned": "yes" if c["pinned"] else "",
             **{t: _mark(c["tiers"][t]) for t in TIERS},
             "verified": _oldest_verification(c),
@@ -215,7 +228,7 @@ def tier_checkpoints(
     create_table_artifact(
         rows,
         key="tier-status",
-        description=f"{namespace}: {len(rows)} checkpoint(s), {len(status['violations'])} violation(s)",
+        description=f"{namespace}: {len(rows)} checkpoint(s), {len(status['violations'])} violation(s); times in UTC",
     )
     create_markdown_artifact(
         sweep_report(namespace, swept, added),

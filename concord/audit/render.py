@@ -52,7 +52,7 @@ EMBEDDED_PNG_BYTES = 512 * 1024
 #: the columns of the report's per-column table: narrow enough for the Prefect UI's artifact pane
 COLUMN_SUMMARY = ("column", "kind", "severity", "effect", "psi")
 #: the statistics in the second table below it (each column's finding follows as a list)
-COLUMN_STATISTICS = ("column", "js", "ks", "wasserstein", "chi2", "nulls")
+COLUMN_STATISTICS = ("column", "p", "js", "ks", "wasserstein", "chi2", "nulls")
 #: the columns of the replicas table (each replica's finding follows as a list)
 REPLICA_SUMMARY = ("cluster", "root", "identical", "severity", "tensors", "failed")
 #: the columns of the worst-tensors table the report and the flow's artifact show (the terminal's has all)
@@ -72,9 +72,16 @@ def _num(value: Any, digits: int = 3) -> str:
     return str(value)
 
 
+def _without_p(effect: str) -> str:
+    """A column's effect without the p-value it ends with (the p-value has a column of its own)."""
+    head, sep, tail = effect.rpartition(", p ")
+    return head if sep and tail[:1] in "<=>" else effect
+
+
 def column_rows(report: AuditReport | dict) -> list[dict]:
     """One row per column of the data section, worst first: statistics rounded for reading,
-    empty where a statistic does not apply."""
+    empty where a statistic does not apply; ``effect`` in readable units, ``p`` the p-value
+    adjusted over the columns (Benjamini–Hochberg)."""
     data = report.data if isinstance(report, AuditReport) else report
     rows = []
     for c in sorted((data or {}).get("columns", []), key=column_order):
@@ -86,8 +93,9 @@ def column_rows(report: AuditReport | dict) -> list[dict]:
                 "column": c["column"],
                 "kind": c["kind"],
                 "severity": c["severity"] + (f" ({c['priority']})" if c.get("priority") else ""),
-                "effect": c.get("effect") or "",
+                "effect": _without_p(c.get("effect") or ""),
                 "psi": _num(c.get("psi")),
+                "p": _num(c.get("pvalue_adjusted"), 2),
                 "kl": _num(c.get("kl")),
                 "js": _num(c.get("js")),
                 "ks": _num(c.get("ks")) + (f" (p {_num(c.get('ks_pvalue'), 2)})" if c.get("ks_pvalue") is not None else ""),
@@ -280,7 +288,9 @@ def render_markdown(
             lines += _plot_lines(listed, embed, plots_where)
         rows = column_rows(d)
         if rows:
-            lines += ["", "### Statistics per column", "", _md_table(rows, COLUMN_STATISTICS), ""]
+            # the adjusted p-value is the one the rule reads: the tests' own p-values are in MLflow
+            plain = [r | {k: r[k].split(" (p ", 1)[0] for k in ("ks", "chi2")} for r in rows]
+            lines += ["", "### Statistics per column", "", _md_table(plain, COLUMN_STATISTICS), ""]
             lines += _findings([r for r in rows if not r["severity"].startswith("ok")], "finding", "column")  # the drifted
 
     if "contract" in report.errors:

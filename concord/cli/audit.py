@@ -106,7 +106,7 @@ def report_lines(report) -> list[str]:
         d = report.data
         ref, cur = (d.get("reference") or {}).get("label"), (d.get("current") or {}).get("label")
         lines += ["", f"data drift {ref} → {cur}: {d.get('rows_reference')} → {d.get('rows_current')} rows, drift share {d.get('drift_share')}"]
-        lines += _text_table(column_rows(d), ["column", "kind", "severity", "effect", "psi", "js", "ks", "wasserstein", "chi2", "finding"])
+        lines += _text_table(column_rows(d), ["column", "kind", "severity", "effect", "psi", "js", "ks", "wasserstein", "chi2", "p", "finding"])
     if report.contract is not None:
         c = report.contract
         lines += ["", f"contract {c['ref']}: {'met' if c['ok'] else 'VIOLATED'} ({c['evaluated']} expectations, {len(c['failed'])} failed)"]

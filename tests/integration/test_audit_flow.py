@@ -106,7 +106,7 @@ def test_drift_between_species_is_detected_logged_and_fails_the_night(
     assert "body_mass_g" in report and "species" in report and "### Histograms of the drifted columns" in report
     # narrow tables that fit the artifact pane: the rest of the statistics in a second table, the findings below it
     headers = [t[0] for t in markdown_tables(report)]
-    assert ["column", "kind", "severity", "effect", "psi"] in headers and ["column", "js", "ks", "wasserstein", "chi2", "nulls"] in headers
+    assert ["column", "kind", "severity", "effect", "psi"] in headers and ["column", "p", "js", "ks", "wasserstein", "chi2", "nulls"] in headers
     assert "- `body_mass_g`: " in report and "reference rows" in report
     assert unreadable(artifacts, [str(tmp_path)]) == [] and str(tmp_path) not in report
     rows = json.loads(_by_key(artifacts, "drift-columns").data)

@@ -230,7 +230,7 @@ def test_markdown_puts_the_verdict_first_and_names_what_drifted():
     assert "| mass | numeric | critical (P0) |" in md and "| kind | categorical |" in md
     # every table fits the UI's artifact pane, sentences are lists below the tables
     tables = markdown_tables(md)
-    assert [t[0] for t in tables][:2] == [["column", "kind", "severity", "effect", "psi"], ["column", "js", "ks", "wasserstein", "chi2", "nulls"]]
+    assert [t[0] for t in tables][:2] == [["column", "kind", "severity", "effect", "psi"], ["column", "p", "js", "ks", "wasserstein", "chi2", "nulls"]]
     assert max(map(width, tables)) <= MAX_WIDTH and "- **data drift**: **critical (P0)**: " in md and "- `mass`: " in md
     assert "## Contract `toy@1`" in md and "expect_column_values_to_be_between" in md
     assert "### Worst tensors" in md and "layer.0.attn.weight" in md and "F32 → BF16" in md
