@@ -241,8 +241,12 @@ def render_markdown(
     where they are kept (an MLflow run); without it they are listed by path.
     """
     sev = report.severity
-    verdict = report.verdict()
-    lines = [f"# {title}: {_badge(sev).upper() if sev != 'ok' else 'ok'}", "", verdict.split(": ", 1)[-1], ""]
+    # the verdict's words are the section list below (and the artifact's description above): the
+    # heading gives the level only, so a reader meets each finding once
+    lines = [f"# {title}: {_badge(sev).upper() if sev != 'ok' else 'ok'}", ""]
+    if sev == "ok":  # "data drift, contract checked, nothing drifted": the night in one line
+        quiet = report.verdict().split(": ", 1)[-1]
+        lines += [quiet[:1].upper() + quiet[1:] + ".", ""]
     subject = []
     if report.data is not None:
         ref, cur = report.data.get("reference"), report.data.get("current")

@@ -225,7 +225,9 @@ def test_markdown_puts_the_verdict_first_and_names_what_drifted():
     md = render_markdown(report, plots={"mass": "/tmp/p/drift-mass.png"}, links={"MLflow": "run `abc`"})
     lines = md.splitlines()
     assert lines[0] == "# Drift audit: **CRITICAL (P0)**"
-    assert lines[2].startswith("data drift: 2 of 3 columns drifted")
+    # the heading gives the level, the section list each finding, once
+    assert lines[2].startswith("Audited: ") and md.count("2 of 3 columns drifted") == 1
+    assert lines[4].startswith("- **data drift**: **critical (P0)**: 2 of 3 columns drifted")
     assert "data `ref.parquet` → `tonight.parquet`" in md and "model `minilm/2`" in md
     assert "| mass | numeric | critical (P0) |" in md and "| kind | categorical |" in md
     # every table fits the UI's artifact pane, sentences are lists below the tables
@@ -242,7 +244,7 @@ def test_markdown_puts_the_verdict_first_and_names_what_drifted():
 def test_markdown_of_a_quiet_night_says_ok():
     ref, cur = frames(seed=5)
     md = render_markdown(AuditReport.assemble(drift=data_drift(ref, cur)))
-    assert md.startswith("# Drift audit: ok\n") and "nothing drifted" in md
+    assert md.startswith("# Drift audit: ok\n") and "checked, nothing drifted." in md
 
 
 def test_replica_and_card_rows():
