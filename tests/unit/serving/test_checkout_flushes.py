@@ -27,15 +27,26 @@ SMALL = 40  # files of one chunk each
 class Recorder:
     """Every write, fsync and syncfs (by the path of its descriptor) and every rename, in order, from all threads."""
 
-    def __init__(self, monkeypatch, under: Path) -> None:
+    def __init__(self, monkeypatch, under: Path, *, hold_after: int | None = None) -> None:
+        """With ``hold_after``, once that many bytes of small files (writes under a chunk) are
+        written every write waits (30 s at most, once) for the first ``syncfs`` to begin: a background one
+        then begins while files remain to be written on any machine, however late its thread runs."""
         self.under = str(under)
         self.events: list[tuple[str, str]] = []
         self._lock = threading.Lock()
+        self._written = 0
+        began = threading.Event()
         real_pwrite, real_fsync, real_rename, real_syncfs = os.pwrite, os.fsync, os.rename, local.syncfs
 
         def pwrite(fd, data, offset):
+            if hold_after is not None and self._written >= hold_after and self._path(fd).startswith(self.under):
+                if not began.wait(30):
+                    began.set()  # none began: wait no more, the test's assertions say what is wrong
             n = real_pwrite(fd, data, offset)
             self._add("write", self._path(fd))
+            if n < SMALL_CHUNK:
+                with self._lock:
+                    self._written += n
             return n
 
         def fsync(fd):
@@ -44,6 +55,7 @@ class Recorder:
 
         def syncfs(fd):
             self._add("syncfs-begin", self._path(fd))
+            began.set()
             real_syncfs(fd)
             self._add("syncfs", self._path(fd))
 
@@ -118,11 +130,13 @@ def test_every_new_file_is_flushed_before_the_version_is_renamed_into_place(fold
 def test_syncfs_runs_in_the_background_while_small_files_are_written_and_once_more_after_the_last(folder, tmp_path, monkeypatch):
     """After every ``SYNCFS_EVERY`` bytes of small files a ``syncfs`` starts beside the writers (so
     the disk works meanwhile); the last still begins after the last write and ends before the rename."""
-    monkeypatch.setattr(local, "SYNCFS_EVERY", 8000)  # a few of the 40 small files
+    monkeypatch.setattr(local, "SYNCFS_EVERY", 8000)  # a few of the 40 small files (115 kB in all)
     store = LocalDirStore(tmp_path / "store")
     m = snapshot(folder, store, chunk_size=SMALL_CHUNK).manifest
     dest = tmp_path / "srv" / "current"
-    rec = Recorder(monkeypatch, tmp_path / "srv")
+    # by 40 kB written, more than 8000 bytes of small files were handed to the flusher (two writers
+    # hold 10 kB at most): a background syncfs was started, and the writes wait until it begins
+    rec = Recorder(monkeypatch, tmp_path / "srv", hold_after=40_000)
     checkout(store, m, dest)
     layout = Layout.of(dest)
     part, vdir = layout.partial_dir(m.root), layout.version_dir(m.root)
