@@ -144,6 +144,44 @@ def test_a_watcher_event_renders_valid_parameters(tmp_path, monkeypatch):
     fl.validate_parameters(params)
 
 
+def test_every_trigger_renders_parameters_the_server_accepts_from_the_event_concord_sends(tmp_path, monkeypatch):
+    """The server checks a run-deployment action's rendered parameters against the flow's schema
+    strictly (JSON Schema: the string "1" is no integer), and a refusal is an "action failed"
+    event in the UI. So each trigger of prefect.yaml is rendered from the event as Concord emits
+    it, types and all (the promote task names a version as MLflow does: the string "1"), and
+    checked the server's way."""
+    from prefect.flows import load_flow_from_entrypoint
+    from prefect.utilities.callables import parameter_schema
+    from prefect.utilities.schema_tools.validation import validate
+
+    folder = tmp_path / "step-200"
+    folder.mkdir()
+    sent = {
+        "concord.checkpoint.created": checkpoint_event(announcement(str(folder))),
+        "concord.model.promoted": received(
+            "concord.model.promoted",
+            {"prefect.resource.id": "concord.model.minilm/1", "concord.alias": "champion"},
+            {"name": "minilm", "version": "1", "alias": "champion", "time": "2026-01-01T00:00:00Z", "previous": None},
+        ),
+        "concord.replica.updated": received(
+            "concord.replica.updated",
+            {"prefect.resource.id": "concord.store./data/stores/eu-central", "prefect.resource.name": "/data/stores/eu-central"},
+            {"ref": "models/minilm", "root": "a" * 64},
+        ),
+    }
+    monkeypatch.chdir(ROOT)
+    doc = yaml.safe_load((ROOT / "prefect.yaml").read_text())
+    checked = []
+    for d in doc["deployments"]:
+        for t in _triggers(d) if d.get("triggers") else ():
+            (expect,) = t.expect
+            params = d.get("parameters", {}) | render(t.parameters, sent[expect])
+            schema = parameter_schema(load_flow_from_entrypoint(d["entrypoint"])).model_dump_for_openapi()
+            assert validate(params, schema) == [], f"{d['name']}: {t.name} renders {params}"
+            checked.append(d["name"])
+    assert len(checked) == sum(len(d.get("triggers") or ()) for d in doc["deployments"]) >= 4
+
+
 def test_a_checkpoint_without_a_step_renders_none(tmp_path, monkeypatch):
     folder = tmp_path / "final"
     folder.mkdir()
