@@ -371,7 +371,12 @@ def _sending(source: Store, b: Manifest, missing: dict[str, int], walk: _Walk) -
 
 
 def _bases(store: Store, names: list[str]) -> dict[str, str | None]:
-    """Object name → the object name of its base (None: stored whole), from each chunk's first bytes."""
+    """Object name → the object name of its base (None: stored whole): from the store's delta
+    index where it is whole (one listing), else from each chunk's first bytes."""
+    index = store.delta_index()
+    if index is not None:
+        listed = {name: base for name, base, _ in index.values()}
+        return {n: listed.get(n) for n in names}
     if store.parallelism <= 1 or len(names) < 2:
         return {n: store.chunk_base(n) for n in names}
     from concurrent.futures import ThreadPoolExecutor
