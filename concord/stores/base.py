@@ -458,7 +458,7 @@ class Store(ABC):
             return
         base = enc.base_of(name, memoryview(stored)[: enc.HEAD_BYTES])
         if base is not None:
-            self._put_object(delta_entry_key(name, base), b"", overwrite=False)  # there already: as good
+            self.index_deltas([(name, base)])
 
     def delta_index(self) -> dict[str, tuple[str, str, float]] | None:
         """The delta index (:data:`DELTA_INDEX`): ``{entry key: (delta's object name, base's object
@@ -483,7 +483,7 @@ class Store(ABC):
 
     def index_deltas(self, pairs: Iterable[tuple[str, str]]) -> None:
         """Write the delta index's entry of each ``(delta's object name, base's object name)``."""
-        for name, base in pairs:
+        for name, base in pairs:  # an entry there already is as good
             self._put_object(delta_entry_key(_check_digest(name, "chunk object name"), _check_digest(base, "chunk object name")), b"", overwrite=False)
 
     def delete_delta_entry(self, key: str) -> None:
