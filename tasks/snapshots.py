@@ -120,7 +120,10 @@ def restore_task(store: str, snapshot: str, out_dir: str, trust_block: str | Non
         root = resolve_root(s, snapshot)
         check = policy.restore_check if policy is not None else None
         r = restore(s, load_manifest(s, root), out_dir, progress=PrefectProgress(), check_root=check)
-    run_logger().info("restored %s: %d files, %d bytes into %s", r.root[:12], r.files, r.bytes, r.path)
+    if r.unchanged:
+        run_logger().info("unchanged: %s already holds %s (%d files, checked by content)", r.path, r.root[:12], r.files)
+    else:
+        run_logger().info("restored %s: %d files, %d bytes into %s", r.root[:12], r.files, r.bytes, r.path)
     return r.to_dict() | {"store": s.uri, "snapshot": snapshot}
 
 

@@ -135,8 +135,10 @@ class RestoreTargetError(ConcordError, FileExistsError):
     def __init__(self, path: str) -> None:
         self.path = path
         super().__init__(
-            f"{path} already exists and is not empty; restore into a new folder "
-            "(Concord never overwrites files)."
+            f"{path} already exists and holds something other than this snapshot (another root, "
+            "a changed or extra file); restore into a new or empty folder: Concord never "
+            "overwrites or deletes files. Running again into a folder that holds exactly this "
+            "snapshot succeeds, unchanged."
         )
 
 

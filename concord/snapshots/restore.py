@@ -43,6 +43,8 @@ class RestoreResult:
     files: int
     bytes: int
     path: str
+    #: the folder already held exactly this root (checked by size and chunk digest): nothing written
+    unchanged: bool = False
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)
@@ -122,9 +124,11 @@ def restore(
     check_root: RootCheck | None = None,
 ) -> RestoreResult:
     out = os.path.abspath(os.fspath(out_dir))
+    digests = check_root(store, manifest.root) if check_root is not None else None  # trust first
     if os.path.exists(out) and (not os.path.isdir(out) or os.listdir(out)):
+        if os.path.isdir(out) and holds_root(manifest, out):
+            return RestoreResult(manifest.root, manifest.n_files, manifest.total_bytes, out, unchanged=True)
         raise RestoreTargetError(out)
-    digests = check_root(store, manifest.root) if check_root is not None else None
     parent = os.path.dirname(out)
     tmp = os.path.join(parent, f".{os.path.basename(out)}.concord-tmp-{uuid.uuid4().hex[:12]}")
     _local(tmp, out, os.makedirs, parent, exist_ok=True)
@@ -203,6 +207,33 @@ def restore(
         if os.path.exists(tmp):
             shutil.rmtree(tmp, ignore_errors=True)
     return RestoreResult(manifest.root, manifest.n_files, manifest.total_bytes, out)
+
+
+def holds_root(manifest: Manifest, out: str) -> bool:
+    """Whether folder ``out`` holds exactly ``manifest``'s files (no other file, each of its size,
+    every chunk of it hashing to the manifest's id). Reads only; a link is never followed."""
+    from concord.hashing import chunk_id
+    from concord.snapshots.manifest import safe_relpath
+
+    expected = {safe_relpath(f.path): f for f in manifest.files}
+    found: set[str] = set()
+    for folder, dirs, names in os.walk(out):
+        for name in names + [d for d in dirs if os.path.islink(os.path.join(folder, d))]:
+            found.add(os.path.relpath(os.path.join(folder, name), out).replace(os.sep, "/"))
+    if found != set(expected):
+        return False
+    for rel, f in expected.items():
+        path = os.path.join(out, *rel.split("/"))
+        if os.path.islink(path) or not os.path.isfile(path) or os.path.getsize(path) != f.size:
+            return False
+        with open(path, "rb") as fh:
+            for p in f.parts:
+                for cid, offset, length in p.chunk_spans(manifest.chunk_size):
+                    fh.seek(offset)
+                    data = fh.read(length)
+                    if len(data) != length or chunk_id(data) != cid:
+                        return False
+    return True
 
 
 def _runs(items, n: int):

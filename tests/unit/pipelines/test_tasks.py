@@ -179,8 +179,12 @@ def test_restore_task_writes_identical_files_and_never_overwrites(checkpoint, st
     r = restore_task.fn(stores["a"], REF, str(out))
     assert (r["root"], r["files"], r["path"]) == (snap["root"], 2, str(out))
     assert filecmp.cmpfiles(src, out, ["model.safetensors", "config.json"], shallow=False)[1:] == ([], [])
+    again = restore_task.fn(stores["a"], snap["root"], str(out))  # a re-run with the same arguments
+    assert again["unchanged"] and again["root"] == snap["root"] and not r["unchanged"]
+    (out / "config.json").write_text("{}")  # the folder now holds something else: refused
     with pytest.raises(RestoreTargetError):
         restore_task.fn(stores["a"], snap["root"], str(out))
+    assert (out / "config.json").read_text() == "{}"
 
 
 def test_verify_task_reports_instead_of_raising_and_repairs(checkpoint, stores, events):

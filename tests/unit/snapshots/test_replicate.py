@@ -46,15 +46,46 @@ def test_replicate_to_many_then_only_deltas(ckpt, tmp_path, stores):
     assert delta.previous == base.root and delta.ref_version == 2
 
 
-def test_restore_is_byte_identical_and_refuses_to_overwrite(ckpt, tmp_path, stores):
+def _tree(path):
+    return {p.relative_to(path): (p.stat().st_mtime_ns, p.read_bytes()) for p in sorted(path.rglob("*")) if p.is_file()}
+
+
+def test_restore_is_byte_identical_and_a_rerun_into_the_same_root_is_unchanged(ckpt, tmp_path, stores):
     r = snapshot(ckpt, stores[0], chunk_size=SMALL_CHUNK, ref="toy")
     replicate(stores[0], [stores[1]], ref="toy")
     out = tmp_path / "restored"
     res = restore(stores[1], load_manifest(stores[1], r.root), out)
-    assert files_equal(ckpt, out) and res.bytes == r.bytes and res.files == r.files
-    with pytest.raises(RestoreTargetError, match="already exists"):
-        restore(stores[1], load_manifest(stores[1], r.root), out)
+    assert files_equal(ckpt, out) and res.bytes == r.bytes and res.files == r.files and not res.unchanged
+    before = _tree(out)
+    again = restore(stores[1], load_manifest(stores[1], r.root), out)
+    assert again.unchanged and again.root == r.root and again.files == r.files
+    assert _tree(out) == before  # nothing rewritten
     assert not [p for p in tmp_path.iterdir() if "concord-tmp" in p.name]
+
+
+def test_restore_refuses_a_folder_holding_another_root_and_touches_nothing(ckpt, tmp_path, stores):
+    r = snapshot(ckpt, stores[0], chunk_size=SMALL_CHUNK, ref="toy")
+    out = tmp_path / "restored"
+    restore(stores[0], r.manifest, out)
+    (out / "extra.txt").write_bytes(b"a user's file")
+    before = _tree(out)
+    with pytest.raises(RestoreTargetError, match="new or empty folder"):
+        restore(stores[0], r.manifest, out)
+    assert _tree(out) == before
+
+
+def test_restore_refuses_a_folder_with_one_corrupted_file(ckpt, tmp_path, stores):
+    r = snapshot(ckpt, stores[0], chunk_size=SMALL_CHUNK, ref="toy")
+    out = tmp_path / "restored"
+    restore(stores[0], r.manifest, out)
+    victim = next(p for p in sorted(out.rglob("*")) if p.is_file() and p.stat().st_size > 0)
+    data = bytearray(victim.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # same size, one byte flipped
+    victim.write_bytes(bytes(data))
+    before = _tree(out)
+    with pytest.raises(RestoreTargetError):
+        restore(stores[0], r.manifest, out)
+    assert _tree(out) == before
 
 
 def test_restore_refuses_escaping_paths_before_writing(tmp_path, stores):
