@@ -180,7 +180,11 @@ def cmd_restore(args, out) -> int:
     from concord.api import restore
 
     r = restore(args.store, args.out_dir, ref=args.ref, root=args.root, trust=args.trust, progress=out.progress)
-    out.emit(r.to_dict(), [f"restored {r.root[:12]}: {r.files} files, {human(r.bytes)} into {r.path}"])
+    if r.unchanged:
+        line = f"unchanged: {r.path} already holds {r.root[:12]} ({r.files} files, checked by content)"
+    else:
+        line = f"restored {r.root[:12]}: {r.files} files, {human(r.bytes)} into {r.path}"
+    out.emit(r.to_dict(), [line])
     return 0
 
 

@@ -41,6 +41,11 @@ def test_cli_contract_on_local_stores(capsys, ckpt, tmp_path):
     assert sync2["targets"][0]["bytes_sent"] == snap2["new_bytes"]
     code, rest, _ = run(capsys, "restore", c2, "--ref", "toy", str(tmp_path / "out"))
     assert code == 0 and {"root", "files", "bytes"} <= rest.keys() and rest["root"] == snap2["root"]
+    assert rest["unchanged"] is False
+    code, again, _ = run(capsys, "restore", c2, "--ref", "toy", str(tmp_path / "out"))  # the same, again
+    assert code == 0 and again["unchanged"] is True and again["root"] == snap2["root"]
+    assert main(["restore", c2, "--ref", "toy", str(tmp_path / "out")]) == 0
+    assert "unchanged: " in capsys.readouterr().out
     code, ver, _ = run(capsys, "verify", c2, "--ref", "toy")
     assert code == 0 and {"chunks_checked", "missing", "corrupt", "repaired"} <= ver.keys()
     code, rb, _ = run(capsys, "rollback", c2, "--ref", "toy")
