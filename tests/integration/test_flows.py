@@ -219,10 +219,14 @@ def test_restore_flow_writes_identical_files(checkpoints, store_dirs, tmp_path, 
     match, mismatch, errors = filecmp.cmpfiles(source, out, ["model.safetensors", "config.json"], shallow=False)
     assert (mismatch, errors) == ([], []) and len(match) == 2
 
+    same = restore_snapshot(ap, REF, str(out))  # a re-run into a folder holding that root: unchanged
+    assert same["unchanged"] and same["root"] == r["root"]
+    (out / "config.json").write_text("{}")  # now it holds something else
     again = restore_snapshot(ap, REF, str(out), return_state=True)
     assert again.is_failed()  # never overwrites; and not retried: the folder will still be there
     (run,) = _task_runs(prefect_client, again.state_details.flow_run_id)
     assert run.run_count == 1
+    assert (out / "config.json").read_text() == "{}"
 
 
 def test_snapshot_and_replicate_pipeline(checkpoints, store_dirs, events_about, artifacts_of):
