@@ -128,6 +128,8 @@ def wait_for_archive(
 ) -> tuple[int, float]:
     """Make every chunk in ``ids`` readable in an archive store; ``(restore requests, seconds waited)``.
 
+    Seconds waited is 0.0 when every chunk is readable at the first look (nothing was waited for).
+
     Archived chunks get a restore request (``policy.restore_days`` / ``restore_tier``), then the
     states are polled every ``poll`` seconds. Progress counts objects (one per chunk). Raises
     :class:`RestoreTimeoutError` after ``timeout`` seconds with chunks still restoring, and
@@ -144,6 +146,8 @@ def wait_for_archive(
             raise ChunkNotFoundError(store.uri, missing[0])
         pending = [c for c in ids if states[c] != AVAILABLE]
         prog.advance(len(ids) - len(pending))
+        if not pending:  # every chunk already readable: nothing was waited for
+            return 0, 0.0
         requests = _request(store, [c for c in pending if states[c] == ARCHIVED], policy)
         while pending:
             elapsed = clock() - t0
