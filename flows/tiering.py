@@ -254,7 +254,9 @@ def tier_checkpoints(
 def restore_checkpoint_flow(
     policy: Policy,
     name: CheckpointName,
-    out_dir: Annotated[str, Field(min_length=1, description="A new folder to restore into (never overwritten).")],
+    out_dir: Annotated[
+        str, Field(min_length=1, description="A new folder to restore into (never overwritten; one already holding this checkpoint is left unchanged).")
+    ],
     tier: Literal["nearest", "hot", "warm", "cold"] = "nearest",
     trust_block: str | None = None,
 ) -> dict:
@@ -263,7 +265,8 @@ def restore_checkpoint_flow(
     Args:
         policy: The tier policy: a YAML file, or block:NAME of a saved Concord Tier Policy block.
         name: The checkpoint to restore.
-        out_dir: A new folder to restore into; Concord never overwrites files.
+        out_dir: A new folder to restore into; Concord never overwrites files (a folder that
+            already holds exactly this checkpoint is left as it is, and the run says unchanged).
         tier: The tier to restore from; nearest takes the fastest tier holding a copy (hot, then
             warm, then cold, waiting for an archive restore if cold is archived).
         trust_block: A saved Concord Trust block; with trusted keys, a copy none of them signed is
@@ -272,6 +275,14 @@ def restore_checkpoint_flow(
     r = restore_checkpoint_task(
         tier_policy_task(policy), name, out_dir, tier=None if tier == "nearest" else tier, trust_block=trust_block or None
     )
+    if r["unchanged"]:
+        create_markdown_artifact(
+            f"## Restore of `{r['name']}`: unchanged\n\n`{r['path']}` already holds {short(r['root'])} "
+            f"({r['files']} file(s), {human(r['bytes'])}, every chunk checked by content): nothing was written.",
+            key="tier-restore",
+            description=f"{r['name']}: unchanged",
+        )
+        return r
     rows = [
         ("checkpoint", f"`{r['name']}` {short(r['root'])}"),
         ("from", f"{r['tier']} ({cluster(r['store'])})"),

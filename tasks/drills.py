@@ -30,7 +30,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from concord.tiering.policy import TierPolicy
 
 #: what a restore's event says of it
-RESTORED_KEYS = ("name", "root", "tier", "store", "seconds", "wait_seconds", "restore_requests", "bytes", "files", "path")
+RESTORED_KEYS = ("name", "root", "tier", "store", "seconds", "wait_seconds", "restore_requests", "bytes", "files", "path", "unchanged")
 
 
 @task(name="tier-restore", task_run_name="tier-restore-{name}", **RETRIED)
@@ -61,10 +61,13 @@ def restore_checkpoint_task(
         [events.snapshot(r["root"], "snapshot"), events.store(r["store"], "source")],
         {k: r[k] for k in RESTORED_KEYS},
     )
-    run_logger().info(
-        "%s/%s restored from %s (%s) into %s: %d file(s), %d bytes in %.3g s (%.3g s waiting on the archive)",
-        ns, name, r["tier"], r["store"], r["path"], r["files"], r["bytes"], r["seconds"], r["wait_seconds"],
-    )
+    if r["unchanged"]:
+        run_logger().info("%s/%s: %s already holds %s (%d file(s), checked by content): unchanged", ns, name, r["path"], r["root"], r["files"])
+    else:
+        run_logger().info(
+            "%s/%s restored from %s (%s) into %s: %d file(s), %d bytes in %.3g s (%.3g s waiting on the archive)",
+            ns, name, r["tier"], r["store"], r["path"], r["files"], r["bytes"], r["seconds"], r["wait_seconds"],
+        )
     return r
 
 

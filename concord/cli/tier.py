@@ -230,6 +230,9 @@ def cmd_restore(args, out) -> int:
     r = tier_restore(
         _policy(args), args.name, args.out_dir, tier=args.tier, timeout=args.timeout, trust=args.trust, progress=out.progress
     ).to_dict()
+    if r["unchanged"]:
+        out.emit(r, [f"unchanged: {r['path']} already holds {r['name']} ({r['root'][:12]}, {r['files']} file(s), checked by content)"])
+        return 0
     waited = f", {_seconds(r['wait_seconds'])} of it waiting on the archive" if r.get("wait_seconds") else ""
     lines = [
         f"restored {r['name']} ({r['root'][:12]}) from {r['tier']} ({r['store']}) into {r['path']}",

@@ -64,6 +64,9 @@ class TierRestoreResult:
     path: str
     bytes_per_second: float
     record: str | None = None  # the document written to the hot store, if one was
+    #: the folder already held exactly this root (every file's size and chunk ids checked):
+    #: nothing was waited for, written or recorded
+    unchanged: bool = False
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)
@@ -215,9 +218,15 @@ def check_restored(manifest: Manifest, out: str, *, progress: Progress | None = 
         prog.close()
 
 
-def _target_free(out: str) -> None:
-    if os.path.exists(out) and (not os.path.isdir(out) or os.listdir(out)):
+def _target_free(out: str) -> bool:
+    """Whether ``out`` is free to restore into (absent, or an empty folder); False for a folder
+    holding something (which may be this very checkpoint: see :func:`restore_checkpoint`);
+    :class:`RestoreTargetError` for anything else there."""
+    if not os.path.exists(out):
+        return True
+    if not os.path.isdir(out):
         raise RestoreTargetError(out)
+    return not os.listdir(out)
 
 
 def find_copy(policy: TierPolicy, name: str, stores, tier: str | None = None) -> tuple[str, str]:
@@ -273,6 +282,11 @@ def restore_checkpoint(
 ) -> TierRestoreResult:
     """Restore checkpoint ``name`` into ``out_dir`` (which must not exist, or be empty).
 
+    A folder that already holds exactly the copy's root (every file's size and every chunk's
+    BLAKE3, nothing more) is left as it is: the result says ``unchanged``, nothing is asked of an
+    archive, written or recorded, so a retried restore succeeds. A folder holding anything else is
+    refused (:class:`RestoreTargetError`) before any archive wait, and left untouched.
+
     From ``tier`` when given, else from the nearest tier holding it (hot, then warm, then cold).
     From an archive tier, waits for the archive restore first (``timeout`` / ``poll`` default to
     the policy's ``restore.timeout`` / ``restore.poll``). The result is re-read and re-hashed;
@@ -294,7 +308,7 @@ def restore_checkpoint(
     if not timeout > 0 or not poll > 0:
         raise ValueError(f"timeout and poll must be positive, got timeout={timeout!r}, poll={poll!r}")
     out = os.path.abspath(os.fspath(out_dir))
-    _target_free(out)  # fail now, not after hours of waiting for an archive
+    free = _target_free(out)  # a folder holding something is judged once the copy's root is known
     existed = os.path.isdir(out)
     tiers = _Stores(policy, stores)
 
@@ -302,6 +316,16 @@ def restore_checkpoint(
     store = tiers[chosen]
     manifest = load_manifest(store, root, verify=True)
     expected = check_root(store, root) if check_root is not None else None  # refuses before any wait or write
+    if not free:  # fail now, not after hours of waiting for an archive
+        from concord.snapshots.restore import holds_root
+
+        if not holds_root(manifest, out):
+            raise RestoreTargetError(out)
+        seconds = time.monotonic() - t0
+        return TierRestoreResult(
+            name=name, root=root, tier=chosen, store=store.uri, seconds=seconds, wait_seconds=0.0, restore_requests=0,
+            bytes=manifest.total_bytes, files=manifest.n_files, path=out, bytes_per_second=0.0, unchanged=True,
+        )
     requests, waited = 0, 0.0
     if getattr(store, "archive", False):
         requests, waited = wait_for_archive(

@@ -186,7 +186,13 @@ def test_restore_checkpoint_restores_from_the_nearest_tier(tmp_path, namespace, 
     assert restored.payload["tier"] == "warm" and restored.payload["bytes"] == r["bytes"]
 
     r = restore_checkpoint_flow(policy, "step-100", str(tmp_path / "out-cold"), tier="cold")
-    assert r["tier"] == "cold"
+    assert r["tier"] == "cold" and r["unchanged"] is False
+    # a re-run into the same folder (a retried task does this) completes, unchanged, and says so
+    state = restore_checkpoint_flow(policy, "step-100", str(tmp_path / "out"), return_state=True)
+    assert state.is_completed(), state
+    assert state.result()["unchanged"] is True
+    report = _by_key(artifacts_of(state.state_details.flow_run_id), "tier-restore").data
+    assert "unchanged" in report and "step-100" in report
 
 
 def test_restore_drill_reports_and_logs_to_mlflow(tmp_path, namespace, policy, ckpts, mlflow_server, artifacts_of, events_about):

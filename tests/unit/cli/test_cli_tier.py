@@ -165,6 +165,16 @@ def test_restore_reports_tier_seconds_bytes_and_gives_identical_files(capsys, po
     assert {"name", "root", "tier", "store", "seconds", "wait_seconds", "restore_requests", "bytes", "files", "path", "bytes_per_second"} <= r.keys()
     assert (r["tier"], r["bytes"], r["root"]) == ("hot", tiered[-1]["bytes"], tiered[-1]["root"])
     assert r["seconds"] >= 0 and r["files"] == 3
+    assert files_equal(ckpts[-1], tmp_path / "r400") and r["unchanged"] is False
+    # run again into the folder it made: unchanged, said so in one line
+    code, r, _ = run(capsys, "tier", "restore", "--policy", policy, "step-400", tmp_path / "r400")
+    assert code == 0 and r["unchanged"] is True and r["root"] == tiered[-1]["root"]
+    assert main(["tier", "restore", "--policy", str(policy), "step-400", str(tmp_path / "r400")]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"unchanged: {tmp_path / 'r400'} already holds step-400") and out.count("\n") == 1
+    # another checkpoint into it: refused in one line, the folder as it was
+    code, _, err = run(capsys, "tier", "restore", "--policy", policy, "step-300", tmp_path / "r400")
+    assert code != 0 and str(tmp_path / "r400") in err and err.count("\n") == 1
     assert files_equal(ckpts[-1], tmp_path / "r400")
 
     # only cold holds the oldest; the nearest copy of the second newest is hot, but warm can be asked for

@@ -142,6 +142,40 @@ def test_a_folder_in_the_way_is_refused_before_anything_is_read(tmp_path, policy
     assert files_equal(tiered["step-3"], empty)
 
 
+def test_a_rerun_into_the_folder_it_restored_is_unchanged_and_anything_else_is_refused(tmp_path, policy, tiered):
+    out = tmp_path / "out"
+    first = restore_checkpoint(policy, "step-3", out)
+    assert not first.unchanged and first.record is not None
+    mtimes = {p: p.stat().st_mtime_ns for p in out.rglob("*")}
+    again = restore_checkpoint(policy, "step-3", out)  # a retried restore
+    assert again.unchanged and again.root == first.root and again.record is None
+    assert again.files == first.files and again.bytes == first.bytes and again.restore_requests == 0
+    assert {p: p.stat().st_mtime_ns for p in out.rglob("*")} == mtimes  # nothing written
+    assert again.to_dict()["unchanged"] is True
+    # the folder holds another checkpoint's root: refused, untouched
+    with pytest.raises(RestoreTargetError, match=str(out)):
+        restore_checkpoint(policy, "step-2", out)
+    assert files_equal(tiered["step-3"], out)
+    # an extra file, or one byte changed (same size, same file set): refused, untouched
+    (out / "extra.txt").write_text("mine")
+    with pytest.raises(RestoreTargetError):
+        restore_checkpoint(policy, "step-3", out)
+    assert (out / "extra.txt").read_text() == "mine"
+    (out / "extra.txt").unlink()
+    target = out / "trainer_state.json"
+    data = bytearray(target.read_bytes())
+    data[-2] ^= 1
+    target.write_bytes(bytes(data))
+    with pytest.raises(RestoreTargetError):
+        restore_checkpoint(policy, "step-3", out)
+    assert target.read_bytes() == bytes(data)
+    # a file where the folder should be
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(RestoreTargetError):
+        restore_checkpoint(policy, "step-3", tmp_path / "file")
+    assert (tmp_path / "file").read_text() == "x"
+
+
 def test_a_damaged_tier_copy_fails_the_restore_and_leaves_no_folder(tmp_path, policy, tiered):
     warm = LocalDirStore(tmp_path / "warm")
     corrupt_a_chunk(warm, TierState.read(policy).held["warm"]["step-2"])
