@@ -64,7 +64,8 @@ tables read batch by batch (:class:`TableBatches`; :func:`concord.lineage.data.t
 memory that does not grow with them: the reference first, then the current table in one pass; counts,
 categories and the current side's bin counts stay exact, and above :data:`SAMPLE_SIZE` values per
 column and side, the edges, the reference's bin shares, KS and Wasserstein come from seeded uniform
-samples (see ``docs/drift.md`` for the bounds).
+samples (see ``docs/drift.md`` for the bounds). Against a reference profile, a current column above
+that size is counted on a fine grid of the profile's sample instead (:mod:`concord.audit.binned`).
 
 numpy, pandas and scipy are imported inside the functions that need them.
 """
@@ -76,6 +77,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from concord.audit.binned import Grid, grid_tests
 from concord.errors import DriftConfigError
 from concord.lineage.data import TableBatches
 from concord.lineage.data import columns_by_name as _columns_by_name
@@ -491,7 +493,6 @@ def _merged_ks_wasserstein(r: np.ndarray, c: np.ndarray) -> tuple[float, float]:
 
 def _ks_wasserstein(r: np.ndarray, c: np.ndarray) -> tuple[float, float, float]:
     """KS statistic, two-sided KS p-value and Wasserstein-1 distance of two sorted samples."""
-    import numpy as np
     from scipy import stats
 
     n_r, n_c = r.size, c.size
@@ -499,13 +500,20 @@ def _ks_wasserstein(r: np.ndarray, c: np.ndarray) -> tuple[float, float, float]:
         res = stats.ks_2samp(r, c)  # "auto": the exact p-value at these sizes
         return float(res.statistic), float(res.pvalue), float(stats.wasserstein_distance(r, c))
     ks, wasserstein = _merged_ks_wasserstein(r, c)
+    return ks, _ks_pvalue(ks, n_r, n_c), wasserstein
+
+
+def _ks_pvalue(ks: float, n_r: int, n_c: int) -> float:
+    """The two-sided KS p-value of samples of ``n_r`` and ``n_c`` values, as ``ks_2samp(method="asymp")``."""
+    import numpy as np
+    from scipy import stats
+
     m, n = sorted((float(n_r), float(n_c)), reverse=True)
     en = np.round(m * n / (m + n))
     if en <= KS_LIMIT_N:  # Smirnov's distribution for this n, as ks_2samp(method="asymp") uses it
-        pvalue = float(np.clip(stats.kstwo.sf(ks, en), 0, 1))
-    else:  # its limit (Kolmogorov): as accurate at these sizes, and never seconds per column
-        pvalue = float(np.clip(stats.kstwobign.sf(ks * math.sqrt(en)), 0, 1))
-    return ks, pvalue, wasserstein
+        return float(np.clip(stats.kstwo.sf(ks, en), 0, 1))
+    # its limit (Kolmogorov): as accurate at these sizes, and never seconds per column
+    return float(np.clip(stats.kstwobign.sf(ks * math.sqrt(en)), 0, 1))
 
 
 # --------------------------------------------------------------------------- one side of a column
@@ -525,6 +533,11 @@ class _Side:
     high: float | None = None
     edges: Any = None  # numeric, streamed: the bin edges ``bin_counts`` were counted on
     bin_counts: Any = None  # numeric, streamed: the counts of every value on ``edges``
+    #: numeric, streamed against a profile (:mod:`concord.audit.binned`): when ``values`` is None,
+    #: the fine grid every value was counted on, the count and the sum (less its first edge) per bin
+    grid: Any = None
+    grid_counts: Any = None
+    grid_sums: Any = None
     #: numeric: the exact mean of all ``size`` values, and their sum of squared deviations from it
     #: (M2; variance = m2 / (size - 1)); both exact whatever the sampling, and mergeable (Chan et al.)
     mean: float | None = None
@@ -648,17 +661,24 @@ class _Column:
     when it is None); above, a uniform sample of ``sample_size`` values (Vitter's algorithm R,
     drawn from a generator seeded with ``seed``, so the same batches give the same sample), while
     the count, the smallest and largest value and, when ``edges`` are given, the counts on those
-    bins stay exact. Labels are counted exactly (memory grows with the distinct labels, not the
-    rows). A column whose values change family between batches (numbers in one, text in another)
-    is marked ``conflict`` and no longer taken in: the caller reads it again ``as_text``.
+    bins stay exact. With a ``grid`` (:class:`~concord.audit.binned.Grid`, against a reference
+    profile), every value is counted on it as it is read, and above ``sample_size`` values none is
+    kept: no sample is drawn or sorted (the ``edges``' counts then come from the grid's). Labels
+    are counted exactly (memory grows with the distinct labels, not the rows). A column whose
+    values change family between batches (numbers in one, text in another) is marked
+    ``conflict`` and no longer taken in: the caller reads it again ``as_text``.
     """
 
     def __init__(
-        self, *, sample_size: int | None = None, seed: int = 0, edges: np.ndarray | None = None, as_text: bool = False, scratch: dict | None = None
+        self, *, sample_size: int | None = None, seed: int = 0, edges: np.ndarray | None = None, as_text: bool = False, scratch: dict | None = None,
+        grid: Any = None,
     ):
         self.sample_size = sample_size
         self.seed = seed
         self.edges = edges
+        self.grid = grid
+        self.grid_counts = self.grid_sums = None
+        self.binned = False  # numeric, with a grid: more than sample_size values, none kept
         self.as_text = as_text
         self.rows = 0
         self.dtypes: list[str] = []
@@ -720,7 +740,18 @@ class _Column:
         self.low = low if self.low is None else min(self.low, low)
         self.high = high if self.high is None else max(self.high, high)
         self.mean, self.m2 = merge_moments(self.size, self.mean, self.m2, values)
-        if self.edges is not None:
+        if self.grid is not None:
+            counts, sums = self.grid.count(values, self.scratch)
+            if self.grid_counts is None:
+                self.grid_counts, self.grid_sums = counts, sums
+            else:
+                self.grid_counts += counts
+                self.grid_sums += sums
+            if self.binned or (self.sample_size is not None and self.size + values.size > self.sample_size):
+                self.binned, self.parts = True, []
+                self.size += values.size
+                return
+        elif self.edges is not None:
             counts = _unsorted_bin_counts(values, self.edges)
             self.bin_counts = counts if self.bin_counts is None else self.bin_counts + counts
         self._take(values, owned=values is not raw)
@@ -804,16 +835,22 @@ class _Column:
             side.counts = counts.sort_index(kind="stable").sort_values(ascending=False, kind="stable")
             side.size = int(side.counts.sum())
         else:
-            if self.sample is not None:
-                values, side.sampled = self.sample, True
-            else:
-                values = self.parts[0] if len(self.parts) == 1 else np.concatenate(self.parts)
-            self.parts, self.sample = [], None
-            values.sort()
-            side.values, side.size = values, self.size
-            side.low, side.high = self.low, self.high
+            side.size, side.low, side.high = self.size, self.low, self.high
             side.mean, side.m2 = self.mean, self.m2
             side.edges, side.bin_counts = self.edges, self.bin_counts
+            if self.binned:  # counted on the grid, no value kept
+                side.sampled = True
+                side.grid, side.grid_counts, side.grid_sums = self.grid, self.grid_counts, self.grid_sums
+                if self.edges is not None:
+                    side.bin_counts = self.grid.counts_at(self.edges, self.grid_counts)
+            else:
+                if self.sample is not None:
+                    values, side.sampled = self.sample, True
+                else:
+                    values = self.parts[0] if len(self.parts) == 1 else np.concatenate(self.parts)
+                values.sort()
+                side.values = values
+            self.parts, self.sample = [], None
         side.family = self.family if side.size else None
         return side
 
@@ -993,13 +1030,26 @@ def _compare(name: str, ref: _Side | None, cur: _Side | None, bins: int, t: Drif
     stats: dict[str, Any] = {}
     if kind == "numeric":
         hist, rc, cc = _numeric_histogram(name, ref, cur, bins)
-        ks, ks_p, wasserstein = _ks_wasserstein(ref.values, cur.values)
+        p_bf = None
+        if cur.values is None:  # counted on a grid of the reference's sample (concord.audit.binned)
+            from_grid = grid_tests(ref.values, cur.grid, cur.grid_counts, cur.grid_sums, cur.mean, cur.m2)
+            ks, wasserstein, p_bf = from_grid.ks, from_grid.wasserstein, from_grid.brown_forsythe
+            ks_p = _ks_pvalue(ks, ref.values.size, cur.size)
+        else:
+            ks, ks_p, wasserstein = _ks_wasserstein(ref.values, cur.values)
         stats.update(ks=ks, ks_pvalue=ks_p, wasserstein=wasserstein)
-        stats.update(_numeric_tests(ref, cur, ks_p, wasserstein))
+        stats.update(_numeric_tests(ref, cur, ks_p, wasserstein, p_bf=p_bf))
         for label, side in (("reference", ref), ("current", cur)):
             if side.low == side.high:
                 notes.append(f"constant in {label} ({_fmt(side.low)})")
-        if ref.sampled or cur.sampled:
+        if cur.values is None:
+            kept = f"{ref.values.size:,} of the {ref.size:,} reference values" if ref.sampled else f"the {ref.size:,} reference values"
+            notes.append(
+                f"KS, Brown–Forsythe and Wasserstein from {kept} and the {cur.size:,} current values "
+                f"counted on {cur.grid.bins:,} bins of them"
+            )
+            stats.update(sampled=True)
+        elif ref.sampled or cur.sampled:
             sizes = " and ".join(
                 f"{side.values.size:,} of the {side.size:,} {label} values"
                 for label, side in (("reference", ref), ("current", cur))
@@ -1049,12 +1099,13 @@ CATEGORICAL_TESTS = ("chi-squared", "new share vs Good–Turing")
 MIN_EXPECTED = 5.0
 
 
-def _numeric_tests(ref: _Side, cur: _Side, ks_p: float, wasserstein: float) -> dict[str, Any]:
+def _numeric_tests(ref: _Side, cur: _Side, ks_p: float, wasserstein: float, *, p_bf: float | None = None) -> dict[str, Any]:
     """The numeric column's effect in reference standard deviations and its combined p-value.
 
     Welch's t-test runs on the exact means and variances of all values (so its n is each side's
     ``size``), Brown–Forsythe (Levene's test about the median) and KS on the values compared (the
-    samples, when sampled). The column's p-value is the smallest of the three times three.
+    samples, when sampled; ``p_bf`` given: Brown–Forsythe's p-value from a grid). The column's
+    p-value is the smallest of the three times three.
     """
     import numpy as np
     from scipy import stats
@@ -1067,7 +1118,8 @@ def _numeric_tests(ref: _Side, cur: _Side, ks_p: float, wasserstein: float) -> d
             if ref.size > 1 and cur.size > 1
             else math.nan
         )
-        p_bf = float(stats.levene(ref.values, cur.values, center="median").pvalue) if ref.values.size > 1 and cur.values.size > 1 else math.nan
+        if p_bf is None:
+            p_bf = float(stats.levene(ref.values, cur.values, center="median").pvalue) if ref.values.size > 1 and cur.values.size > 1 else math.nan
     ps = [p for p in (p_t, p_bf, ks_p) if p is not None and math.isfinite(p)]
     pvalue = min(1.0, len(NUMERIC_TESTS) * min(ps)) if ps else 1.0
     if sd_r > 0:
@@ -1466,16 +1518,20 @@ def _seed(name: str) -> int:
 
 
 def _read_sides(
-    table: TableBatches, names: list[str], sample_size: int | None, edges: Mapping[str, np.ndarray]
+    table: TableBatches, names: list[str], sample_size: int | None, edges: Mapping[str, np.ndarray], *, grids: Mapping[str, Any] | None = None
 ) -> tuple[int, dict[str, _Side]]:
-    """One pass over ``table``: its rows, and each column of ``names`` as :class:`_Side`.
+    """One pass over ``table``: its rows, and each column of ``names`` as :class:`_Side` (a
+    numeric column with one of ``grids`` counted on it: see :class:`_Column`).
 
     A column whose values change family from one batch to another (numbers, then text, in a CSV
     file) is read again as text, alone, in a second pass.
     """
     def taken(names: list[str], as_text: bool) -> tuple[int, dict[str, _Column]]:
         scratch: dict = {}  # one set of sampling buffers for the pass: a batch is taken in at a time
-        cols = {n: _Column(sample_size=sample_size, seed=_seed(n), edges=edges.get(n), as_text=as_text, scratch=scratch) for n in names}
+        cols = {
+            n: _Column(sample_size=sample_size, seed=_seed(n), edges=edges.get(n), as_text=as_text, scratch=scratch, grid=(grids or {}).get(n))
+            for n in names
+        }
         asked = names or list(table.columns[:1])
         rows = 0
         for batch in table.read(asked, as_text):
@@ -1516,6 +1572,11 @@ def data_drift_batches(
     values per column give exactly :func:`data_drift`'s report. ``sample_size=None`` keeps every
     value (exact, memory grows with the tables). The samples are drawn from generators seeded by
     the column's name: the same tables give the same report.
+
+    A reference profile (:mod:`concord.audit.profile`) can stand for ``reference``; a current
+    numeric column of more than ``sample_size`` values is then counted on a fine grid of the
+    profile's sample (:mod:`concord.audit.binned`) instead of sampled, and KS, Wasserstein and
+    Brown–Forsythe come from the grid.
     """
     thresholds, bins, past = _check_options(thresholds, bins, history)
     if sample_size is not None and (isinstance(sample_size, bool) or not isinstance(sample_size, int) or sample_size < 2):
@@ -1547,7 +1608,10 @@ def data_drift_batches(
         for n, side in ref_sides.items()
         if side.family not in (None, "label")
     }
-    rows_cur, cur_sides = _read_sides(current, [n for n in names if n in in_cur], sample_size, edges)
+    # against a profile, a current column of more values than the sample size is counted on a fine
+    # grid of the profile's sample instead of sampled (concord.audit.binned)
+    grids = {n: Grid.of(ref_sides[n].values, e) for n, e in edges.items()} if profiled and sample_size is not None else None
+    rows_cur, cur_sides = _read_sides(current, [n for n in names if n in in_cur], sample_size, edges, grids=grids)
     if profiled:
         cur_sides = reference.fold_current(cur_sides)
     compared_columns = [_compare(n, ref_sides.get(n), cur_sides.get(n), bins, thresholds) for n in names]

@@ -13,8 +13,12 @@ and keeps, per column, exactly what the drift rule takes of a reference (the ref
   "(other)" bucket: its values, its distinct labels and how many occur once.
 
 A profile audits like its table: :func:`profile_drift` (also ``data_drift`` and
-``data_drift_batches`` given a profile as the reference) reads the current table in one pass and
-gives the report the streamed audit of the raw reference gives, with the same sample size. A
+``data_drift_batches`` given a profile as the reference) reads the current table in one pass. A
+current column of at most the sample size is kept whole and compared as the streamed audit of the
+raw reference compares it (the same report); a larger one is neither sampled nor sorted but
+counted on a fine grid of the profile's sample (:mod:`concord.audit.binned`): the same counts,
+moments and PSI as that audit, KS, Wasserstein and Brown–Forsythe from the grid, within the bounds
+``docs/drift.md`` states. A
 profile is a zip archive (:meth:`TableProfile.to_bytes`): ``profile.json`` (format
 :data:`PROFILE_FORMAT`) and, per column, raw little-endian arrays and a JSON list of labels, each
 named with its length and BLAKE3 digest. Nothing in it is executed or unpickled; every member is
@@ -87,7 +91,7 @@ VALUES_LAYOUT = _VALUE_LAYOUTS[0]
 #: fields of a side that are arrays or label counts, kept as members of their own; the rest are JSON scalars
 _ARRAY_FIELDS = ("values", "counts")
 #: fields of a side only the current side of a streamed audit has
-_CURRENT_ONLY = ("edges", "bin_counts")
+_CURRENT_ONLY = ("edges", "bin_counts", "grid", "grid_counts", "grid_sums")
 #: a fixed timestamp in every member, so that the same profile is always the same bytes
 _ZIP_TIME = (1980, 1, 1, 0, 0, 0)
 
@@ -705,10 +709,12 @@ def profile_drift(
     sample_size: int | None = SAMPLE_SIZE,
     **options: Any,
 ) -> DriftReport:
-    """The drift of ``current`` (read in one pass) from the reference ``profile`` profiles: the report
-    :func:`~concord.audit.drift.data_drift_batches` gives against the raw reference when the
-    profile kept as many values per column as ``sample_size``. A DataFrame ``current`` is read
-    whole (``sample_size=None``: every value kept) unless ``sample_size`` is given."""
+    """The drift of ``current`` (read in one pass) from the reference ``profile`` profiles, with
+    the profile having kept as many values per column as ``sample_size``: a current column of at most
+    ``sample_size`` values gives the report :func:`~concord.audit.drift.data_drift_batches` gives
+    against the raw reference; a larger one is counted on a grid of the profile's sample instead
+    of sampled (see the module). A DataFrame ``current`` is read whole (``sample_size=None``: every
+    value kept and compared) unless ``sample_size`` is given."""
     from concord.audit.drift import DEFAULT_BINS, data_drift_batches
 
     if not isinstance(profile, TableProfile):

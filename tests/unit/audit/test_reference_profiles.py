@@ -291,27 +291,67 @@ CASES = {
 }
 
 
+def _grid_bound(profile: TableProfile, name: str, current: pd.Series) -> float:
+    """The largest share of one bin of the column's grid, on either side: how far below the exact
+    KS statistic the grid's may be."""
+    from concord.audit.binned import Grid
+    from concord.audit.drift import DEFAULT_BINS, quantile_edges
+
+    r = profile.column(name).side.values
+    c = current.dropna().to_numpy(dtype=np.float64)
+    grid = Grid.of(r, quantile_edges(r, DEFAULT_BINS))
+    shares = [np.bincount(np.searchsorted(grid.edges, x, side="left"), minlength=grid.bins) / x.size for x in (r, c)]
+    return float(max(s.max() for s in shares))
+
+
 @pytest.mark.parametrize("case", list(CASES))
-def test_an_audit_against_a_profile_gives_the_streamed_audits_report(case):
+def test_an_audit_against_a_profile_gives_the_streamed_audits_severities(case):
+    """A current table of more values per column than the sample size, counted on the profile's
+    grid: the raw streamed audit's severities, its counts' statistics and exact moments to the
+    bit, and KS and Wasserstein those of the profile's sample against every current value, within
+    the grid's bound (not sampled)."""
+    from concord.audit.drift import _ks_wasserstein
+
     n, k = 40_000, 8_000
     ref, cur = shapes(n, 10), shapes(n, 11, **CASES[case])
     raw = data_drift_batches(batches(ref), batches(cur), sample_size=k, history={"normal": ["warning"]})
-    # the same batches as the streamed audit reads (a file's are): the same samples
+    # the same batches as the streamed audit reads (a file's are): the same reference sample
     profile = TableProfile.from_bytes(profile_table(batches(ref), sample_size=k).to_bytes())
     against = profile_drift(profile, batches(cur), sample_size=k, history={"normal": ["warning"]})
-    assert against.to_dict() == raw.to_dict()
+    assert against.severities() == raw.severities(), (against.severities(), raw.severities())
     assert against.histograms() == raw.histograms()
-    assert data_drift_batches(profile, batches(cur), sample_size=k).to_dict() == data_drift_batches(batches(ref), batches(cur), sample_size=k).to_dict()
-    # against the exact audit of both whole tables: the same severities here, the sampled
-    # statistics within their sampling error (KS: the DKW bound, alpha 1e-9 per side)
+    exact_keys = ("psi", "kl", "js", "chi2", "chi2_pvalue", "new_share", "mean_shift", "scale_ratio", "n_reference", "n_current")
+    for x, y in zip(against.columns, raw.columns):
+        assert {key: getattr(x, key) for key in exact_keys} == {key: getattr(y, key) for key in exact_keys}, x.column
+    for name in ("normal", "lognormal", "t3", "nulls", "count"):
+        col = against.column(name)
+        assert col.sampled and "counted on" in col.finding
+        every = np.sort(cur[name].dropna().to_numpy(dtype=np.float64))
+        ks, _, w = _ks_wasserstein(profile.column(name).side.values, every)
+        assert ks - _grid_bound(profile, name, cur[name]) - 1e-12 <= col.ks <= ks + 1e-12, name
+        assert w * 0.95 - 1e-9 <= col.wasserstein <= w * (1 + 1e-9) + 1e-12, name
+    assert data_drift_batches(profile, batches(cur), sample_size=k).severities() == data_drift_batches(batches(ref), batches(cur), sample_size=k).severities()
+    # against the exact audit of both whole tables: the same severities here, the statistics
+    # within the reference sample's error (KS: the DKW bound, alpha 1e-9) and the grid's
     exact = data_drift(ref, cur, history={"normal": ["warning"]})
     assert against.severities() == exact.severities(), (against.severities(), exact.severities())
     for name in ("normal", "lognormal", "t3"):
-        assert abs(against.column(name).ks - exact.column(name).ks) <= 2 * math.sqrt(math.log(2 / 1e-9) / (2 * k))
+        bound = math.sqrt(math.log(2 / 1e-9) / (2 * k)) + _grid_bound(profile, name, cur[name])
+        assert abs(against.column(name).ks - exact.column(name).ks) <= bound
     if case == "no drift":
         assert against.severity == "ok"
     else:
         assert against.severity != "ok"
+
+
+def test_a_current_table_within_the_sample_size_is_compared_value_for_value():
+    """Up to the sample size a current column is kept whole, as the streamed audit keeps it: the
+    raw streamed audit's report exactly."""
+    ref, cur = shapes(20_000, 12), shapes(6_000, 13, shift=0.3)
+    profile = profile_table(batches(ref), sample_size=8_000)
+    against = profile_drift(profile, batches(cur), sample_size=8_000)
+    assert against.to_dict() == data_drift_batches(batches(ref), batches(cur), sample_size=8_000).to_dict()
+    assert "counted on" not in against.column("normal").finding
 
 
 def test_penguins_against_profiles():
