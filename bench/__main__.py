@@ -13,6 +13,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from bench.common import DEFAULT_OUT, Options, Table, machine_summary, parse_size
+from bench.scale_bench import OPERATIONS as SCALE_OPERATIONS
 
 BENCHMARKS = (
     "snapshot", "sync", "diff", "lora", "tier", "drift", "drift-power", "verify", "audit-memory", "drift-profile", "oci",
@@ -39,6 +40,10 @@ def parse_args(argv: list[str] | None) -> tuple[list[str], Options, dict[str, Op
         help="scale: files in the folder (default 20000; 500 with --quick); scale-memory: the larger folder (default 100000; 5000 with --quick)",
     )
     p.add_argument("--size", default=None, metavar="BYTES", help="scale: bytes of each file, e.g. 50k, 64ki, 1m (default 50k; scale-memory: 4096)")
+    p.add_argument(
+        "--only", default=None, metavar="OPS",
+        help="scale: time only these operations, comma-separated, each with its baselines: " + ", ".join(SCALE_OPERATIONS),
+    )
     p.add_argument("--quick", action="store_true", help="small sizes and one run each: a smoke run in seconds")
     p.add_argument(
         "--runs", type=int, default=None, help="timed runs per measurement, best kept (default 3; 1 with --quick)"
@@ -67,7 +72,10 @@ def parse_args(argv: list[str] | None) -> tuple[list[str], Options, dict[str, Op
         p.error(f"--size {a.size!r} is not a size: give bytes, e.g. 50000, 50k, 64ki or 1m")
     if (a.files is not None and a.files < 1) or (file_size is not None and file_size < 1):
         p.error("--files and --size must be positive")
-    opts = Options(a.out.resolve(), size, runs, a.quick, max(0.0, a.wait_idle), a.files, file_size)
+    only = tuple(dict.fromkeys(o.strip() for o in a.only.split(",") if o.strip())) if a.only is not None else ()
+    if a.only is not None and (not only or any(o not in SCALE_OPERATIONS for o in only)):
+        p.error(f"--only {a.only!r}: name operations from {', '.join(SCALE_OPERATIONS)}")
+    opts = Options(a.out.resolve(), size, runs, a.quick, max(0.0, a.wait_idle), a.files, file_size, only)
     own = {} if a.size_gb is not None or a.quick else {b: replace(opts, size_gb=gb) for b, gb in SIZE_GB_OF.items()}
     return list(dict.fromkeys(a.which or BENCHMARKS)), opts, own
 

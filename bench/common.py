@@ -50,6 +50,8 @@ class Options:
     #: files in the folder and bytes of each, for the benchmarks of many files (None: their default)
     files: int | None = None
     file_size: int | None = None
+    #: the scale benchmark's operations to time (empty: all)
+    only: tuple[str, ...] = ()
 
     @property
     def data_dir(self) -> Path:

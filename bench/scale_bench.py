@@ -75,6 +75,8 @@ QUICK_FILES = 500
 FILE_BYTES = 50_000
 PER_FOLDER = 1000
 REF = "bench/scale"
+#: what ``--only`` may name: each operation is timed with its baselines (cp -a is restore's and checkout's)
+OPERATIONS = ("snapshot", "rehash", "verify", "restore", "checkout", "sync")
 
 #: the baseline re-hash when b3sum is not installed: each file hashed whole with blake3
 HASH_ALL = """
@@ -226,10 +228,12 @@ def run(opts: Options) -> list[Table]:
 
     # the snapshot the other commands start from (untimed)
     counted.run("setup", [*concord, "snapshot", str(src), "--store", str(store), "--ref", REF], env)
-    if restic:
+    ops = set(opts.only or OPERATIONS)
+    if restic and "rehash" in ops:
         restic_run("init", "--repo", str(repo))
         restic_run("backup", "--repo", str(repo), str(src))
-    cases = [
+    # each case with the operations it is timed for
+    tagged = [
         Case(
             "concord snapshot (fresh)",
             cmd("snapshot", *concord, "snapshot", str(src), "--store", at(again), "--ref", REF),
@@ -277,6 +281,7 @@ def run(opts: Options) -> list[Table]:
             clear(replica),
         ),
     ]
+    cases = [case for case in tagged if _OPS_OF[case.label] & ops]
     try:
         race(opts.runs, *cases, warmup=opts.runs > 1, wait_idle=opts.wait_idle)
         load = _manifest_load(store)
@@ -291,14 +296,16 @@ def run(opts: Options) -> list[Table]:
     rs = "rsync -a" if rsync else None
 
     def vs(metric: str, ours: str, base: str, name: str | None, limit: float | None) -> None:
+        if ours not in c:  # an operation --only left out
+            return
         table.add(Row(metric, c[ours], c[base] if name else None, "s", Target("ratio", "<=", limit) if limit and name else None, name or ""))
 
     hashing = "b3sum" if b3sum else "blake3 per file (Python; b3sum is not installed)"
     vs("fresh snapshot into an empty store", "concord snapshot (fresh)", "rsync -a (fresh)", rs, 1.5)
-    if restic:
+    if restic and "snapshot" in ops:
         vs("fresh snapshot, beside restic", "concord snapshot (fresh)", "restic backup (fresh)", "restic backup, new repo", None)
     vs("re-hash: snapshot of the unchanged folder", "concord snapshot (re-hash)", "hash every file", hashing, 2.0)
-    if restic:
+    if restic and "rehash" in ops:
         vs("re-hash, beside restic", "concord snapshot (re-hash)", "restic backup --force", "restic backup --force", None)
     vs("verify of the store", "concord verify", "hash every chunk file", hashing, None)
     vs("restore into a new folder", "concord restore", "cp -a", "cp -a", 2.0)
@@ -314,9 +321,12 @@ def run(opts: Options) -> list[Table]:
         + ", ".join(f"{k} {v}" for k, v in counted.peak.items()),
         "CPU seconds (user and system, the least of its runs) of each command, on a shared machine "
         "steadier than its wall time: " + ", ".join(f"{k} {v:.2f}" for k, v in counted.cpu.items() if k != "setup"),
-        f"throughput: fresh snapshot {gb / c['concord snapshot (fresh)']:.2f} GB/s, re-hash "
-        f"{gb / c['concord snapshot (re-hash)']:.2f} GB/s, restore {gb / c['concord restore']:.2f} GB/s "
-        f"({n / c['concord restore']:.0f} files/s)",
+        "throughput: " + ", ".join(
+            f"{what} {gb / c[label]:.2f} GB/s ({n / c[label]:.0f} files/s)"
+            for what, label in (("fresh snapshot", "concord snapshot (fresh)"), ("re-hash", "concord snapshot (re-hash)"),
+                                ("restore", "concord restore"), ("checkout", "concord checkout"))
+            if label in c
+        ),
         "a fresh snapshot and a sync flush every chunk file to disk before the ref moves, and a "
         "checkout every file before its flip (rsync and cp flush nothing); each Concord row includes "
         "the process's start (from bytecode) and the manifest's load",
@@ -325,6 +335,7 @@ def run(opts: Options) -> list[Table]:
            "its cache under the scratch folder"] if restic else ["restic is not installed here: its rows are left out"]),
         *([] if rsync else ["rsync is not installed here: its rows have no baseline"]),
         *(["one run each, without the warm-up round the next note names"] if opts.runs == 1 else []),
+        *([f"only {', '.join(o for o in OPERATIONS if o in ops)} timed (--only)"] if opts.only else []),
         ("every run of a command that writes a folder wrote a new one, all removed after the last round "
          "(no file was removed while any was timed)" if keep else
          f"the disk has no room for a new folder each run ({need / 1e9:.0f} GB): each run's folder was "
@@ -333,6 +344,25 @@ def run(opts: Options) -> list[Table]:
         times_note(cases),
     ]
     return [table]
+
+
+#: the operations each case is timed for
+_OPS_OF = {
+    "concord snapshot (fresh)": {"snapshot"},
+    "rsync -a (fresh)": {"snapshot"},
+    "restic backup (fresh)": {"snapshot"},
+    "concord snapshot (re-hash)": {"rehash"},
+    "hash every file": {"rehash"},
+    "restic backup --force": {"rehash"},
+    "concord verify": {"verify"},
+    "hash every chunk file": {"verify"},
+    "concord restore": {"restore"},
+    "cp -a": {"restore", "checkout"},
+    "concord checkout": {"checkout"},
+    "concord checkout --no-fsync": {"checkout"},
+    "concord sync": {"sync"},
+    "rsync -a of the store": {"sync"},
+}
 
 
 def _remove_all(work: Path) -> None:
