@@ -83,3 +83,12 @@ def unindexed_deltas(store) -> list[str]:
     pairs = {(name, base) for name, base, _ in index.values()}
     heads = {name: store.chunk_base(name) for name, _, _ in store.iter_chunk_stats()}
     return [name for name, base in heads.items() if base is not None and (name, base) not in pairs]
+
+
+def stale_delta_entries(store) -> list[str]:
+    """Entries of ``store``'s delta index whose chunk is there but is not (or no longer) a delta
+    of the base the entry names: a chunk written over whole (a repair) must take them with it."""
+    index = store.delta_index()
+    assert index is not None, "the store's delta index is not marked whole"
+    heads = {name: store.chunk_base(name) for name, _, _ in store.iter_chunk_stats()}
+    return [key for key, (name, base, _) in index.items() if name in heads and heads[name] != base]

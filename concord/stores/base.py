@@ -405,7 +405,11 @@ class Store(ABC):
         stored = enc.encode_chunk(cid, data, dtype, transient=True, base=pair)  # written at once, then reused
         if pair is not None:
             self._index_delta(enc.chunk_name(cid), stored)
-        return len(stored) if self._put_object(key, stored, overwrite=overwrite) else None
+        if not self._put_object(key, stored, overwrite=overwrite):
+            return None
+        if overwrite:
+            self._drop_delta_entries(enc.chunk_name(cid), None)  # stored whole now
+        return len(stored)
 
     def put_chunk_from_file(
         self, cid: str, fd: int, offset: int, length: int, data: memoryview, *, dtype: str | None = None, base: str | None = None
@@ -459,6 +463,18 @@ class Store(ABC):
         base = enc.base_of(name, memoryview(stored)[: enc.HEAD_BYTES])
         if base is not None:
             self.index_deltas([(name, base)])
+
+    def _drop_delta_entries(self, name: str, keep: str | None) -> None:
+        """After the chunk object ``name`` was written over (a repair): remove the delta index's
+        entries saying it is a delta of anything but ``keep`` (its base now; None: stored whole),
+        so that no stale entry counts it as a delta. Only after the write: a stale entry left by a
+        crash in between keeps a base alive that is no longer needed, never the reverse."""
+        if not self.encoding().framed or self.archive:
+            return
+        for key in list(self._list_keys(f"{DELTA_INDEX}/{name[:2]}/")):
+            pair = delta_entry(key)
+            if pair is not None and pair[0] == name and pair[1] != keep:
+                self._delete_object(key)
 
     def delta_index(self) -> dict[str, tuple[str, str, float]] | None:
         """The delta index (:data:`DELTA_INDEX`): ``{entry key: (delta's object name, base's object
@@ -627,7 +643,11 @@ class Store(ABC):
             raw = len(data)
         name = enc.chunk_name(cid)
         self._index_delta(name, blob)
-        return raw if self._put_object(chunk_key(name), blob, overwrite=overwrite) else None
+        if not self._put_object(chunk_key(name), blob, overwrite=overwrite):
+            return None
+        if overwrite:
+            self._drop_delta_entries(name, enc.base_of(name, memoryview(blob)[: enc.HEAD_BYTES]) if enc.framed else None)
+        return raw
 
     def delete_chunk(self, cid: str) -> None:
         self._delete_object(self._chunk_key(cid))

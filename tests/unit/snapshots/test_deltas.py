@@ -19,11 +19,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from counting import s3_requests, unindexed_deltas
+from counting import s3_requests, stale_delta_entries, unindexed_deltas
 from safetensors.torch import load_file, save_file
 from toy_checkpoints import SMALL_CHUNK, files_equal
 
 from bench.finetune_bench import save_dcp, save_torch
+from concord.snapshots.diff import diff_manifests
 from concord.snapshots.gc import collect_garbage
 from concord.snapshots.manifest import Manifest
 from concord.snapshots.restore import restore
@@ -245,6 +246,11 @@ def test_verify_finds_a_damaged_base_through_its_deltas_and_a_repair_heals_both(
     healed = verify(store, ref="models/ft", repair_from=replica)
     assert delta in healed.repaired and damaged in healed.repaired
     assert verify(store).ok
+    # the repaired delta is stored whole now: the index no longer says it needs a base, and the
+    # diff counts it as what it is
+    assert store.chunk_base(delta) is None and stale_delta_entries(store) == [] and unindexed_deltas(store) == []
+    heads = sum(1 for c in v2.manifest.chunk_lengths() if store.chunk_base(c) is not None)
+    assert diff_manifests(v1.manifest, v2.manifest, source=store).delta_chunks == heads
     restore(store, v2.manifest, tmp_path / "out")
     assert files_equal(tmp_path / "out", tmp_path / "b")
 
@@ -557,3 +563,23 @@ def test_a_collection_on_s3_learns_the_bases_from_the_delta_index_without_readin
     assert result.deleted_chunks > 40 and result.kept_bases > 0 and asked["GetObject"] + asked["HeadObject"] < 20
     restore(s3_store, v2.manifest, tmp_path / "out3")
     assert files_equal(tmp_path / "out3", b)
+
+
+def test_a_chunk_written_over_whole_takes_its_delta_index_entry_with_it(tmp_path, s3_store):
+    """A repair writes a chunk over, whole: the delta index then no longer names it (on a folder
+    and on S3), so a diff counts it as what it is and a collection keeps no base for it."""
+    from concord.hashing import chunk_id
+
+    g = torch.Generator().manual_seed(7)
+    w = 0.05 * torch.randn(32_768, generator=g)
+    old = w.to(torch.bfloat16).view(torch.int16).numpy().tobytes()
+    new = (w + 1e-4 * torch.randn(32_768, generator=g)).to(torch.bfloat16).view(torch.int16).numpy().tobytes()
+    bid, nid = chunk_id(old), chunk_id(new)
+    configure(s3_store, compress="auto")
+    for store in (_compressed(tmp_path / "s"), s3_store):
+        store.put_chunk(bid, old, dtype="BF16")
+        store.put_chunk(nid, new, dtype="BF16", base=bid)
+        assert store.chunk_base(nid) == bid and [(n, b) for n, b, _ in store.delta_index().values()] == [(nid, bid)]
+        assert store.put_chunk(nid, new, dtype="BF16", overwrite=True)  # a repair
+        assert store.chunk_base(nid) is None and store.delta_index() == {}
+        assert store.get_chunk(nid) == new and store.get_chunk(bid) == old
