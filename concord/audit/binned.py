@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:  # pragma: no cover
     import numpy as np
 
-__all__ = ["GRID_QUANTILES", "PASSES", "Grid", "GridTests", "grid_tests"]
+__all__ = ["GRID_QUANTILES", "PASSES", "Cells", "Grid", "GridTests", "grid_of", "grid_tests"]
 
 #: quantiles of the reference's sample among a grid's edges (a sample of at most this many values:
 #: every distinct value is an edge)
@@ -46,6 +46,8 @@ PASSES = 1
 #: edges in crowded cells is kept (else the last)
 _CELLS_PER_EDGE = (8, 32, 128)
 CROWDED_SHARE = 0.01
+#: the uniform cells :class:`Cells` tries (more would not stay in a core's cache)
+_FAST_CELLS = (1 << 14, 1 << 15, 1 << 16)
 _MAX_CELLS = 1 << 18
 #: grids within grids for crowded cells, at most; the last level's crowded cells are searched
 _DEPTH = 3
@@ -70,9 +72,26 @@ class Grid:
     inner: Grid | None = None
     offset: np.ndarray | None = None
 
+    #: the PSI bins' edges are among this grid's (their counts come from :meth:`counts_at`)
+    holds_edges = True
+
     @property
     def bins(self) -> int:
         return int(self.edges.size) + 1
+
+    @property
+    def upper(self) -> np.ndarray:
+        """Each bin's upper end but the last's, less the first edge."""
+        up: np.ndarray = self.edges - self.lo
+        return up
+
+    def reference_counts(self, sorted_values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`count` of a sorted sample, from a binary search of the edges in it."""
+        import numpy as np
+
+        ends = np.concatenate(([0], np.searchsorted(sorted_values, self.edges, side="right"), [sorted_values.size]))
+        sums = np.diff(np.concatenate(([0.0], np.cumsum(sorted_values - self.lo)))[ends])
+        return np.diff(ends), sums
 
     @classmethod
     def of(cls, sorted_sample: np.ndarray, extra: np.ndarray | None = None) -> Grid:
@@ -186,6 +205,86 @@ class Grid:
         return np.diff(np.concatenate(([0], through, [int(counts.sum())])))
 
 
+@dataclass(frozen=True, eq=False)
+class Cells:
+    """The fast grid: ``cells`` uniform cells ``[lo + (k-1)/scale, lo + k/scale)`` (k = 1 ..
+    cells), below them ``(-inf, lo)`` and above them ``[lo + cells/scale, +inf)`` (each end up
+    to the rounding of ``(value - lo) * scale + 1``, the same for both sides); a value's cell is
+    one multiplication away. Made only where every cell holding more than
+    1/:data:`GRID_QUANTILES` of the reference holds a single value (:func:`grid_of`)."""
+
+    lo: float
+    scale: float
+    cells: int
+
+    #: the PSI bins' edges are not among the cells' (their counts are taken on their own)
+    holds_edges = False
+
+    @property
+    def bins(self) -> int:
+        return self.cells + 2
+
+    @property
+    def upper(self) -> np.ndarray:
+        import numpy as np
+
+        up: np.ndarray = np.arange(self.cells + 1, dtype=np.float64) / self.scale
+        return up
+
+    def index(self, values: np.ndarray, scratch: dict[str, Any] | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """Each finite value's bin (0 below the cells, ``cells + 1`` above), and the values less ``lo``."""
+        import numpy as np
+
+        n = values.size
+        pool = {} if scratch is None else scratch
+        if pool.get("cells_n", 0) < n:
+            pool.update(cells_n=n, cells_shifted=np.empty(n), cells_scaled=np.empty(n), cells_at=np.empty(n, np.intp))
+        shifted, scaled, at = (pool[k][:n] for k in ("cells_shifted", "cells_scaled", "cells_at"))
+        np.subtract(values, self.lo, out=shifted)
+        np.multiply(shifted, self.scale, out=scaled)
+        np.add(scaled, 1.0, out=scaled)
+        np.clip(scaled, 0.0, float(self.cells + 1), out=scaled)
+        np.copyto(at, scaled, casting="unsafe")  # truncation: the floor of what is >= 0
+        return at, shifted
+
+    def count(self, values: np.ndarray, scratch: dict[str, Any] | None = None) -> tuple[np.ndarray, np.ndarray]:
+        import numpy as np
+
+        at, shifted = self.index(values, scratch)
+        return np.bincount(at, minlength=self.bins), np.bincount(at, weights=shifted, minlength=self.bins)
+
+    def reference_counts(self, sorted_values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        return self.count(sorted_values)
+
+    @classmethod
+    def fit(cls, sorted_sample: np.ndarray) -> Cells | None:
+        """The fewest cells of :data:`_FAST_CELLS` over the sample's range in which no cell holds
+        more than 1/:data:`GRID_QUANTILES` of it in more than one value; None if none does."""
+        import numpy as np
+
+        x = sorted_sample
+        lo, span = float(x[0]), float(x[-1]) - float(x[0])
+        if not (span > 0 and math.isfinite(span) and math.isfinite(_FAST_CELLS[-1] / span)):
+            return None
+        most = x.size / GRID_QUANTILES
+        for cells in _FAST_CELLS:
+            grid = cls(lo=lo, scale=cells / span, cells=cells)
+            at = grid.index(x)[0]  # nondecreasing: x is sorted
+            starts = np.flatnonzero(np.diff(at, prepend=-1))
+            ends = np.append(starts[1:], x.size)
+            heavy = (ends - starts > most) & (x[ends - 1] > x[starts])
+            if not heavy.any():
+                return grid
+        return None
+
+
+def grid_of(sorted_sample: np.ndarray, psi_edges: np.ndarray | None = None) -> Grid | Cells:
+    """The grid a current column is counted on against this reference sample: uniform
+    :class:`Cells` where they resolve it (every cell at most 1/:data:`GRID_QUANTILES` of it,
+    or a single value), else the :class:`Grid` of its quantiles."""
+    return Cells.fit(sorted_sample) or Grid.of(sorted_sample, psi_edges)
+
+
 def _cells(shifted: np.ndarray, scale: float, cells: int, scaled: np.ndarray | None = None, out: np.ndarray | None = None) -> np.ndarray:
     """The uniform cell of each value less the first edge (monotone in it), into ``out`` if given."""
     import numpy as np
@@ -224,7 +323,7 @@ def _integrals(counts: np.ndarray, sums: np.ndarray, n: int, up: np.ndarray, wid
     return out / n
 
 
-def grid_tests(reference: np.ndarray, grid: Grid, counts: np.ndarray, sums: np.ndarray, mean: float, m2: float) -> GridTests:
+def grid_tests(reference: np.ndarray, grid: Grid | Cells, counts: np.ndarray, sums: np.ndarray, mean: float, m2: float) -> GridTests:
     """KS, Wasserstein-1 and Brown–Forsythe of the sorted ``reference`` sample against a side
     counted on ``grid`` (``counts``, ``sums`` from :meth:`Grid.count`; ``mean`` and ``m2``, its
     exact moments). See the module for what each is and how close."""
@@ -234,26 +333,22 @@ def grid_tests(reference: np.ndarray, grid: Grid, counts: np.ndarray, sums: np.n
         return _grid_tests(reference, grid, counts, sums, mean, m2)
 
 
-def _grid_tests(reference: np.ndarray, grid: Grid, counts: np.ndarray, sums: np.ndarray, mean: float, m2: float) -> GridTests:
+def _grid_tests(reference: np.ndarray, grid: Grid | Cells, counts: np.ndarray, sums: np.ndarray, mean: float, m2: float) -> GridTests:
     import numpy as np
     from scipy import stats
 
     r = reference
     n_r, n_c = int(r.size), int(counts.sum())
-    at_or_below = np.searchsorted(r, grid.edges, side="right")
-    ends = np.concatenate(([0], at_or_below, [n_r]))
-    r_counts = np.diff(ends)
-    r_sums = np.diff(np.concatenate(([0.0], np.cumsum(r - grid.lo)))[ends])
-    c_through = np.cumsum(counts)[:-1]
-    ks = float(np.max(np.abs(at_or_below / n_r - c_through / n_c)))
+    r_counts, r_sums = grid.reference_counts(r)
+    ks = float(np.max(np.abs(np.cumsum(r_counts)[:-1] / n_r - np.cumsum(counts)[:-1] / n_c)))
 
-    up = grid.edges - grid.lo
+    up = grid.upper
     width = np.diff(up, prepend=up[0])
     w = float(np.abs(_integrals(r_counts, r_sums, n_r, up, width) - _integrals(counts, sums, n_c, up, width)).sum())
 
     # Brown–Forsythe: the reference's sample exactly, as scipy.stats.levene(center="median") takes it
     # (numpy scalars: values near float64's limits overflow to infinities, not errors)
-    z = np.abs(r - np.median(r))
+    z = np.abs(r - (r[(n_r - 1) // 2] + r[n_r // 2]) / 2)  # about the median of the sorted sample
     z_r = z.mean()
     ss_r = np.square(z - z_r).sum()
     # the current side: its median bin's mean as its median; |x - m| summed per bin from the sums

@@ -77,7 +77,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from concord.audit.binned import Grid, grid_tests
+from concord.audit.binned import grid_of, grid_tests
 from concord.errors import DriftConfigError
 from concord.lineage.data import TableBatches
 from concord.lineage.data import columns_by_name as _columns_by_name
@@ -740,6 +740,9 @@ class _Column:
         self.low = low if self.low is None else min(self.low, low)
         self.high = high if self.high is None else max(self.high, high)
         self.mean, self.m2 = merge_moments(self.size, self.mean, self.m2, values)
+        if self.edges is not None and (self.grid is None or not self.grid.holds_edges):
+            counts = _unsorted_bin_counts(values, self.edges)
+            self.bin_counts = counts if self.bin_counts is None else self.bin_counts + counts
         if self.grid is not None:
             counts, sums = self.grid.count(values, self.scratch)
             if self.grid_counts is None:
@@ -751,9 +754,6 @@ class _Column:
                 self.binned, self.parts = True, []
                 self.size += values.size
                 return
-        elif self.edges is not None:
-            counts = _unsorted_bin_counts(values, self.edges)
-            self.bin_counts = counts if self.bin_counts is None else self.bin_counts + counts
         self._take(values, owned=values is not raw)
 
     def _same_family(self, family: str) -> bool:
@@ -841,7 +841,7 @@ class _Column:
             if self.binned:  # counted on the grid, no value kept
                 side.sampled = True
                 side.grid, side.grid_counts, side.grid_sums = self.grid, self.grid_counts, self.grid_sums
-                if self.edges is not None:
+                if self.edges is not None and self.grid.holds_edges:
                     side.bin_counts = self.grid.counts_at(self.edges, self.grid_counts)
             else:
                 if self.sample is not None:
@@ -1610,7 +1610,7 @@ def data_drift_batches(
     }
     # against a profile, a current column of more values than the sample size is counted on a fine
     # grid of the profile's sample instead of sampled (concord.audit.binned)
-    grids = {n: Grid.of(ref_sides[n].values, e) for n, e in edges.items()} if profiled and sample_size is not None else None
+    grids = {n: grid_of(ref_sides[n].values, e) for n, e in edges.items()} if profiled and sample_size is not None else None
     rows_cur, cur_sides = _read_sides(current, [n for n in names if n in in_cur], sample_size, edges, grids=grids)
     if profiled:
         cur_sides = reference.fold_current(cur_sides)

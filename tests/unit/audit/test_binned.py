@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 from scipy import stats
 
-from concord.audit.binned import Grid, grid_tests
+from concord.audit.binned import Cells, Grid, grid_of, grid_tests
 from concord.audit.drift import (
     DEFAULT_BINS,
     TableBatches,
@@ -41,7 +41,7 @@ def _pairs():
 
 
 @pytest.mark.parametrize("name,ref,cur", list(_pairs()), ids=[p[0] for p in _pairs()])
-def test_every_value_lands_in_the_bin_a_binary_search_gives_it(name, ref, cur):
+def test_every_value_lands_in_the_bin_a_binary_search_of_the_quantile_grid_gives_it(name, ref, cur):
     ref = np.sort(ref)
     grid = Grid.of(ref, quantile_edges(ref, DEFAULT_BINS))
     assert np.all(np.diff(grid.edges) > 0) and grid.edges[0] < ref[0] and ref[-1] in grid.edges
@@ -61,6 +61,28 @@ def test_every_value_lands_in_the_bin_a_binary_search_gives_it(name, ref, cur):
     np.testing.assert_array_equal(grid.counts_at(psi, counts), np.diff(np.concatenate(([0], at_or_below, [cur.size]))))
 
 
+@pytest.mark.parametrize("name,ref,cur", list(_pairs()), ids=[p[0] for p in _pairs()])
+def test_uniform_cells_put_every_value_in_its_cell_and_are_made_only_where_they_resolve_the_reference(name, ref, cur):
+    ref = np.sort(ref)
+    cells = Cells.fit(ref)
+    if cells is None:
+        assert isinstance(grid_of(ref), Grid)
+        return
+    assert grid_of(ref) == cells or isinstance(grid_of(ref), Cells)
+    probes = np.concatenate([cur, ref, np.nextafter(ref, -np.inf), np.nextafter(ref, np.inf)])
+    probes = probes[np.isfinite(probes)]
+    at, shifted = cells.index(probes, {})
+    with np.errstate(all="ignore"):
+        expected = np.clip((probes - cells.lo) * cells.scale + 1, 0, cells.cells + 1).astype(np.intp)
+    np.testing.assert_array_equal(at, expected)
+    order = np.argsort(probes, kind="stable")
+    assert np.all(np.diff(at[order]) >= 0)  # monotone in the value: bins of an ordered partition
+    # every cell holds at most 1/2,048 of the reference, or a single value of it
+    ids = cells.index(ref)[0]
+    for b in np.flatnonzero(np.bincount(ids) > ref.size / 2048):
+        assert np.unique(ref[ids == b]).size == 1, (name, b)
+
+
 def test_crowded_cells_get_grids_of_their_own():
     """A skewed column crowds its edges into a few uniform cells: those cells' edges are gridded
     again, and the values in them still land where a binary search puts them."""
@@ -72,18 +94,18 @@ def test_crowded_cells_get_grids_of_their_own():
     np.testing.assert_array_equal(grid.index(cur)[0], np.searchsorted(grid.edges, cur, side="left"))
 
 
+@pytest.mark.parametrize("make", ["grid_of", "Grid.of"])
 @pytest.mark.parametrize("name,ref,cur", list(_pairs())[:7], ids=[p[0] for p in _pairs()][:7])
-def test_the_tests_from_the_grid_are_within_their_bounds(name, ref, cur):
+def test_the_tests_from_the_grid_are_within_their_bounds(name, ref, cur, make):
     """KS: never above the exact statistic, below it by at most the largest share of a bin;
     Wasserstein-1: never above the exact distance, within 2 % of it or 1e-3 of a reference σ;
     Brown–Forsythe: scipy's p-value on every value, to within 0.02 (or both below 1e-6)."""
     ref = np.sort(ref)
-    grid = Grid.of(ref, quantile_edges(ref, DEFAULT_BINS))
+    grid = (grid_of if make == "grid_of" else Grid.of)(ref, quantile_edges(ref, DEFAULT_BINS))
     counts, sums = grid.count(cur)
     got = grid_tests(ref, grid, counts, sums, float(cur.mean()), float(np.square(cur - cur.mean()).sum()))
     ks, _, w = _ks_wasserstein(ref, np.sort(cur))
-    at = np.searchsorted(grid.edges, ref, side="left")
-    share = max((np.bincount(at, minlength=grid.bins) / ref.size).max(), (counts / cur.size).max())
+    share = max((grid.count(ref)[0] / ref.size).max(), (counts / cur.size).max())
     assert ks - share - 1e-12 <= got.ks <= ks + 1e-12
     sigma = float(ref.std()) or 1.0
     assert got.wasserstein <= w * (1 + 1e-9) + 1e-12

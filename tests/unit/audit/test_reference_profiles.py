@@ -294,13 +294,13 @@ CASES = {
 def _grid_bound(profile: TableProfile, name: str, current: pd.Series) -> float:
     """The largest share of one bin of the column's grid, on either side: how far below the exact
     KS statistic the grid's may be."""
-    from concord.audit.binned import Grid
+    from concord.audit.binned import grid_of
     from concord.audit.drift import DEFAULT_BINS, quantile_edges
 
     r = profile.column(name).side.values
     c = current.dropna().to_numpy(dtype=np.float64)
-    grid = Grid.of(r, quantile_edges(r, DEFAULT_BINS))
-    shares = [np.bincount(np.searchsorted(grid.edges, x, side="left"), minlength=grid.bins) / x.size for x in (r, c)]
+    grid = grid_of(r, quantile_edges(r, DEFAULT_BINS))
+    shares = [grid.count(x)[0] / x.size for x in (r, c)]
     return float(max(s.max() for s in shares))
 
 
