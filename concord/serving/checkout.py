@@ -50,7 +50,7 @@ from concord.errors import (
     LocalFileError,
 )
 from concord.files import OpenFiles, atomic_write, bounded_map, pwrite_all
-from concord.hashing import chunk_id
+from concord.hashing import DIGEST_HEX, chunk_id
 from concord.progress import Progress, ensure
 from concord.serving.health import HealthCheck
 from concord.serving.versions import DEFAULT_WAIT, Layout, end_leftover_gate, fsync_dir, prune, remove_tree, swap_dirs
@@ -360,12 +360,20 @@ def materialise(
         places: dict[str, list[tuple[str, int, int]]] = {}
         folders: set[str] = set()
         for f, path in zip(manifest.files, paths):
-            if os.path.dirname(path) not in folders:
-                os.makedirs(os.path.dirname(path), exist_ok=True)
-                folders.add(os.path.dirname(path))
+            folder = os.path.dirname(path)
+            if folder not in folders:
+                os.makedirs(folder, exist_ok=True)
+                folders.add(folder)
             if kept_dir is not None and f.path not in damaged:
                 _link_or_copy(os.path.join(kept_dir, *f.path.split("/")), path)
                 tally.add("reused", f.size)
+                continue
+            parts = f.parts
+            if not resuming and len(parts) == 1 and len(parts[0].chunks) == DIGEST_HEX:
+                # a new file of one chunk (most small files), its span read off its part
+                p = parts[0]
+                single[path] = f.path
+                places.setdefault(p.chunks, []).append((path, p.offset, p.length))
                 continue
             if resuming or f.size == 0:  # a new file of bytes is made by its first chunk, on a worker
                 if f.path not in intact:
@@ -407,20 +415,31 @@ def materialise(
             fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
             try:
                 yield fd
-                if flush_each:
-                    os.fsync(fd)
-                st = os.fstat(fd)
-                stats[single[path]] = _stat_key(st)  # one key per file: no lock needed
-                early.wrote(st.st_size)
+                written(fd, single[path])
             finally:
                 os.close(fd)
 
+        def written(fd: int, rel: str) -> None:
+            """After the last write of a new file of one chunk (manifest path ``rel``): flushed when
+            no syncfs will, its key noted, its bytes counted towards the next early syncfs."""
+            if flush_each:
+                os.fsync(fd)
+            st = os.fstat(fd)
+            stats[rel] = _stat_key(st)  # one key per file: no lock needed
+            early.wrote(st.st_size)
+
         def write(path: str, data: bytes, offset: int) -> None:
-            if path in single:
-                with target(path) as fd:
-                    pwrite_all(fd, data, offset)
-            else:
+            rel = single.get(path)
+            if rel is None:
                 dst.write(path, data, offset)
+                return
+            # a new file of one chunk (most small files): what target() does, without a context
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
+            try:
+                pwrite_all(fd, data, offset)
+                written(fd, rel)
+            finally:
+                os.close(fd)
 
         def place_all(cids: list[str]) -> None:
             counts = _Tally()  # this run's, added to the whole once (one lock round-trip a run)

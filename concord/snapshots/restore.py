@@ -29,6 +29,7 @@ from typing import Any, Protocol
 
 from concord.errors import ConcordError, IntegrityError, LocalFileError, RestoreTargetError
 from concord.files import OpenFiles, bounded_map, pwrite_all
+from concord.hashing import DIGEST_HEX
 from concord.progress import Progress, ensure
 from concord.snapshots.manifest import Manifest
 from concord.snapshots.paths import target_paths
@@ -152,12 +153,19 @@ def restore(
         def jobs():
             cs = manifest.chunk_size
             for i, (f, path) in enumerate(zip(manifest.files, paths)):
-                n = sum(p.n_chunks for p in f.parts)
+                parts = f.parts
+                if len(parts) == 1 and len(parts[0].chunks) == DIGEST_HEX:
+                    # one chunk (most small files): opened, written and closed by the thread that
+                    # fetched it; its span read off the part (one chunk: the part's whole length)
+                    p = parts[0]
+                    yield i, 0, path, p.chunks, p.offset, p.length, True
+                    continue
+                n = sum(p.n_chunks for p in parts)
                 if n == 0:
                     _local(tmp, out, _create_empty, path)
                     continue
-                if n == 1:  # one chunk: opened, written and closed by the thread that fetched it
-                    cid, offset, length = next(span for p in f.parts for span in p.chunk_spans(cs))
+                if n == 1:
+                    cid, offset, length = next(span for p in parts for span in p.chunk_spans(cs))
                     yield i, 0, path, cid, offset, length, True
                     continue
                 files.expect(path, n)
@@ -173,22 +181,27 @@ def restore(
                 data = store.read_chunk(cid, verify=True)  # transient: written (and hashed) at once
                 if len(data) != length:
                     raise IntegrityError(f"chunk {cid} in {store.uri}", f"{length} bytes", f"{len(data)} bytes")
-                if whole:
-                    _local(tmp, out, _write_whole, path, data, offset)
-                else:
-                    _local(tmp, out, files.write, path, data, offset)
-                    _local(tmp, out, files.done, path)
+                try:
+                    if whole:
+                        _write_whole(path, data, offset)
+                    else:
+                        files.write(path, data, offset)
+                        files.done(path)
+                except OSError as exc:
+                    if isinstance(exc, ConcordError):
+                        raise
+                    raise _local_error(tmp, out, exc, path) from exc
             except BaseException:
                 if feed is not None:
                     feed.broken(i)
                 raise
             if feed is not None:
                 feed.feed(i, k, data)
-            prog.advance(length)
 
         def write_run(run: list) -> None:
             for job in run:
                 write(job)
+            prog.advance(sum(job[5] for job in run))  # once a run, not once a chunk
 
         # runs of chunks, one task each (a small file's chunk costs the queue little), a few per thread at least
         per = max(1, min(RUN_CHUNKS, manifest.n_chunks // (4 * store.parallelism)))
@@ -267,10 +280,16 @@ def _local(tmp: str, out: str, fn, *args, **kwargs):
     restore, never as the store's problem."""
     try:
         return fn(*args, **kwargs)
-    except ConcordError:
-        raise
     except OSError as exc:
-        where = exc.filename if isinstance(exc.filename, str) else (args[0] if args and isinstance(args[0], str) else tmp)
-        if where == tmp or where.startswith(tmp + os.sep):
-            where = out + where[len(tmp):]
-        raise LocalFileError(where, exc.strerror or str(exc)) from exc
+        if isinstance(exc, ConcordError):
+            raise
+        raise _local_error(tmp, out, exc, args[0] if args and isinstance(args[0], str) else None) from exc
+
+
+def _local_error(tmp: str, out: str, exc: OSError, path: str | None) -> LocalFileError:
+    """``exc``, an OS error of this machine while writing ``path`` (None: not one file), as a
+    :class:`LocalFileError` naming the path as it will be after the restore."""
+    where = exc.filename if isinstance(exc.filename, str) else (path or tmp)
+    if where == tmp or where.startswith(tmp + os.sep):
+        where = out + where[len(tmp):]
+    return LocalFileError(where, exc.strerror or str(exc))
