@@ -22,9 +22,15 @@ from __future__ import annotations
 import logging
 import os
 import posixpath
+import warnings
 
-from mlflow.entities.file_info import FileInfo
-from mlflow.store.artifact.artifact_repo import ArtifactRepository
+with warnings.catch_warnings():
+    # this import starts MLflow's artifact registry, which loads its entry points; two of them
+    # name this module, not yet defined: MLflow warns and leaves them out, and _register() below
+    # adds them once the class exists, so that warning says nothing true
+    warnings.filterwarnings("ignore", message=r'Failure attempting to register artifact repository for scheme "concord', category=UserWarning)
+    from mlflow.entities.file_info import FileInfo
+    from mlflow.store.artifact.artifact_repo import ArtifactRepository
 
 from concord.errors import LineageError, ReadOnlyArtifactsError
 from concord.hashing import is_digest
