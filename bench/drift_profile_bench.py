@@ -15,15 +15,19 @@ included): ``concord.audit.nightly.nightly_drift``, what the ``nightly-drift-aud
 with the reference read whole in one pass (``profile="off"``, the baseline) and against the
 stored profile (``profile="use"``: only the current table is restored and read), at both sizes.
 
-Rows: wall time of each night (target: the profile audit at least 2× faster, ratio ≤ 0.5; with a
-current table as large as the reference, the current table alone costs about half of the raw
-audit, so the ratio cannot go below about 0.5 there); the CPU seconds of each (the child's, all its
-threads: the lowest of the runs) and, at equal sizes, where they go (restoring the snapshots,
-reading the stored profile, the reference's pass, the current table's pass, the columns' tests; and
-within them each pass's sampling and the sorting of its samples, the tests' KS and Wasserstein and
-their Welch t and Brown–Forsythe), with the CPU of each audit less what the current side's samples
-cost it (sampling, sorting, the tests on them): the ratio an audit that did not sample the current
-table could reach at best; peak RSS of the profile audit at the large
+Against the profile, the current table's numeric columns (more values than the sample size) are
+not sampled or sorted but counted on a grid of the profile's sample (``concord.audit.binned``), and
+KS, Wasserstein and Brown–Forsythe come from the counts; the raw audit samples both sides.
+
+Rows: wall time of each night (target: the profile audit at least 2× faster, ratio ≤ 0.5); the CPU
+seconds of each (the child's, all its threads: the lowest of the runs) and, at equal sizes, where
+they go (restoring the snapshots, reading the stored profile, the reference's pass, the current
+table's pass, the columns' tests; and within them each pass's sampling and the sorting of its
+samples, the counting on the grid and the tests from it, the tests' KS and Wasserstein and their
+Welch t and Brown–Forsythe), with the CPU of the profile audit modelled from the raw audit's phases
+had it sampled the current table as the raw audit does, and that less what the current side's
+samples cost (sampling, sorting, the tests on them): the bound a sample-free current side could
+reach if it cost nothing; peak RSS of the profile audit at the large
 size against the small one (flat in the table size: ratio ≤ 1.25) and against the raw audit; the
 profile's size at the large size against the small one (bounded: ratio ≤ 1.05) and as a fraction
 of the reference's parquet file; the nights whose every column has the same severity against the
@@ -180,6 +184,8 @@ PARTS = (
     "sorting the current table's samples",
     "KS and Wasserstein",
     "Welch t and Brown–Forsythe",
+    "counting on the grid",  # the current table's values, and the profile's sample for the tests
+    "the tests from the grid",
 )
 #: the parts that exist only because the current table is sampled like the reference
 CURRENT_SAMPLE_PARTS = (
@@ -196,6 +202,7 @@ def _time_phases() -> dict[str, float]:
     pass, each column's comparison); the rest (the report, opening the inputs) is what is left."""
     from contextlib import contextmanager
 
+    import concord.audit.binned as binned
     import concord.audit.drift as drift
     import concord.audit.profile as profile
     import concord.lineage.data as data
@@ -239,6 +246,9 @@ def _time_phases() -> dict[str, float]:
     )
     drift._ks_wasserstein = timed(lambda *a: "KS and Wasserstein", drift._ks_wasserstein)
     drift._numeric_tests = timed(lambda *a: "Welch t and Brown–Forsythe", drift._numeric_tests)
+    for grid in (binned.Cells, binned.Grid):
+        grid.count = timed(lambda *a: "counting on the grid", grid.count)
+    drift.grid_tests = timed(lambda *a: "the tests from the grid", drift.grid_tests)
     return spent
 
 
