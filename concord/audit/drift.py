@@ -661,7 +661,7 @@ class _Column:
     when it is None); above, a uniform sample of ``sample_size`` values (Vitter's algorithm R,
     drawn from a generator seeded with ``seed``, so the same batches give the same sample), while
     the count, the smallest and largest value and, when ``edges`` are given, the counts on those
-    bins stay exact. With a ``grid`` (:class:`~concord.audit.binned.Grid`, against a reference
+    bins stay exact. With a ``grid`` (:func:`~concord.audit.binned.grid_of`, against a reference
     profile), every value is counted on it as it is read, and above ``sample_size`` values none is
     kept: no sample is drawn or sorted (the ``edges``' counts then come from the grid's). Labels
     are counted exactly (memory grows with the distinct labels, not the rows). A column whose
