@@ -14,7 +14,8 @@ checkpoint file into a :func:`temp_path`, then ``os.replace``), which never hold
 Restore and checkout write their files of several chunks through :class:`OpenFiles`, which keeps
 a bounded number of them open (each closed, and flushed if asked, after its last piece); a file of
 one chunk is opened, written and closed at once by the thread that has its bytes. They feed one
-queue of chunks across all files to their threads with :func:`bounded_map`.
+queue of chunks across all files to their threads with :func:`bounded_map`, its runs taken in turn
+(:func:`round_robin`) from one lane of files per thread (:func:`spans`).
 """
 
 from __future__ import annotations
@@ -272,6 +273,24 @@ def bounded_map(pool, fn, items: Iterable, window: int) -> Iterator:
     finally:
         for fut in pending:
             fut.cancel()
+
+
+def spans(n: int, k: int) -> list[tuple[int, int]]:
+    """``range(n)`` cut into ``k`` contiguous ``(start, end)`` spans as even as can be (fewer when
+    ``n < k``; none when ``n`` is 0)."""
+    k = max(1, min(k, n))
+    return [(n * i // k, n * (i + 1) // k) for i in range(k)] if n else []
+
+
+def round_robin(iterables: Iterable[Iterable]) -> Iterator:
+    """One item of each of ``iterables`` in turn, then the next of each, and so on; an exhausted
+    one drops out. Each is read lazily and in its own order."""
+    its = deque(iter(x) for x in iterables)
+    while its:
+        it = its.popleft()
+        for item in itertools.islice(it, 1):
+            yield item
+            its.append(it)
 
 
 def atomic_write(

@@ -49,7 +49,7 @@ from concord.errors import (
     IntegrityError,
     LocalFileError,
 )
-from concord.files import OpenFiles, atomic_write, bounded_map, pwrite_all
+from concord.files import OpenFiles, atomic_write, bounded_map, pwrite_all, round_robin, spans
 from concord.hashing import DIGEST_HEX, chunk_id
 from concord.progress import Progress, ensure
 from concord.serving.health import HealthCheck
@@ -506,7 +506,10 @@ def materialise(
         per = max(1, min(RUN_CHUNKS, len(places) // (4 * workers)))
         ids = list(places)
         with ThreadPoolExecutor(workers, thread_name_prefix="concord-checkout") as pool:
-            for _ in bounded_map(pool, place_all, (ids[i : i + per] for i in range(0, len(ids), per)), WINDOW):
+            # one lane of chunks per thread (in file order), their runs taken in turn: the threads
+            # create files in different folders (see restore)
+            lanes = round_robin(_slices(ids, lo, hi, per) for lo, hi in spans(len(ids), workers))
+            for _ in bounded_map(pool, place_all, lanes, WINDOW):
                 pass
         dst.close()  # with fsync, each file is flushed as it is closed
         if fs_fd is not None:
@@ -541,6 +544,12 @@ def materialise(
             os.close(fs_fd)
         prog.close()
     return tally
+
+
+def _slices(items: list, lo: int, hi: int, n: int) -> Iterator[list]:
+    """``items[lo:hi]`` in lists of ``n`` (the last may be shorter)."""
+    for i in range(lo, hi, n):
+        yield items[i : min(i + n, hi)]
 
 
 def _local_errors(fn):

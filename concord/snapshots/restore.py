@@ -9,7 +9,9 @@ rename, so the restored bytes are read once. Manifest paths that would leave the
 hold a control character (which ``concord snapshot`` never records), are refused before any byte
 is written.
 
-Chunks are fetched and written by several threads. With a :class:`DigestCheck`, the thread that
+Chunks are fetched and written by several threads, in runs taken in turn from one lane of files
+per thread (the files cut into contiguous lanes), so the threads create files in different folders
+rather than queueing on one folder's lock. With a :class:`DigestCheck`, the thread that
 wrote a chunk feeds it to its file's digest as soon as the chunk before it in that file has been
 fed: chunks are taken in file order, so a thread waits only for work already under way, and the
 bytes are hashed while still in hand (no copy, no buffer of chunks that arrived early).
@@ -28,7 +30,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from concord.errors import ConcordError, IntegrityError, LocalFileError, RestoreTargetError
-from concord.files import OpenFiles, bounded_map, pwrite_all
+from concord.files import OpenFiles, bounded_map, pwrite_all, round_robin, spans
 from concord.hashing import DIGEST_HEX
 from concord.progress import Progress, ensure
 from concord.snapshots.manifest import Manifest
@@ -150,9 +152,11 @@ def restore(
         prog.start(manifest.total_bytes, "restore")
         _local(tmp, out, _make_folders, paths)
 
-        def jobs():
+        def jobs(lo: int, hi: int):
+            """The chunks of files ``lo`` to ``hi`` (excluded), in file order."""
             cs = manifest.chunk_size
-            for i, (f, path) in enumerate(zip(manifest.files, paths)):
+            for i in range(lo, hi):
+                f, path = manifest.files[i], paths[i]
                 parts = f.parts
                 if len(parts) == 1 and len(parts[0].chunks) == DIGEST_HEX:
                     # one chunk (most small files): opened, written and closed by the thread that
@@ -205,8 +209,12 @@ def restore(
 
         # runs of chunks, one task each (a small file's chunk costs the queue little), a few per thread at least
         per = max(1, min(RUN_CHUNKS, manifest.n_chunks // (4 * store.parallelism)))
+        # one lane of files per thread, their runs taken in turn: the threads create files in
+        # different folders, not queued on one folder's lock (on ext4 without a journal, a file
+        # made where many were removed minutes ago walks past each of them under that lock)
+        lanes = round_robin(_runs(jobs(lo, hi), per) for lo, hi in spans(len(manifest.files), store.parallelism))
         with ThreadPoolExecutor(store.parallelism, thread_name_prefix="concord-restore") as pool:
-            for _ in bounded_map(pool, write_run, _runs(jobs(), per), WINDOW):
+            for _ in bounded_map(pool, write_run, lanes, WINDOW):
                 pass
         _local(tmp, out, files.close)
         if digests is not None:
