@@ -300,10 +300,12 @@ def atomic_write(
     mode: int | None = None,
     fsync: bool = True,
     exclusive: bool = False,
+    make_folder: bool = True,
 ) -> bool:
     """Put ``data`` at ``path`` all at once: unique temp name in the same folder, ``os.replace``.
 
-    The folder is created if needed. ``mode`` gives the file's permissions (default: as ``open``
+    The folder is created if needed (a caller that knows it is there passes ``make_folder=False``
+    and gets :class:`FileNotFoundError` if it is gone). ``mode`` gives the file's permissions (default: as ``open``
     creates a file, 0o666 less the umask). ``fsync`` (the default) flushes the bytes to disk before
     the rename, and the folder after it, so the file is there, whole, after a power cut; a caller
     that flushes many files together (a folder store's chunks, see
@@ -315,18 +317,20 @@ def atomic_write(
     """
     path = os.path.abspath(os.fspath(path))
     folder = os.path.dirname(path)
-    os.makedirs(folder, exist_ok=True)
+    if make_folder:
+        os.makedirs(folder, exist_ok=True)
     tmp = temp_path(folder)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
+    fd = os.open(tmp, flags, 0o666 if mode is None else mode)
     try:
-        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
-        fd = os.open(tmp, flags, 0o666 if mode is None else mode)
-        with open(fd, "wb") as f:
+        try:
             if mode is not None:
                 os.fchmod(fd, mode)  # exactly ``mode``, whatever the umask
-            f.write(data)
+            pwrite_all(fd, data, 0)
             if fsync:
-                f.flush()
                 os.fsync(fd)
+        finally:
+            os.close(fd)
         if not exclusive:
             os.replace(tmp, path)
         else:
@@ -345,5 +349,7 @@ def atomic_write(
             fsync_path(folder)
         return True
     finally:
-        if os.path.lexists(tmp):
-            os.unlink(tmp)
+        try:
+            os.unlink(tmp)  # the link's second name, or what is left of a failed write (renamed: gone)
+        except FileNotFoundError:
+            pass

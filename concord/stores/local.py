@@ -361,8 +361,16 @@ class LocalDirStore(Store):
         path = self._path(key)
         if not overwrite and os.path.exists(path):
             return False
+        folder = os.path.dirname(path)
         try:
-            written = atomic_write(path, data, fsync=self.fsync, exclusive=not overwrite)
+            try:  # a folder this store made is not made again (a mkdir and two stats an object)
+                written = atomic_write(path, data, fsync=self.fsync, exclusive=not overwrite, make_folder=folder not in self._made)
+            except FileNotFoundError:
+                if folder not in self._made:
+                    raise
+                self._made.discard(folder)  # removed since: made again
+                written = atomic_write(path, data, fsync=self.fsync, exclusive=not overwrite)
+            self._made.add(folder)
         except OSError as exc:
             raise StoreAccessError(self.uri, f"cannot write {key} ({exc.strerror})") from exc
         if written and not self.fsync:
