@@ -245,19 +245,24 @@ def _kill_midway(client, served, stores: dict[str, Path], source: Path, *, with_
     return run, before, _kill_the_worker(served.state_dir, with_its_runs=with_its_runs)
 
 
-def test_a_run_whose_worker_alone_is_killed_ends_crashed_by_itself(faulty, client, stores, tmp_path):
+def test_a_run_whose_worker_alone_is_killed_ends_by_itself_and_the_stores_stay_sound(faulty, client, stores, tmp_path):
     source = _checkpoint(tmp_path / "step-150", seed=150, files=2)
     orphan, before, started = _kill_midway(client, faulty, stores, source, with_its_runs=False)
 
-    # the flow run, in a session of its own, outlives the SIGKILL, notices its worker is gone,
-    # reports itself Crashed and exits: well before the zombie automation would
-    state = _finished(client, orphan.id, ZOMBIE_AFTER + 60, faulty.state_dir)
-    assert state.is_crashed() and "No heartbeat" not in (state.message or ""), (
-        f"the orphaned run ended {state.type.value}: {state.message}\n{_logs(faulty.state_dir)}")
-    _until("the orphaned run's processes exited", lambda: _gone(started), 30, faulty.state_dir)
-    half = _verified(stores)
-    assert all(half[c] == before[c] or half[c] == half["us-east"] for c in CLUSTERS), (before, half)
-    _restart(faulty.state_dir, "worker")
+    # the flow run, in a session of its own, outlives the SIGKILL and keeps reporting to the
+    # server: it ends by itself (its work done, or Crashed if it found its output gone), never
+    # left Running for the zombie automation to crash
+    try:
+        state = _finished(client, orphan.id, ZOMBIE_AFTER + 60, faulty.state_dir)
+        assert (state.is_completed() or state.is_crashed()) and "No heartbeat" not in (state.message or ""), (
+            f"the orphaned run ended {state.type.value}: {state.message}\n{_logs(faulty.state_dir)}")
+        _until("the orphaned run's processes exited", lambda: _gone(started), 30, faulty.state_dir)
+        half = _verified(stores)
+        assert all(half[c] == before[c] or half[c] == half["us-east"] for c in CLUSTERS), (before, half)
+        if state.is_completed():  # it finished: every cluster holds the new snapshot
+            assert half["us-east"] != before["us-east"] and set(half.values()) == {half["us-east"]}, (before, half)
+    finally:  # the next tests (of every module: one served instance) need their worker
+        _restart(faulty.state_dir, "worker")
 
 
 def test_a_run_lost_with_its_worker_is_crashed_by_the_zombie_automation_and_a_rerun_converges(faulty, client, stores,
@@ -268,16 +273,18 @@ def test_a_run_lost_with_its_worker_is_crashed_by_the_zombie_automation_and_a_re
     lost, before, killed = _kill_midway(client, faulty, stores, source, with_its_runs=True)
 
     # nothing is left to report the run's end: the heartbeats stop, and the automation crashes it
-    state = _finished(client, lost.id, ZOMBIE_AFTER + 60, faulty.state_dir)
-    assert state.is_crashed() and "No heartbeat" in (state.message or ""), (
-        f"the lost run ended {state.type.value}: {state.message}\n{_logs(faulty.state_dir)}")
-    assert _gone(killed), killed
+    try:
+        state = _finished(client, lost.id, ZOMBIE_AFTER + 60, faulty.state_dir)
+        assert state.is_crashed() and "No heartbeat" in (state.message or ""), (
+            f"the lost run ended {state.type.value}: {state.message}\n{_logs(faulty.state_dir)}")
+        assert _gone(killed), killed
 
-    # every store is sound, each ref where it was or already at the new snapshot
-    half = _verified(stores)
-    primary = stores["us-east"]
-    kept = _chunk_files(primary)
-    _restart(faulty.state_dir, "worker")
+        # every store is sound, each ref where it was or already at the new snapshot
+        half = _verified(stores)
+        primary = stores["us-east"]
+        kept = _chunk_files(primary)
+    finally:  # the next tests (of every module: one served instance) need their worker
+        _restart(faulty.state_dir, "worker")
     rerun = _snapshot_and_replicate(client, source, stores)
     state = _finished(client, rerun.id, 180, faulty.state_dir)
     assert state.is_completed(), f"the re-run ended {state.type.value}: {state.message}\n{_logs(faulty.state_dir)}"
