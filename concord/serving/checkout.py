@@ -50,7 +50,7 @@ from concord.errors import (
     LocalFileError,
 )
 from concord.files import OpenFiles, atomic_write, bounded_map, pwrite_all, round_robin, spans
-from concord.hashing import DIGEST_HEX, chunk_id
+from concord.hashing import chunk_id
 from concord.progress import Progress, ensure
 from concord.serving.health import HealthCheck
 from concord.serving.versions import DEFAULT_WAIT, Layout, end_leftover_gate, fsync_dir, prune, remove_tree, swap_dirs
@@ -368,12 +368,11 @@ def materialise(
                 _link_or_copy(os.path.join(kept_dir, *f.path.split("/")), path)
                 tally.add("reused", f.size)
                 continue
-            parts = f.parts
-            if not resuming and len(parts) == 1 and len(parts[0].chunks) == DIGEST_HEX:
-                # a new file of one chunk (most small files), its span read off its part
-                p = parts[0]
+            only = None if resuming else f.only_chunk()
+            if only is not None:  # a new file of one chunk (most small files)
+                cid, offset, length = only
                 single[path] = f.path
-                places.setdefault(p.chunks, []).append((path, p.offset, p.length))
+                places.setdefault(cid, []).append((path, offset, length))
                 continue
             if resuming or f.size == 0:  # a new file of bytes is made by its first chunk, on a worker
                 if f.path not in intact:

@@ -167,6 +167,15 @@ class FileEntry:
     def tensors(self) -> list[Part]:
         return [p for p in self.parts if p.kind == "tensor"]
 
+    def only_chunk(self) -> tuple[str, int, int] | None:
+        """``(chunk id, offset, length)`` of a file of one part of one chunk (most small files),
+        read off the part with no list or generator made; None for any other file."""
+        parts = self.parts
+        if len(parts) != 1 or len(parts[0].chunks) != DIGEST_HEX:
+            return None
+        p = parts[0]
+        return p.chunks, p.offset, p.length
+
     def to_dict(self) -> dict:
         return {
             "path": self.path,

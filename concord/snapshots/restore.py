@@ -31,7 +31,6 @@ from typing import Any, Protocol
 
 from concord.errors import ConcordError, IntegrityError, LocalFileError, RestoreTargetError
 from concord.files import OpenFiles, bounded_map, pwrite_all, round_robin, spans
-from concord.hashing import DIGEST_HEX
 from concord.progress import Progress, ensure
 from concord.snapshots.manifest import Manifest
 from concord.snapshots.paths import target_paths
@@ -157,13 +156,11 @@ def restore(
             cs = manifest.chunk_size
             for i in range(lo, hi):
                 f, path = manifest.files[i], paths[i]
-                parts = f.parts
-                if len(parts) == 1 and len(parts[0].chunks) == DIGEST_HEX:
-                    # one chunk (most small files): opened, written and closed by the thread that
-                    # fetched it; its span read off the part (one chunk: the part's whole length)
-                    p = parts[0]
-                    yield i, 0, path, p.chunks, p.offset, p.length, True
+                only = f.only_chunk()
+                if only is not None:  # one chunk (most small files): opened, written and closed by the thread that fetched it
+                    yield i, 0, path, *only, True
                     continue
+                parts = f.parts
                 n = sum(p.n_chunks for p in parts)
                 if n == 0:
                     _local(tmp, out, _create_empty, path)
