@@ -12,8 +12,10 @@ whose every tensor moved a little (docs/deltas.md).
    stores (same targets). The roots are checked equal to the plain store's.
 2. Time to snapshot the fine-tune into a store holding the base, and to restore and check out the
    fine-tune (bf16 rel 1e-3), delta-stored against plain-stored (restore and checkout ≤ 1.3×; the
-   checkout as a node runs it, each file flushed before the flip, and again without the flush).
-   Cases are timed in interleaved rounds after a warm-up.
+   checkout as a node runs it, each file flushed before the flip, and again without the flush; and
+   the checkout over a node that serves the base, as a serving node mostly runs it, where each
+   delta is decoded against the node's own bytes of its base). Cases are timed in interleaved
+   rounds after a warm-up, with the CPU time of the process beside the wall time.
 3. Five consecutive steps of a small real training run (torch, AdamW, a 4-layer MLP of about
    3.7 M parameters, after 20 warm-up steps), each step's model and optimizer state written with
    ``torch.save`` and with DCP: the bytes each step adds against plain compressed chunks.
@@ -142,7 +144,7 @@ def _one(work: Path, base, name: str, rel: float, sizes: Table, timing: Table | 
     label = f"{name} rel {rel:g}"
     log(f"finetune: {label}")
     delta, plain = _store(work / "delta"), _store(work / "plain")
-    snapshot(a, delta, ref="m")
+    first = snapshot(a, delta, ref="m").manifest
     snapshot(a, plain, ref="m")
     held = {k: work / f"{k}-base" for k in ("delta", "plain")}
     for k, s in (("delta", delta), ("plain", plain)):
@@ -165,7 +167,7 @@ def _one(work: Path, base, name: str, rel: float, sizes: Table, timing: Table | 
         moved[k] = r.bytes_sent
     sizes.add(Row(f"{label}: moved by sync", moved["delta"] / size, moved["plain"] / size, "×", target, "plain chunks"))
     if timing is not None:
-        _timing(work, b, held, d.manifest, timing, opts, restore)
+        _timing(work, b, held, first, d.manifest, timing, opts, restore)
     for path in (a, b):
         remove(path)
 
@@ -176,7 +178,7 @@ def _opened(path: Path):
     return LocalDirStore(path)
 
 
-def _timing(work: Path, b: Path, held: dict[str, Path], manifest, table: Table, opts: Options, restore) -> None:
+def _timing(work: Path, b: Path, held: dict[str, Path], first, manifest, table: Table, opts: Options, restore) -> None:
     from concord.serving.checkout import checkout
     from concord.snapshots.snapshot import snapshot
 
@@ -203,9 +205,22 @@ def _timing(work: Path, b: Path, held: dict[str, Path], manifest, table: Table, 
     def unsynced(k: str) -> Case:
         return out(k, fsync=False)
 
+    def served(k: str) -> Case:
+        """Checkout on a node that serves the base (checked out, untimed, before each run): a
+        delta is decoded against the node's own bytes of its base, plain chunks are fetched whole."""
+        link = outs[k] / "current"
+
+        def node() -> None:  # flushed, as the node left it: the timed checkout flushes only its own files
+            fresh_dir(outs[k])
+            checkout(_opened(stores[k]), first, link)
+
+        return Case(f"checkout over the base {k}", lambda: checkout(_opened(stores[k]), manifest, link), before=node)
+
     # checkout as a serving node runs it (every file flushed before the flip, the default), and
-    # without the flush, which leaves only the decoding to compare (no target: see the note)
-    for kind, make, target in (("restore", rest, True), ("checkout", out, True), ("checkout without fsync", unsynced, False)):
+    # without the flush, which leaves only the decoding to compare (no target: see the note);
+    # then as a serving node mostly runs it: over the base version it served until now
+    kinds = (("restore", rest, True), ("checkout", out, True), ("checkout without fsync", unsynced, False))
+    for kind, make, target in (*kinds, ("checkout over a node serving the base", served, True)):
         cases = tuple(_cpu_timed(c) for c in (make("delta"), make("plain")))
         race(opts.runs, *cases, wait_idle=opts.wait_idle)
         limit = Target("ratio", "<=", TIME_LIMIT) if target else None

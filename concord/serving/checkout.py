@@ -6,7 +6,11 @@ chunk, and the manifests of the versions already on the node say where each of t
 lies, so every chunk the node already holds is copied from there with ``copy_file_range`` (a
 reflink where the filesystem can share blocks, a copy in the kernel elsewhere) and only the others
 are fetched: from the cache store if one is given and holds them, else from the store (and then
-kept in the cache for the next node of the host). Every byte is verified: a fetched chunk is
+kept in the cache for the next node of the host). A fetched chunk that the store keeps as a delta
+(docs/deltas.md) is decoded against the node's own bytes of its base chunk where a version here
+holds them (the node served the base), read from the file that holds them, instead of against
+the base read and decoded from the store; should the result not hash right (that file rotted or
+was edited), the store's base is used. Every byte is verified: a fetched chunk is
 hashed as it arrives; a copied range comes from a file whose bytes were verified when it was
 written and whose size, times and inode are unchanged since (``.manifests/<root>.files.json``),
 and any other copied range is read back and hashed (``rehash`` reads back every one). Only a
@@ -57,6 +61,7 @@ from concord.serving.versions import DEFAULT_WAIT, Layout, end_leftover_gate, fs
 from concord.snapshots.manifest import Manifest, safe_relpath
 from concord.snapshots.paths import target_paths
 from concord.stores import local as local_store
+from concord.stores import scratch
 from concord.stores.base import Store
 
 if TYPE_CHECKING:
@@ -484,11 +489,14 @@ def materialise(
                         raise
                     data = None
             if data is None:
+                # a chunk stored as a delta is decoded against this node's own bytes of its base
+                # where a version here holds them (checked: the store's base if they are not right)
+                own = functools.partial(_own_bytes, src, local, length)
                 if cid in in_cache:
-                    data = cache.read_chunk(cid, verify=True)  # transient: written at once
+                    data = cache.read_chunk(cid, verify=True, own_base=own)  # transient: written at once
                     counts.cached += length
                 else:
-                    data = store.read_chunk(cid, verify=True)
+                    data = store.read_chunk(cid, verify=True, own_base=own)
                     counts.fetched += length
                     if cache is not None:
                         cache.put_chunk(cid, data, verify=False)
@@ -543,6 +551,25 @@ def materialise(
             os.close(fs_fd)
         prog.close()
     return tally
+
+
+def _own_bytes(src: OpenFiles, local: dict[str, tuple[str, int, bool]], length: int, cid: str) -> memoryview | None:
+    """This node's bytes of chunk ``cid`` (``length`` bytes) where a version here holds it
+    (``local``, as :func:`_local_sources` finds it), read into this thread's buffer (transient,
+    see :mod:`concord.stores.scratch`) through ``src`` (a bounded number of files open); None where
+    no version holds it or its file cannot be read that far. Not checked here: they are the base
+    of a delta, whose decoded bytes are (:meth:`~concord.stores.base.Store.read_chunk`)."""
+    found = local.get(cid)
+    if found is None:
+        return None
+    path, offset, _ = found
+    buf = scratch.buffer("checkout.own-base", length)
+    try:
+        with src.use(path) as fd:
+            got = os.preadv(fd, [buf], offset)
+    except OSError:
+        return None  # the store's base then
+    return buf if got == length else None
 
 
 def _slices(items: list, lo: int, hi: int, n: int) -> Iterator[list]:

@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 import re
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -237,6 +237,9 @@ class Ref:
             )
         return cls(name, tuple(history))
 
+
+#: what a caller gives :meth:`Store.read_chunk` as ``own_base``: a chunk id -> its own bytes of that chunk, or None
+OwnBase = Callable[[str], "bytes | memoryview | None"]
 
 #: a delete_ref that keeps losing to rewrites of the same root gives up after this many reads
 _DELETE_ATTEMPTS = 3
@@ -587,20 +590,57 @@ class Store(ABC):
         """The chunk's raw bytes (decoded); with ``verify`` they are re-hashed and must match ``cid``."""
         return self._load_chunk(cid, verify, transient=False)
 
-    def read_chunk(self, cid: str, *, verify: bool = True) -> memoryview:
+    def read_chunk(self, cid: str, *, verify: bool = True, own_base: OwnBase | None = None) -> memoryview:
         """:meth:`get_chunk` without copies: a view that is *transient*, valid until this thread
         reads another chunk (see :mod:`concord.stores.scratch`). For a caller that writes or
-        hashes the bytes at once (restore, checkout, sync); anything kept must be copied."""
+        hashes the bytes at once (restore, checkout, sync); anything kept must be copied.
+
+        ``own_base`` (a checkout on a node that holds the base version's files): a function of a
+        chunk id that returns the caller's own bytes of that chunk (transient too), or None where
+        it has none. A chunk stored as a delta is then decoded against those bytes instead of the
+        base chunk read and decoded from the store, and always hash-checked: when the result is
+        not ``cid`` (the caller's copy is damaged, or not that chunk), the chunk is read again
+        and decoded against the store's base, so a caller's bad bytes never fail the read nor
+        give wrong bytes."""
+        if own_base is not None:
+            data = self._load_chunk(cid, True, transient=True, own_base=own_base)
+            if data is not None:
+                return memoryview(data)
         return memoryview(self._load_chunk(cid, verify, transient=True))
 
-    def _load_chunk(self, cid: str, verify: bool, *, transient: bool):
+    def _load_chunk(self, cid: str, verify: bool, *, transient: bool, own_base: OwnBase | None = None):
+        """The chunk's raw bytes (checked with ``verify``). With ``own_base``, a delta is decoded
+        against the caller's bytes of its base where it gives them, and None is returned when that
+        fails or gives other bytes than ``cid`` (the caller reads again without it)."""
         _check_digest(cid, "chunk id")
         enc = self.encoding()
         key = chunk_key(enc.chunk_name(cid))
         blob = self._read_object_transient(key) if transient else self._get_object(key)
         if blob is None:
             raise ChunkNotFoundError(self.uri, cid)
-        data = enc.decode_chunk(cid, blob, transient=transient, base=self.read_base)
+        if own_base is not None:
+            from concord.stores.codec import RAW
+
+            used: list[str] = []
+
+            def base(bid: str) -> tuple[int, memoryview]:
+                own = own_base(bid)
+                if own is None:
+                    return self.read_base(bid)
+                used.append(bid)
+                return RAW, memoryview(own)  # bare bytes, as a frame
+
+            try:
+                data = enc.decode_chunk(cid, blob, transient=transient, base=base)
+            except UnknownEncodingError:
+                if used:
+                    return None  # the caller's bytes were not the base's: the store's decide
+                raise
+            if used and chunk_id(data) != cid:
+                return None
+            verify = verify and not used  # hashed already
+        else:
+            data = enc.decode_chunk(cid, blob, transient=transient, base=self.read_base)
         if verify:
             actual = chunk_id(data)
             if actual != cid:
