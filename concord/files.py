@@ -20,11 +20,12 @@ queue of chunks across all files to their threads with :func:`bounded_map`, its 
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import itertools
 import os
+import secrets
 import threading
-import uuid
 from collections import deque
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -33,9 +34,62 @@ from contextlib import contextmanager
 TMP_PREFIX = ".tmp-"
 
 
+class _TempNames:
+    """Unique temporary names without a call to the system's random source each: a random token
+    drawn once per process (again in a forked child), then a counter."""
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        self.token = secrets.token_hex(10)
+        self.counter = itertools.count()
+
+    def next(self) -> str:
+        return f"{TMP_PREFIX}{self.token}{next(self.counter):x}"
+
+
+_TEMP_NAMES = _TempNames()
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_TEMP_NAMES.reset)
+
+
 def temp_path(folder: str | os.PathLike) -> str:
-    """A unique temporary file name in ``folder`` (nothing is created)."""
-    return os.path.join(os.fspath(folder), f"{TMP_PREFIX}{uuid.uuid4().hex}")
+    """A unique temporary file name in ``folder`` (nothing is created): unique across processes
+    (an 80-bit random token each) and within one (a counter)."""
+    return os.path.join(os.fspath(folder), _TEMP_NAMES.next())
+
+
+def _load_renameat2():
+    """``renameat2(2)`` of this system's C library, or None (not Linux, or a C library without it)."""
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).renameat2
+    except (AttributeError, OSError):
+        return None
+    fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    fn.restype = ctypes.c_int
+    return fn
+
+
+_RENAMEAT2 = _load_renameat2()
+_AT_FDCWD, _RENAME_NOREPLACE = -100, 1
+
+
+def rename_new(src: str, dst: str) -> bool | None:
+    """Rename ``src`` to ``dst`` only if nothing is at ``dst``, decided atomically by the
+    filesystem in one call (``renameat2`` with ``RENAME_NOREPLACE``): True if renamed, False if
+    ``dst`` exists (``src`` is left), None where this system or filesystem cannot (the caller falls
+    back to a hard link)."""
+    if _RENAMEAT2 is None:
+        return None
+    if _RENAMEAT2(_AT_FDCWD, os.fsencode(src), _AT_FDCWD, os.fsencode(dst), _RENAME_NOREPLACE) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err == errno.EEXIST:
+        return False
+    if err in (errno.EINVAL, errno.ENOSYS, errno.ENOTSUP, errno.EOPNOTSUPP):
+        return None  # a filesystem (or kernel) without it: the hard link serves
+    raise OSError(err, os.strerror(err), src, None, dst)
 
 
 def fsync_path(path: str | os.PathLike) -> None:
@@ -312,14 +366,15 @@ def atomic_write(
     :mod:`concord.stores.local`) turns it off.
 
     With ``exclusive`` the file appears only if ``path`` does not exist yet, decided atomically by
-    the filesystem (a hard link of the finished temp file), so of two writers racing for one name
-    exactly one wins and the other's bytes are never seen. Returns whether ``data`` was written.
+    the filesystem (a rename that refuses to replace, :func:`rename_new`; where the filesystem has
+    none, a hard link of the finished temp file), so of two writers racing for one name exactly one
+    wins and the other's bytes are never seen. Returns whether ``data`` was written.
     """
     path = os.path.abspath(os.fspath(path))
     folder = os.path.dirname(path)
     if make_folder:
         os.makedirs(folder, exist_ok=True)
-    tmp = temp_path(folder)
+    tmp: str | None = temp_path(folder)
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
     fd = os.open(tmp, flags, 0o666 if mode is None else mode)
     try:
@@ -333,23 +388,32 @@ def atomic_write(
             os.close(fd)
         if not exclusive:
             os.replace(tmp, path)
+            tmp = None
         else:
-            try:
-                os.link(tmp, path)
-            except FileExistsError:
+            renamed = rename_new(tmp, path)
+            if renamed is False:
                 return False
-            except OSError as exc:
-                if exc.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EXDEV):
-                    raise
-                # a filesystem without hard links: fall back to check-then-replace (a narrow window)
-                if os.path.exists(path):
+            if renamed:
+                tmp = None
+            else:
+                try:
+                    os.link(tmp, path)
+                except FileExistsError:
                     return False
-                os.replace(tmp, path)
+                except OSError as exc:
+                    if exc.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EXDEV):
+                        raise
+                    # a filesystem without hard links: fall back to check-then-replace (a narrow window)
+                    if os.path.exists(path):
+                        return False
+                    os.replace(tmp, path)
+                    tmp = None
         if fsync:
             fsync_path(folder)
         return True
     finally:
-        try:
-            os.unlink(tmp)  # the link's second name, or what is left of a failed write (renamed: gone)
-        except FileNotFoundError:
-            pass
+        if tmp is not None:
+            try:
+                os.unlink(tmp)  # the link's second name, or what is left of a failed write
+            except FileNotFoundError:
+                pass

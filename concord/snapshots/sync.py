@@ -27,6 +27,7 @@ Either way each document left behind is reported (:attr:`TargetResult.signatures
 
 from __future__ import annotations
 
+import itertools
 import threading
 from collections import deque
 from collections.abc import Callable
@@ -46,6 +47,8 @@ HAS_BATCH = 1000
 #: threads copying chunks, for any number of targets (each reads a chunk once and writes it to
 #: every target that lacks it)
 MAX_COPY_WORKERS = 32
+#: the most chunks one task of a sync's pool copies in a row
+MAX_RUN = 32
 #: targets planned (lease, ref, which chunks they lack) and finished (manifest, signatures, ref)
 #: at once
 TARGET_WORKERS = 8
@@ -212,14 +215,24 @@ def fan_out(
 
     # as many as the busiest side likes: a folder reads fast, an object store waits on each request
     workers = max(1, min(MAX_COPY_WORKERS, len(wanted), max(source.parallelism, *(t.parallelism for t, _ in wants))))
+    # a run of chunks a task: one future and one hand-over between threads for a run of small
+    # chunks, not each (a folder of 20,000 small files), while a few chunks still give every
+    # thread work
+    run = max(1, min(MAX_RUN, len(wanted) // (8 * workers)))
+
+    def some(cids: list[str]) -> None:
+        for cid in cids:
+            one(cid)
+
     with ThreadPoolExecutor(workers, thread_name_prefix="concord-copy") as pool:
-        # a few chunks queued per thread, never one future per chunk of the snapshot at once
+        # a few runs queued per thread, never one future per chunk of the snapshot at once
         # (100,000 of them hold more memory than the manifest)
         pending: deque = deque()
-        for cid in wanted:
+        ids = iter(wanted)
+        while batch := list(itertools.islice(ids, run)):
             if len(pending) >= 4 * workers:
                 pending.popleft().result()
-            pending.append(pool.submit(one, cid))
+            pending.append(pool.submit(some, batch))
         for f in pending:
             f.result()
     return [tuple(t) for t in tallies], failures

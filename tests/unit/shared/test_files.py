@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import os
 import stat
+import threading
 
 import pytest
 
-from concord.files import TMP_PREFIX, atomic_write, temp_path
+import concord.files
+from concord.files import TMP_PREFIX, atomic_write, rename_new, temp_path
 
 
 def leftovers(folder) -> list[str]:
@@ -45,6 +47,40 @@ def test_exclusive_writes_only_a_new_name(tmp_path):
     assert leftovers(tmp_path) == []
 
 
+@pytest.mark.parametrize("renameat2", [True, False], ids=["rename-noreplace", "hard-link"])
+def test_of_writers_racing_for_one_name_exactly_one_wins_whole(tmp_path, monkeypatch, renameat2):
+    if not renameat2:  # a system whose C library has no renameat2: the hard link decides
+        monkeypatch.setattr(concord.files, "_RENAMEAT2", None)
+    path = tmp_path / "chunk"
+    start = threading.Barrier(8)
+    won: list[bytes] = []
+
+    def write(i: int) -> None:
+        data = bytes([i]) * 100_000
+        start.wait()
+        if atomic_write(path, data, exclusive=True, fsync=False):
+            won.append(data)
+
+    threads = [threading.Thread(target=write, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(won) == 1 and path.read_bytes() == won[0]
+    assert leftovers(tmp_path) == []
+
+
+def test_rename_new_refuses_to_replace_and_leaves_both_files(tmp_path):
+    (tmp_path / "a").write_bytes(b"new")
+    (tmp_path / "b").write_bytes(b"held")
+    assert rename_new(str(tmp_path / "a"), str(tmp_path / "b")) is False
+    assert (tmp_path / "a").read_bytes() == b"new" and (tmp_path / "b").read_bytes() == b"held"
+    assert rename_new(str(tmp_path / "a"), str(tmp_path / "c")) is True
+    assert not (tmp_path / "a").exists() and (tmp_path / "c").read_bytes() == b"new"
+    with pytest.raises(FileNotFoundError):
+        rename_new(str(tmp_path / "gone"), str(tmp_path / "d"))
+
+
 def test_a_failed_write_leaves_the_old_file_and_no_temporary_one(tmp_path):
     path = tmp_path / "state.json"
     path.write_bytes(b"old")
@@ -58,6 +94,23 @@ def test_a_temporary_name_is_unique_and_in_the_folder(tmp_path):
     a, b = temp_path(tmp_path), temp_path(tmp_path)
     assert a != b and os.path.dirname(a) == str(tmp_path) and os.path.basename(a).startswith(TMP_PREFIX)
     assert not os.path.exists(a)
+
+
+def test_a_forked_child_draws_temporary_names_of_its_own(tmp_path):
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: its next name, to the parent
+        try:
+            os.write(write, os.path.basename(temp_path(tmp_path)).encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    with os.fdopen(read, "rb") as f:
+        child = f.read().decode()
+    os.waitpid(pid, 0)
+    mine = os.path.basename(temp_path(tmp_path))
+    token = slice(len(TMP_PREFIX), len(TMP_PREFIX) + 20)  # the process's random token, before the counter
+    assert child.startswith(TMP_PREFIX) and child[token] != mine[token]
 
 
 def test_pwrite_all_finishes_what_a_short_write_leaves(tmp_path, monkeypatch):

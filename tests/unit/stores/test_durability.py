@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from toy_checkpoints import SMALL_CHUNK, fine_tune
 
+import concord.files
 import concord.stores.local as local
 from concord.snapshots.snapshot import snapshot
 from concord.snapshots.sync import replicate
@@ -29,6 +30,7 @@ class Recorder:
         self._lock = threading.Lock()
         self.syncfs_began = threading.Event()
         real_fsync, real_replace, real_link, real_syncfs = os.fsync, os.replace, os.link, local.syncfs
+        real_rename_new = concord.files.rename_new
 
         def fsync(fd):
             self._add("fsync", os.readlink(f"/proc/self/fd/{fd}"))
@@ -51,9 +53,16 @@ class Recorder:
             self._add("name", os.fspath(dst))
             return out
 
+        def rename_new(src, dst):
+            out = real_rename_new(src, dst)
+            if out:
+                self._add("name", os.fspath(dst))
+            return out
+
         monkeypatch.setattr(os, "fsync", fsync)
         monkeypatch.setattr(os, "replace", replace)
         monkeypatch.setattr(os, "link", link)
+        monkeypatch.setattr(concord.files, "rename_new", rename_new)
         monkeypatch.setattr(local, "syncfs", syncfs)
 
     def _add(self, what: str, path: str) -> None:
@@ -61,7 +70,7 @@ class Recorder:
             self.events.append((what, path))
 
     def named(self, path: str | Path) -> int:
-        """Where ``path`` was (last) renamed into place among the events (-1: never)."""
+        """Where ``path`` was (last) renamed into place among the events (-1: never, as a folder)."""
         return max((i for i, e in enumerate(self.events) if e == ("name", str(path))), default=-1)
 
     def flushed_before(self, path: Path, needed: set[str] = frozenset()) -> set[str]:

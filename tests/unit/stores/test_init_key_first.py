@@ -8,6 +8,7 @@ import os
 
 import pytest
 
+import concord.files
 from concord.cli import main
 from concord.stores import LocalDirStore
 from concord.stores.config import KEY_FILE_ENV, read_config
@@ -44,6 +45,7 @@ def test_a_key_that_cannot_be_written_leaves_nothing_of_the_store(tmp_path, caps
 def test_the_key_is_flushed_to_disk_before_the_config_is_written(tmp_path, capsys, monkeypatch):
     events: list[str] = []
     real_fsync, real_replace, real_link = os.fsync, os.replace, os.link
+    real_rename_new = concord.files.rename_new
 
     def fsync(fd):
         events.append(f"fsync {os.readlink(f'/proc/self/fd/{fd}')}")
@@ -57,8 +59,15 @@ def test_the_key_is_flushed_to_disk_before_the_config_is_written(tmp_path, capsy
         events.append(f"name {dst}")
         return real_replace(src, dst, *a, **kw)
 
+    def rename_new(src, dst):
+        named = real_rename_new(src, dst)
+        if named:
+            events.append(f"name {dst}")
+        return named
+
     monkeypatch.setattr(os, "fsync", fsync)
     monkeypatch.setattr(os, "link", link)
+    monkeypatch.setattr(concord.files, "rename_new", rename_new)
     monkeypatch.setattr(os, "replace", replace)
     key, store = tmp_path / "keys" / "store.key", tmp_path / "store"
     key.parent.mkdir()
