@@ -290,6 +290,59 @@ def _syncfs_all(fds: list[int], before: Future | None = None) -> None:
         syncfs(fd)
 
 
+#: questions about one chunk folder answered with a ``stat`` each before an operation's
+#: inventory lists that folder instead (a few chunks into a large store: a ``stat`` each; the
+#: tens of chunks a folder gets from a snapshot of thousands of files: one listing)
+LIST_AFTER = 8
+
+
+class _Inventory:
+    """Which chunks a folder store holds, as one operation (under its garbage-collection lease)
+    learns it: each chunk folder (``chunks/XX``) listed once, after :data:`LIST_AFTER` questions
+    about it, instead of a ``stat`` per chunk; a chunk written or found present meanwhile is
+    added, one deleted is removed. A listing can miss a chunk another writer adds meanwhile: it
+    is then written again and its rename finds it there; no collection deletes a listed chunk
+    while the lease holds."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._held: dict[str, set[str]] = {}  # chunk folder -> names of the files in it
+        self._asked: dict[str, int] = {}
+
+    def holds(self, path: str) -> bool | None:
+        """Whether the chunk file ``path`` is there, if this inventory knows; None: ask the file."""
+        folder, name = os.path.split(path)
+        with self._lock:
+            names = self._held.get(folder)
+            if names is not None:
+                return name in names
+            asked = self._asked[folder] = self._asked.get(folder, 0) + 1
+        if asked < LIST_AFTER:
+            return None
+        try:
+            with os.scandir(folder) as entries:
+                found = {e.name for e in entries if not e.name.startswith(".") and e.is_file()}
+        except (FileNotFoundError, NotADirectoryError):
+            found = set()
+        with self._lock:
+            names = self._held.setdefault(folder, found)
+            return name in names
+
+    def add(self, path: str) -> None:
+        folder, name = os.path.split(path)
+        with self._lock:
+            names = self._held.get(folder)
+            if names is not None:
+                names.add(name)
+
+    def discard(self, path: str) -> None:
+        folder, name = os.path.split(path)
+        with self._lock:
+            names = self._held.get(folder)
+            if names is not None:
+                names.discard(name)
+
+
 class LocalDirStore(Store):
     #: local hashing and copying are CPU-bound: one thread per core
     parallelism = max(2, os.cpu_count() or 2)
@@ -303,6 +356,9 @@ class LocalDirStore(Store):
         self.fsync = fsync
         self._flushes = _Flushes()
         self._made: set[str] = set()  # chunk folders known to exist
+        self._inventory: _Inventory | None = None  # during an operation (:meth:`inventory`)
+        self._inventory_depth = 0
+        self._inventory_lock = threading.Lock()
         self._chains: dict[str, tuple[str, ...]] = {}  # a folder -> it and its parents up to the root
         if must_exist:  # a command that only reads: a mistyped path is said, never created
             if not os.path.isdir(self.root):
@@ -329,12 +385,38 @@ class LocalDirStore(Store):
         state.pop("_flushes", None)  # what is pending is this process's to flush
         state.pop("_made", None)
         state.pop("_chains", None)
+        state.pop("_inventory_lock", None)
+        state["_inventory"], state["_inventory_depth"] = None, 0  # an operation's, in this process
         return state
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
         self._flushes = _Flushes()
         self._made, self._chains = set(), {}
+        self._inventory_lock = threading.Lock()
+
+    @contextmanager
+    def inventory(self) -> Iterator[None]:
+        """For the body (one operation), answer whether chunks are here from one listing of each
+        chunk folder asked about often (:class:`_Inventory`) instead of a ``stat`` each. Nested
+        scopes share the outer one; it is forgotten when the outermost ends."""
+        with self._inventory_lock:
+            self._inventory_depth += 1
+            if self._inventory is None:
+                self._inventory = _Inventory()
+        try:
+            yield
+        finally:
+            with self._inventory_lock:
+                self._inventory_depth -= 1
+                if self._inventory_depth == 0:
+                    self._inventory = None
+
+    def _chunk_there(self, path: str) -> bool:
+        """Whether the chunk file ``path`` is there: from the operation's inventory, else its ``stat``."""
+        inventory = self._inventory
+        known = inventory.holds(path) if inventory is not None else None
+        return os.path.exists(path) if known is None else known
 
     def _written(self, key: str, path: str, size: int | None = None) -> None:
         """``path`` (object ``key``, of ``size`` bytes) was renamed into place unflushed: flush
@@ -359,7 +441,8 @@ class LocalDirStore(Store):
 
     def _put_object(self, key: str, data: bytes | memoryview, *, overwrite: bool) -> bool:
         path = self._path(key)
-        if not overwrite and os.path.exists(path):
+        chunk = key.startswith("chunks/")
+        if not overwrite and (self._chunk_there(path) if chunk else os.path.exists(path)):
             return False
         folder = os.path.dirname(path)
         try:
@@ -375,6 +458,8 @@ class LocalDirStore(Store):
             raise StoreAccessError(self.uri, f"cannot write {key} ({exc.strerror})") from exc
         if written and not self.fsync:
             self._written(key, path, len(data))
+        if chunk and self._inventory is not None:
+            self._inventory.add(path)  # written now, or another writer's copy was there
         return written
 
     def put_chunk_from_file(
@@ -385,7 +470,7 @@ class LocalDirStore(Store):
         key = chunk_key(cid)
         folder = os.path.join(self.root, "chunks", cid[:2])
         path = os.path.join(folder, cid)
-        if os.path.exists(path):
+        if self._chunk_there(path):
             return None
         kernel = self._copy_file_range and length >= KERNEL_COPY
         # the one write that is not atomic_write's: a large chunk is copied by the kernel, a small
@@ -401,6 +486,8 @@ class LocalDirStore(Store):
                 fsync_path(tmp)
             os.replace(tmp, path)
             tmp = None
+            if self._inventory is not None:
+                self._inventory.add(path)
             if self.fsync:
                 fsync_path(folder)
             else:
@@ -460,11 +547,20 @@ class LocalDirStore(Store):
             os.close(fd)
 
     def _exists_many(self, keys: list[str]) -> list[bool]:
-        return [os.path.isfile(self._path(k)) for k in keys]
+        inventory = self._inventory
+        out = []
+        for k in keys:
+            path = self._path(k)
+            known = inventory.holds(path) if inventory is not None and k.startswith("chunks/") else None
+            out.append(os.path.isfile(path) if known is None else known)
+        return out
 
     def _delete_object(self, key: str) -> None:
+        path = self._path(key)
+        if self._inventory is not None:
+            self._inventory.discard(path)
         try:
-            os.unlink(self._path(key))
+            os.unlink(path)
         except FileNotFoundError:
             pass
 
