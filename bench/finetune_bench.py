@@ -16,7 +16,11 @@ whose every tensor moved a little (docs/deltas.md).
    the checkout over a node that serves the base, as a serving node mostly runs it, where each
    delta is decoded against the node's own bytes of its base). Cases are timed in interleaved
    rounds after a warm-up, with the CPU time of the process beside the wall time.
-3. Five consecutive steps of a small real training run (torch, AdamW, a 4-layer MLP of about
+3. The delta chunks of that fine-tune decoded on one thread (CPU time), as they are written now
+   (XOR planes of mostly zero bytes kept sparse) against as they were before (every XOR plane
+   zstd or raw): against the base's frame (a restore from the store) and against its raw bytes
+   (a checkout over a node that holds the base), with the stored bytes of both.
+4. Five consecutive steps of a small real training run (torch, AdamW, a 4-layer MLP of about
    3.7 M parameters, after 20 warm-up steps), each step's model and optimizer state written with
    ``torch.save`` and with DCP: the bytes each step adds against plain compressed chunks.
 """
@@ -53,11 +57,15 @@ def run(opts: Options) -> list[Table]:
     restic = shutil.which("restic")
     sizes = Table("finetune: bytes a fine-tune of all-MiniLM-L6-v2 adds to a store holding its base, and a sync moves (× its size)")
     timing = Table("finetune: snapshot, restore and checkout of a delta-stored fine-tune (bf16, rel 1e-3), against plain chunks")
+    decoding = Table("finetune: decoding the delta chunks of the fine-tune (bf16, rel 1e-3), sparse XOR planes against zstd planes only")
     dtypes = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
     for name in DTYPES:
         base = {k: v.to(dtypes[name]) if v.is_floating_point() else v for k, v in sd.items()}
         for rel in QUICK_RELS if opts.quick else RELS:
-            _one(work / f"{name}-{rel:g}", base, name, rel, sizes, timing if (name, rel) == ("bf16", 1e-3) else None, restic, opts)
+            timed = (name, rel) == ("bf16", 1e-3)
+            _one(work / f"{name}-{rel:g}", base, name, rel, sizes, timing if timed else None, restic, opts)
+            if timed:
+                _decoding(base, _moved(base, rel), decoding, opts)
     if not restic:
         sizes.notes.append("restic is not on the PATH (make bench-prereqs): its baseline is left out")
     sizes.notes.append(
@@ -65,7 +73,7 @@ def run(opts: Options) -> list[Table]:
         "replica holding the base; zstd of the XOR: each tensor XORed with its base, compressed whole (level 3)"
     )
     remove(work)
-    return [sizes, timing, _training(opts, fresh_dir(opts.work_dir / "finetune-train"))]
+    return [sizes, timing, decoding, _training(opts, fresh_dir(opts.work_dir / "finetune-train"))]
 
 
 def _write(folder: Path, sd) -> Path:
@@ -229,9 +237,10 @@ def _timing(work: Path, b: Path, held: dict[str, Path], first, manifest, table: 
         table.add(Row(f"{kind} of the fine-tune, CPU time of the process", cpu[0], cpu[1], "s", None, "plain chunks"))
         table.notes.append(times_note(cases))
     table.notes.append(
-        "a delta chunk costs the decoding of its base (as a plain read does) plus that of its XOR, whose low byte plane "
-        "zstd decodes at under 1 GB/s: on a machine whose cores are all busy decoding, the CPU time of a read is about "
-        "1.6-1.9x a plain one, which the flush of a checkout (and the disk, on real sizes) hides"
+        "a delta chunk read from the store costs the reading and decoding of its base (what a plain read costs) and then "
+        "the decoding of its XOR (each sparse plane: zstd of its steps and values, a cumulative sum, a scatter) and the XOR; "
+        "over a node serving the base, the base's bytes come from the node's own file instead (one read, nothing decoded), "
+        "while each plain chunk is still read and decoded whole"
     )
     for k in held:
         remove(outs[k])
@@ -253,6 +262,76 @@ def _cpu_timed(case: Case) -> Case:
 
     case.fn = timed
     return case
+
+
+# --------------------------------------------------------------------------- decoding
+
+
+def _decoding(base, ft, table: Table, opts: Options) -> None:
+    """The delta frames of every chunk of the fine-tune (each float tensor cut as a snapshot cuts
+    it), written as now (planes of mostly zero bytes sparse) and as before (every plane zstd or
+    raw), and the CPU time of decoding them all, on this thread, against the base chunk's frame
+    (a restore from the store) and against its raw bytes (a checkout over a node that holds the
+    base). The best of the runs, taken in interleaved rounds."""
+    import numpy as np
+
+    from concord.snapshots.manifest import DEFAULT_CHUNK_SIZE
+    from concord.stores import codec
+
+    chunks = []
+    for k, t in base.items():
+        if t.is_floating_point():
+            a, b = _raw(t), _raw(ft[k])
+            chunks += [(a[i : i + DEFAULT_CHUNK_SIZE], b[i : i + DEFAULT_CHUNK_SIZE]) for i in range(0, len(a), DEFAULT_CHUNK_SIZE)]
+    frames = []
+    for a, b in chunks:
+        xor = (np.frombuffer(a, np.uint8) ^ np.frombuffer(b, np.uint8)).tobytes()
+        before = bytes(codec.BASE_ID_BYTES) + bytes(codec.encode_view(xor, codec.COMPRESS_AUTO, "BF16", sparse=False))
+        frames.append((codec.encode(a, codec.COMPRESS_AUTO, "BF16"), codec.encode_delta(b, a, "00" * codec.BASE_ID_BYTES, "BF16"), before))
+    for (_, b), (whole, now, before) in zip(chunks, frames):
+        for delta in (now, before):
+            if bytes(codec.decode_delta(delta, whole[0], memoryview(whole)[1:], len(b))) != b:
+                raise AssertionError("a delta frame does not decode to its chunk")
+
+    def store_base(i: int) -> None:
+        for (_, b), f in zip(chunks, frames):
+            codec.decode_delta(f[i], f[0][0], memoryview(f[0])[1:], len(b), transient=True)
+
+    def own_base(i: int) -> None:
+        for (a, b), f in zip(chunks, frames):
+            codec.decode_delta(f[i], codec.RAW, a, len(b), transient=True)
+
+    def plain() -> None:
+        for (_, b), f in zip(chunks, frames):
+            codec.decode_view(f[0][0], memoryview(f[0])[1:], len(b))
+
+    cases = {
+        "store now": lambda: store_base(1),
+        "store before": lambda: store_base(2),
+        "own now": lambda: own_base(1),
+        "own before": lambda: own_base(2),
+        "plain": plain,
+    }
+    runs = max(3, opts.runs)
+    times: dict[str, list[float]] = {name: [] for name in cases}
+    for r in range(runs + 1):  # the first round warms this thread's buffers: not kept
+        for name, fn in cases.items():
+            t0 = time.process_time()
+            fn()
+            if r:
+                times[name].append(time.process_time() - t0)
+    best = {name: min(t) for name, t in times.items()}
+    raw = sum(len(b) for _, b in chunks)
+    stored = [sum(len(f[i]) for f in frames) for i in (1, 2)]
+    table.add(Row("stored bytes of the delta frames (× the chunks' raw bytes)", stored[0] / raw, stored[1] / raw, "×", None, "zstd planes"))
+    zstd, whole = "zstd planes", "plain chunks"
+    table.add(Row("decoding them against the base's frame, as a restore from the store (CPU)", best["store now"], best["store before"], "s", None, zstd))
+    table.add(Row("decoding them against the base's raw bytes, as a checkout over the base (CPU)", best["own now"], best["own before"], "s", None, zstd))
+    table.add(Row("decoding them against the base's frame, against decoding the plain chunks (CPU)", best["store now"], best["plain"], "s", None, whole))
+    table.notes.append(
+        f"{len(chunks)} chunks of {raw:,} raw bytes, decoded on one thread, best of {runs} interleaved rounds after a warm-up; "
+        "before: each XOR plane zstd (or raw), as deltas were written before sparse planes"
+    )
 
 
 # --------------------------------------------------------------------------- training run
