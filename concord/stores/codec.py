@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import struct
 import threading
+from typing import Any, NamedTuple
 
 from concord.errors import FrameError
 from concord.stores import scratch
@@ -221,30 +222,60 @@ def _encode_sparse(plane) -> bytes:
     return _SPARSE_HEAD.pack(len(plane), len(steps), len(packed_steps)) + packed_steps + pc.compress(values.data)
 
 
-def _decode_sparse_into(body: memoryview, out) -> None:
-    """Write into ``out`` (a uint8 array of the plane's length) the plane a sparse body stands for."""
+class SparsePlane(NamedTuple):
+    """A sparse plane's entries: the elements ``at`` (numpy's index type) hold ``values``, every
+    other element is zero (transient arrays, in this thread's buffers)."""
+
+    at: Any
+    values: Any
+
+
+def _sparse_entries(body: memoryview, n: int, slot: str = "sparse") -> SparsePlane:
+    """The entries of a sparse plane's ``body`` standing for ``n`` elements, decoded into this
+    thread's ``<slot>.*`` buffers."""
     import numpy as np
 
     if len(body) < _SPARSE_HEAD.size:
         raise FrameError("sparse byte plane cut short")
-    n, k, steps_len = _SPARSE_HEAD.unpack_from(body)
-    if n != len(out) or k > n or _SPARSE_HEAD.size + steps_len > len(body):
-        raise FrameError(f"sparse byte plane of {n} elements and {k} entries where {len(out)} elements are expected")
-    out.fill(0)
+    count, k, steps_len = _SPARSE_HEAD.unpack_from(body)
+    if count != n or k > n or _SPARSE_HEAD.size + steps_len > len(body):
+        raise FrameError(f"sparse byte plane of {count} elements and {k} entries where {n} elements are expected")
     if not k:
         if len(body) != _SPARSE_HEAD.size:
             raise FrameError("sparse byte plane without entries holds bytes")
-        return
-    steps = scratch.array("sparse.steps", np.uint8, k)
+        return SparsePlane(np.empty(0, dtype=np.intp), np.empty(0, dtype=np.uint8))
+    steps = scratch.array(f"{slot}.steps", np.uint8, k)
     _zstd_decompress_into(body[_SPARSE_HEAD.size : _SPARSE_HEAD.size + steps_len], memoryview(steps))
-    values = scratch.array("sparse.values", np.uint8, k)
+    values = scratch.array(f"{slot}.values", np.uint8, k)
     _zstd_decompress_into(body[_SPARSE_HEAD.size + steps_len :], memoryview(values))
-    at = scratch.array("sparse.at", np.intp, k)  # intp: numpy would convert any other index type first
+    at = scratch.array(f"{slot}.at", np.intp, k)  # intp: numpy would convert any other index type first
     np.cumsum(steps, dtype=np.intp, out=at)
     at -= 1
     if at[0] < 0 or at[-1] >= n:
         raise FrameError(f"sparse byte plane has entries outside its {n} elements")
-    out[at] = values
+    return SparsePlane(at, values)
+
+
+def _all_sparse(payload: memoryview) -> bool:
+    """Whether every plane of a byte-plane frame's ``payload`` is sparse (read from their heads)."""
+    if len(payload) < 1 or payload[0] not in _UINT:
+        return False
+    pos = 1
+    for _ in range(payload[0]):
+        if pos + _PLANE_HEAD.size > len(payload):
+            return False
+        mode, length = _PLANE_HEAD.unpack_from(payload, pos)
+        if mode != PLANE_SPARSE:
+            return False
+        pos += _PLANE_HEAD.size + length
+    return True
+
+
+def _decode_sparse_into(body: memoryview, out) -> None:
+    """Write into ``out`` (a uint8 array of the plane's length) the plane a sparse body stands for."""
+    entries = _sparse_entries(body, len(out))
+    out.fill(0)
+    out[entries.at] = entries.values
 
 
 def _encode_planes_view(view: memoryview, width: int, *, sparse: bool = False) -> memoryview:
@@ -282,10 +313,13 @@ def _encode_planes_view(view: memoryview, width: int, *, sparse: bool = False) -
     return out[: pos + len(tail)]
 
 
-def _read_planes(payload: memoryview, size: int, prefix: str = "plane") -> tuple[int, int, list, memoryview]:
+def _read_planes(
+    payload: memoryview, size: int, prefix: str = "plane", *, entries: bool = False
+) -> tuple[int, int, list, memoryview]:
     """``(width, elements, planes, tail)`` of a byte-plane frame's ``payload`` standing for
     ``size`` bytes: each plane a uint8 array, decompressed into this thread's ``<prefix><i>``
-    buffer or a read-only view of ``payload`` for a plane kept raw."""
+    buffer or a read-only view of ``payload`` for a plane kept raw. With ``entries``, a sparse
+    plane is given as its :class:`SparsePlane` instead of being spread into an array."""
     import numpy as np
 
     view = payload
@@ -307,6 +341,8 @@ def _read_planes(payload: memoryview, size: int, prefix: str = "plane") -> tuple
         if mode == PLANE_ZSTD:
             plane = scratch.array(f"{prefix}{i}", np.uint8, n)
             _zstd_decompress_into(body, memoryview(plane))
+        elif mode == PLANE_SPARSE and entries:
+            plane = _sparse_entries(body, n, f"{prefix}{i}")
         elif mode == PLANE_SPARSE:
             plane = scratch.array(f"{prefix}{i}", np.uint8, n)
             _decode_sparse_into(body, plane)
@@ -531,6 +567,17 @@ def decode_delta(payload, base_kind: int, base_payload, size: int | None = None,
         _join_into(planes, width, out)
         if len(xtail):
             _xor_into(out[n * width :], xtail, btail)
+        return out if transient else out.obj
+    if kind == PLANES and base_kind == RAW and len(body) > 1 and len(bview) == size and _all_sparse(body[1:]):
+        # the base's bare bytes (a node's own copy) and an XOR of sparse planes only (a small
+        # update): the XOR is applied to a copy of the base where its entries are, nothing joined
+        width, n, xs, xtail = _read_planes(body[1:], size, entries=True)
+        out[:] = bview
+        elements = np.frombuffer(out, dtype=np.uint8)
+        for i, x in enumerate(xs):
+            elements[i : n * width : width][x.at] ^= x.values
+        if len(xtail):
+            _xor_into(out[n * width :], xtail, bview[n * width :])
         return out if transient else out.obj
     base = decode_view(base_kind, bview, size)  # in the ``decoded`` buffer, or a view of the frame
     if len(base) != size:

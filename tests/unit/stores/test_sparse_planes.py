@@ -125,6 +125,10 @@ def test_gaps_longer_than_a_step_and_a_plane_of_zeros_stay_sparse():
     assert _plane_modes(delta) == [codec.PLANE_SPARSE, codec.PLANE_SPARSE]
     assert len(delta) < 400
     _decodes_against_both_bases(delta, base.tobytes(), data, "BF16")
+    # with a tail (the last len % 2 bytes, kept raw in the XOR)
+    delta = codec.encode_delta(data + b"\x05", base.tobytes() + b"\x07", BASE_ID, "BF16")
+    assert _plane_modes(delta) == [codec.PLANE_SPARSE, codec.PLANE_SPARSE]
+    _decodes_against_both_bases(delta, base.tobytes() + b"\x07", data + b"\x05", "BF16")
 
 
 def _sparse_frame(n: int, steps: list[int], values: list[int]) -> bytes:
