@@ -31,7 +31,7 @@ the entries' values; every other byte is zero. The XOR's low plane of a small up
 bytes between scattered ones: zstd decodes such a plane as short runs of zeros between literals
 (sequences, one every few bytes), three times slower than a plane of literals, while the steps
 and values are nearly all literals, so the sparse plane decodes (steps, values, a cumulative sum
-and one scatter) in about 0.6x the time, and stores about 0.7x the bytes, close to the plane's
+and one scatter) in 0.6x to 0.8x the time, and stores about 0.7x the bytes, close to the plane's
 entropy (docs/deltas.md, figures).
 
 A delta (0x04) is what makes a fine-tune, or the next step of a training run, cost what changed in
