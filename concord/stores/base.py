@@ -20,12 +20,13 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator
-from contextlib import AbstractContextManager, nullcontext
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from concord.errors import (
     ChunkNotFoundError,
@@ -245,6 +246,10 @@ OwnBase = Callable[[str], "bytes | memoryview | None"]
 _DELETE_ATTEMPTS = 3
 
 
+#: guards every store's inventory scope (entered and left once an operation: never contended)
+_INVENTORY_LOCK = threading.Lock()
+
+
 class Store(ABC):
     """A content-addressed store. Implementations: :class:`LocalDirStore`, :class:`S3ObjectStore`."""
 
@@ -305,12 +310,33 @@ class Store(ABC):
     def close(self) -> None:  # noqa: B027 (a no-op unless the store holds clients)
         """Release clients and connections (no-op by default)."""
 
-    def inventory(self) -> AbstractContextManager[None]:
+    #: what the operation in progress learned of the chunks here (:meth:`inventory`), or None
+    _inventory: Any = None
+    _inventory_depth = 0
+
+    def _new_inventory(self) -> Any:
+        """The inventory one operation fills (None: the store asks each time, the default)."""
+        return None
+
+    @contextmanager
+    def inventory(self) -> Iterator[None]:
         """For the body (one operation: a snapshot, a sync, an import, each under its
         garbage-collection lease), let the store learn which chunks it holds in as few requests as
         it can and remember it: an object store from listings (:class:`~concord.stores.s3.S3ObjectStore`)
-        instead of a request per chunk. A folder asks its files each time (the default: nothing)."""
-        return nullcontext()
+        instead of a request per chunk, a folder from one listing of each chunk folder asked about
+        often (:class:`~concord.stores.local.LocalDirStore`). Nested scopes share the outer one's;
+        it is forgotten when the outermost ends."""
+        with _INVENTORY_LOCK:
+            self._inventory_depth += 1
+            if self._inventory is None:
+                self._inventory = self._new_inventory()
+        try:
+            yield
+        finally:
+            with _INVENTORY_LOCK:
+                self._inventory_depth -= 1
+                if self._inventory_depth == 0:
+                    self._inventory = None
 
     def flush(self) -> None:  # noqa: B027 (a no-op where each write is durable once it returns)
         """Make everything written so far durable before something names it: a folder store
@@ -321,6 +347,8 @@ class Store(ABC):
     def __getstate__(self) -> dict:
         state = self.__dict__.copy()
         state.pop("_store_encoding", None)
+        state.pop("_inventory", None)  # an operation's, in this process
+        state.pop("_inventory_depth", None)
         return state
 
     # ------------------------------------------------------------------ configuration

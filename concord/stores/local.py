@@ -356,9 +356,6 @@ class LocalDirStore(Store):
         self.fsync = fsync
         self._flushes = _Flushes()
         self._made: set[str] = set()  # chunk folders known to exist
-        self._inventory: _Inventory | None = None  # during an operation (:meth:`inventory`)
-        self._inventory_depth = 0
-        self._inventory_lock = threading.Lock()
         self._chains: dict[str, tuple[str, ...]] = {}  # a folder -> it and its parents up to the root
         if must_exist:  # a command that only reads: a mistyped path is said, never created
             if not os.path.isdir(self.root):
@@ -385,32 +382,17 @@ class LocalDirStore(Store):
         state.pop("_flushes", None)  # what is pending is this process's to flush
         state.pop("_made", None)
         state.pop("_chains", None)
-        state.pop("_inventory_lock", None)
-        state["_inventory"], state["_inventory_depth"] = None, 0  # an operation's, in this process
         return state
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
         self._flushes = _Flushes()
         self._made, self._chains = set(), {}
-        self._inventory_lock = threading.Lock()
 
-    @contextmanager
-    def inventory(self) -> Iterator[None]:
-        """For the body (one operation), answer whether chunks are here from one listing of each
-        chunk folder asked about often (:class:`_Inventory`) instead of a ``stat`` each. Nested
-        scopes share the outer one; it is forgotten when the outermost ends."""
-        with self._inventory_lock:
-            self._inventory_depth += 1
-            if self._inventory is None:
-                self._inventory = _Inventory()
-        try:
-            yield
-        finally:
-            with self._inventory_lock:
-                self._inventory_depth -= 1
-                if self._inventory_depth == 0:
-                    self._inventory = None
+    def _new_inventory(self) -> _Inventory:
+        """What one operation learns of the chunks here: one listing of each chunk folder asked
+        about often, instead of a ``stat`` each (:class:`_Inventory`)."""
+        return _Inventory()
 
     def _chunk_there(self, path: str) -> bool:
         """Whether the chunk file ``path`` is there: from the operation's inventory, else its ``stat``."""

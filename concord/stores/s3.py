@@ -337,8 +337,6 @@ class S3ObjectStore(Store):
         }
         self._lock = threading.Lock()
         self._cached_client: Any = None
-        self._inventory: _Inventory | None = None
-        self._inventory_depth = 0
 
     def __repr__(self) -> str:
         where = f", endpoint_url={self._endpoint_name()!r}" if self.endpoint_url else ""
@@ -354,7 +352,6 @@ class S3ObjectStore(Store):
         state = super().__getstate__()
         state["_lock"] = None
         state["_cached_client"] = None
-        state["_inventory"], state["_inventory_depth"] = None, 0
         return state
 
     def __setstate__(self, state: dict) -> None:
@@ -585,22 +582,10 @@ class S3ObjectStore(Store):
         known.update(zip(asked, self._parallel(exists, asked, "check")))
         return [known[k] for k in keys]
 
-    @contextmanager
-    def inventory(self) -> Iterator[None]:
-        """For the body (one operation), learn which chunks the store holds from ListObjectsV2
-        pages of ``chunks/`` instead of a HEAD per chunk, and remember it (:class:`_Inventory`).
-        Nested scopes share the outer one; it is forgotten when the outermost ends."""
-        with self._lock:
-            self._inventory_depth += 1
-            if self._inventory is None:
-                self._inventory = _Inventory(self)
-        try:
-            yield
-        finally:
-            with self._lock:
-                self._inventory_depth -= 1
-                if self._inventory_depth == 0:
-                    self._inventory = None
+    def _new_inventory(self) -> _Inventory:
+        """What one operation learns of the chunks here from ListObjectsV2 pages of ``chunks/``
+        instead of a HEAD per chunk (:class:`_Inventory`)."""
+        return _Inventory(self)
 
     def _delete_object(self, key: str) -> None:
         with self._translate("delete", key):

@@ -5,6 +5,7 @@ chunk, and what the operation writes or deletes meanwhile keeps it right."""
 from __future__ import annotations
 
 import os
+import pickle
 import threading
 
 from concord.hashing import chunk_id
@@ -118,3 +119,14 @@ def test_a_re_snapshot_of_many_files_in_one_operation_stores_nothing_and_keeps_t
     again = snapshot(src, store, ref="m")
     assert again.root == first.root and again.new_chunks == 1
     assert store.has_chunks(ids) == set(ids)
+
+
+def test_a_store_sent_to_another_process_takes_no_inventory_with_it(tmp_path):
+    store = LocalDirStore(tmp_path / "s")
+    ids = _chunks_in_one_folder(store, LIST_AFTER)
+    with store.inventory():
+        assert store.has_chunks(ids) == set(ids)  # listed
+        os.unlink(_path(store, ids[0]))
+        copy = pickle.loads(pickle.dumps(store))  # a task runner's worker: asks its files itself
+        assert copy.has_chunks([ids[0]]) == set()
+        assert store.has_chunks([ids[0]]) == {ids[0]}  # this operation's listing
