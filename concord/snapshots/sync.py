@@ -28,12 +28,19 @@ Either way each document left behind is reported (:attr:`TargetResult.signatures
 from __future__ import annotations
 
 import itertools
+import os
+import pickle
+import select
+import struct
+import subprocess
+import sys
 import threading
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from dataclasses import dataclass
+from typing import BinaryIO
 
 from concord.errors import ChunkNotFoundError, IntegrityError, ReplicationError
 from concord.hashing import chunk_id
@@ -49,6 +56,17 @@ HAS_BATCH = 1000
 MAX_COPY_WORKERS = 32
 #: the most chunks one task of a sync's pool copies in a row
 MAX_RUN = 32
+#: a copy between folder stores of at least this many chunks also runs in worker processes, in
+#: slices of this many chunks, on at most this many processes beside this one (and one a core);
+#: the environment variable sets the most (0: threads only)
+PROCESS_MIN_CHUNKS = 4096
+PROCESS_SLICE = 512
+MAX_PROCESSES = 8
+PROCESSES_ENV = "CONCORD_COPY_PROCESSES"
+#: the longest a worker process may take over one slice before its slice is copied here instead
+SLICE_DEADLINE = 600
+#: how long a worker process has to exit once told to
+WORKER_EXIT_DEADLINE = 30
 #: targets planned (lease, ref, which chunks they lack) and finished (manifest, signatures, ref)
 #: at once
 TARGET_WORKERS = 8
@@ -132,7 +150,245 @@ def fan_out(
     stores of one encoding, decoded and hashed once, then sent as stored); a chunk is encoded once
     per encoding it is sent in. Per target (in ``wants``' order): (chunks, bytes as stored, raw
     bytes) written; and {index in ``wants``: the error that stopped that target} — a target that
-    fails gets nothing more, the others go on."""
+    fails gets nothing more, the others go on.
+
+    Between folder stores, many chunks are also copied by worker processes
+    (:func:`copy_processes`, :mod:`concord.snapshots.copyworker`), so that the interpreter's work
+    for each chunk runs on every core, not on one at a time."""
+    procs = copy_processes(source, wants)
+    if procs:
+        return _fan_out_processes(source, wants, progress, procs, overwrite=overwrite, dtypes=dtypes or {})
+    return _fan_out_threads(source, wants, progress, overwrite=overwrite, dtypes=dtypes)
+
+
+def copy_processes(source: Store, wants: list[tuple[Store, list[str]]]) -> int:
+    """How many worker processes copy beside this process's threads: none but between folder
+    stores (an object store waits on the network, which threads overlap), and only for at least
+    :data:`PROCESS_MIN_CHUNKS` chunks on a machine of more than one core: one per core (the
+    kernel's share of each chunk, creating and writing its file, leaves a core idle at times),
+    at most :data:`MAX_PROCESSES`, or what ``CONCORD_COPY_PROCESSES`` says (0: threads only)."""
+    from concord.stores.local import LocalDirStore
+
+    if sum(len(ids) for _, ids in wants) < PROCESS_MIN_CHUNKS:
+        return 0
+    if type(source) is not LocalDirStore or not all(type(t) is LocalDirStore for t, _ in wants):
+        return 0  # a store of its own kind (a subclass) may not travel as its settings
+    most = MAX_PROCESSES
+    said = os.environ.get(PROCESSES_ENV, "").strip()
+    if said:
+        if not said.isdigit():
+            raise ValueError(f"{PROCESSES_ENV} must be a whole number of worker processes (0: threads only), got {said!r}")
+        most = int(said)
+    cores = os.cpu_count() or 1
+    return 0 if cores < 2 else max(0, min(most, cores))
+
+
+def copy_jobs(
+    source: Store, targets: list[Store], jobs: list[tuple[str, list[int]]], overwrite: bool, dtypes: dict[str, str]
+) -> tuple[list[tuple[int, int, int]], list[int], int]:
+    """Copy ``jobs`` (chunk id, the indexes in ``targets`` that lack it) on this process's
+    threads and flush every target: per target (chunks, bytes as stored, raw bytes) written, the
+    targets that failed, and the bytes done (what a worker process answers its parent)."""
+    wants: list[tuple[Store, list[str]]] = [(t, []) for t in targets]
+    for cid, idx in jobs:
+        for i in idx:
+            wants[i][1].append(cid)
+    done = _Count()
+    tallies, failures = _fan_out_threads(source, wants, done, overwrite=overwrite, dtypes=dtypes)
+    failed = set(failures)
+    for i, t in enumerate(targets):
+        if i not in failed:
+            try:
+                t.flush()
+            except Exception:  # noqa: BLE001 (the parent copies this share again, and flushes it)
+                failed.add(i)
+    return tallies, sorted(failed), done.n
+
+
+class _Count:
+    """A progress that counts the bytes done (a worker process's, for its parent's bar)."""
+
+    def __init__(self) -> None:
+        self.n = 0
+        self._lock = threading.Lock()
+
+    def start(self, total: int, desc: str) -> None:
+        pass
+
+    def advance(self, n: int) -> None:
+        with self._lock:
+            self.n += n
+
+    def close(self) -> None:
+        pass
+
+
+_FRAME_LENGTH = struct.Struct(">Q")
+
+
+def write_frame(out: BinaryIO, obj: object) -> None:
+    """One frame between a copy and its worker process: 8 bytes of length, then a pickle."""
+    data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    out.write(_FRAME_LENGTH.pack(len(data)) + data)
+    out.flush()
+
+
+def read_frame(inp: BinaryIO) -> object:
+    """The next frame's object (one :func:`write_frame` of the other end made); None at the end."""
+    head = inp.read(_FRAME_LENGTH.size)
+    if len(head) < _FRAME_LENGTH.size:
+        return None
+    (n,) = _FRAME_LENGTH.unpack(head)
+    data = inp.read(n)
+    if len(data) < n:
+        return None
+    return pickle.loads(data)  # noqa: S301 (made by this process's parent or child, never a user's bytes)
+
+
+class _Worker:
+    """One worker process (``python -m concord.snapshots.copyworker``) and its pipes."""
+
+    def __init__(self, source: Store, targets: list[Store], overwrite: bool) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "concord.snapshots.copyworker"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,  # a worker that fails says nothing: its parent copies its slice, and reports any error
+        )
+        write_frame(self.proc.stdin, (source, targets, overwrite))
+
+    def run(self, jobs: list[tuple[str, list[int]]], dtypes: dict[str, str]):
+        """The worker's answer to ``jobs``; :class:`OSError` if it went away or said nothing in time."""
+        write_frame(self.proc.stdin, (jobs, dtypes))
+        ready, _, _ = select.select([self.proc.stdout], [], [], SLICE_DEADLINE)
+        if not ready:
+            raise OSError(f"a copy worker said nothing in {SLICE_DEADLINE} s")
+        answer = read_frame(self.proc.stdout)
+        if answer is None:
+            raise OSError("a copy worker ended before it answered")
+        return answer
+
+    def close(self) -> None:
+        try:
+            self.proc.stdin.close()  # its end of input: it exits
+            self.proc.wait(timeout=WORKER_EXIT_DEADLINE)
+        except (OSError, subprocess.TimeoutExpired):
+            self.proc.kill()
+            self.proc.wait()
+        finally:
+            self.proc.stdout.close()
+
+
+def _fan_out_processes(
+    source: Store,
+    wants: list[tuple[Store, list[str]]],
+    progress: Progress,
+    procs: int,
+    *,
+    overwrite: bool,
+    dtypes: dict[str, str],
+) -> tuple[list[tuple[int, int, int]], dict[int, BaseException]]:
+    """:func:`fan_out` with ``procs`` worker processes beside this process's threads, all taking
+    slices of :data:`PROCESS_SLICE` chunks from one queue. A slice a worker could not finish (it
+    went away, or a target failed there) is copied again here: what it wrote is found there and
+    skipped, and an error is raised as a copy in this process raises it, so the result is what
+    threads alone give."""
+    wanted: dict[str, list[int]] = {}
+    for i, (_, ids) in enumerate(wants):
+        for cid in ids:
+            wanted.setdefault(cid, []).append(i)
+    targets = [t for t, _ in wants]
+    tallies = [[0, 0, 0] for _ in wants]
+    failures: dict[int, BaseException] = {}
+    lock = threading.Lock()
+    items = iter(wanted.items())
+    stop = threading.Event()  # a copy raised (an interrupt): hand out no more
+    errors: list[BaseException] = []  # what a driving thread raised
+
+    def take() -> list[tuple[str, list[int]]] | None:
+        """The next slice, to the targets that have not failed (None: no chunk is left)."""
+        while not stop.is_set():
+            with lock:
+                batch = list(itertools.islice(items, PROCESS_SLICE))
+                if not batch:
+                    return None
+                jobs = [(cid, [i for i in idx if i not in failures]) for cid, idx in batch]
+            jobs = [job for job in jobs if job[1]]
+            if jobs:
+                return jobs
+        return None
+
+    def add(counts) -> None:
+        with lock:
+            for t, c in zip(tallies, counts):
+                t[0], t[1], t[2] = t[0] + c[0], t[1] + c[1], t[2] + c[2]
+
+    def here(jobs: list[tuple[str, list[int]]]) -> None:
+        part: list[tuple[Store, list[str]]] = [(t, []) for t in targets]
+        for cid, idx in jobs:
+            for i in idx:
+                part[i][1].append(cid)
+        counts, failed = _fan_out_threads(source, part, progress, overwrite=overwrite, dtypes=dtypes)
+        add(counts)
+        with lock:
+            for i, exc in failed.items():
+                failures.setdefault(i, exc)
+
+    def drive() -> None:
+        """Feed one worker process slices until none is left (or it fails: then copy here)."""
+        try:
+            drive_one()
+            while (jobs := take()) is not None:
+                here(jobs)
+        except BaseException as exc:  # noqa: BLE001 (the whole copy fails with it, never a slice left out)
+            stop.set()
+            errors.append(exc)
+
+    def drive_one() -> None:
+        try:
+            worker = _Worker(source, targets, overwrite)
+        except Exception:  # noqa: BLE001 (no process to be had: this thread copies here)
+            return
+        try:
+            while (jobs := take()) is not None:
+                try:
+                    counts, failed, done = worker.run(jobs, {cid: dtypes[cid] for cid, _ in jobs if cid in dtypes})
+                except Exception:  # noqa: BLE001 (the worker is gone: this slice and the rest are copied here)
+                    here(jobs)
+                    break
+                add(counts)
+                progress.advance(done)
+                if failed:  # again here, to those targets only: the error as this process sees it
+                    here([(cid, [i for i in idx if i in failed]) for cid, idx in jobs if any(i in failed for i in idx)])
+        finally:
+            worker.close()
+
+    drivers = [threading.Thread(target=drive, name=f"concord-copy-process-{k}", daemon=True) for k in range(procs)]
+    for d in drivers:
+        d.start()
+    try:
+        while (jobs := take()) is not None:
+            here(jobs)
+    except BaseException:
+        stop.set()
+        raise
+    finally:
+        for d in drivers:
+            d.join()
+    if errors:
+        raise errors[0]
+    return [(t[0], t[1], t[2]) for t in tallies], failures
+
+
+def _fan_out_threads(
+    source: Store,
+    wants: list[tuple[Store, list[str]]],
+    progress: Progress,
+    *,
+    overwrite: bool = False,
+    dtypes: dict[str, str] | None = None,
+) -> tuple[list[tuple[int, int, int]], dict[int, BaseException]]:
+    """:func:`fan_out` on this process's threads."""
     dtypes = dtypes or {}
     wanted: dict[str, list[int]] = {}
     for i, (_, ids) in enumerate(wants):
