@@ -189,12 +189,8 @@ def copy_jobs(
     """Copy ``jobs`` (chunk id, the indexes in ``targets`` that lack it) on this process's
     threads and flush every target: per target (chunks, bytes as stored, raw bytes) written, the
     targets that failed, and the bytes done (what a worker process answers its parent)."""
-    wants: list[tuple[Store, list[str]]] = [(t, []) for t in targets]
-    for cid, idx in jobs:
-        for i in idx:
-            wants[i][1].append(cid)
     done = _Count()
-    tallies, failures = _fan_out_threads(source, wants, done, overwrite=overwrite, dtypes=dtypes)
+    tallies, failures = _fan_out_threads(source, _per_target(targets, jobs), done, overwrite=overwrite, dtypes=dtypes)
     failed = set(failures)
     for i, t in enumerate(targets):
         if i not in failed:
@@ -203,6 +199,24 @@ def copy_jobs(
             except Exception:  # noqa: BLE001 (the parent copies this share again, and flushes it)
                 failed.add(i)
     return tallies, sorted(failed), done.n
+
+
+def _by_chunk(wants: list[tuple[Store, list[str]]]) -> dict[str, list[int]]:
+    """Chunk id -> the indexes in ``wants`` of the targets that lack it (in the first's order)."""
+    wanted: dict[str, list[int]] = {}
+    for i, (_, ids) in enumerate(wants):
+        for cid in ids:
+            wanted.setdefault(cid, []).append(i)
+    return wanted
+
+
+def _per_target(targets: list[Store], jobs: list[tuple[str, list[int]]]) -> list[tuple[Store, list[str]]]:
+    """``jobs`` (chunk id, the indexes in ``targets`` that lack it) as :func:`fan_out`'s ``wants``."""
+    wants: list[tuple[Store, list[str]]] = [(t, []) for t in targets]
+    for cid, idx in jobs:
+        for i in idx:
+            wants[i][1].append(cid)
+    return wants
 
 
 class _Count:
@@ -293,10 +307,7 @@ def _fan_out_processes(
     went away, or a target failed there) is copied again here: what it wrote is found there and
     skipped, and an error is raised as a copy in this process raises it, so the result is what
     threads alone give."""
-    wanted: dict[str, list[int]] = {}
-    for i, (_, ids) in enumerate(wants):
-        for cid in ids:
-            wanted.setdefault(cid, []).append(i)
+    wanted = _by_chunk(wants)
     targets = [t for t, _ in wants]
     tallies = [[0, 0, 0] for _ in wants]
     failures: dict[int, BaseException] = {}
@@ -324,11 +335,7 @@ def _fan_out_processes(
                 t[0], t[1], t[2] = t[0] + c[0], t[1] + c[1], t[2] + c[2]
 
     def here(jobs: list[tuple[str, list[int]]]) -> None:
-        part: list[tuple[Store, list[str]]] = [(t, []) for t in targets]
-        for cid, idx in jobs:
-            for i in idx:
-                part[i][1].append(cid)
-        counts, failed = _fan_out_threads(source, part, progress, overwrite=overwrite, dtypes=dtypes)
+        counts, failed = _fan_out_threads(source, _per_target(targets, jobs), progress, overwrite=overwrite, dtypes=dtypes)
         add(counts)
         with lock:
             for i, exc in failed.items():
@@ -390,10 +397,7 @@ def _fan_out_threads(
 ) -> tuple[list[tuple[int, int, int]], dict[int, BaseException]]:
     """:func:`fan_out` on this process's threads."""
     dtypes = dtypes or {}
-    wanted: dict[str, list[int]] = {}
-    for i, (_, ids) in enumerate(wants):
-        for cid in ids:
-            wanted.setdefault(cid, []).append(i)
+    wanted = _by_chunk(wants)
     if not wanted:
         return [(0, 0, 0) for _ in wants], {}
     source_enc = source.encoding()
